@@ -1,0 +1,138 @@
+#include "kernels/moments.h"
+
+#include <cmath>
+#include <cstddef>
+
+#include "absl/strings/str_cat.h"
+
+namespace syncnorm {
+namespace {
+
+absl::Status CheckFinite(absl::Span<const double> v, const char* field) {
+  for (size_t c = 0; c < v.size(); ++c) {
+    if (!std::isfinite(v[c])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", c, "] is ", v[c],
+                       "; every value must be finite (check the layer's input "
+                       "for NaN/Inf)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSize(size_t got, int channels, const char* field) {
+  if (got != static_cast<size_t>(channels)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " has ", got, " values but the layer has ",
+                     channels, " channels (num_features)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Moments Moments::Zero(int channels) {
+  Moments m;
+  m.mean.assign(channels, 0.0);
+  m.m2.assign(channels, 0.0);
+  return m;
+}
+
+RunningStats RunningStats::Initial(int channels) {
+  RunningStats s;
+  s.mean.assign(channels, 0.0);
+  s.var.assign(channels, 1.0);
+  return s;
+}
+
+void MergeMoments(Moments& acc, const Moments& b) {
+  if (b.count == 0) return;
+  const double nb = static_cast<double>(b.count);
+  const size_t channels = acc.mean.size();
+  for (size_t c = 0; c < channels; ++c) {
+    double na = static_cast<double>(acc.count);
+    ChanMerge(na, acc.mean[c], acc.m2[c], nb, b.mean[c], b.m2[c]);
+  }
+  acc.count += b.count;
+}
+
+void AddGradSums(GradSums& acc, const GradSums& b) {
+  for (size_t c = 0; c < acc.sum_dy.size(); ++c) {
+    acc.sum_dy[c] += b.sum_dy[c];
+    acc.sum_dy_xmu[c] += b.sum_dy_xmu[c];
+  }
+}
+
+GlobalMoments Finalize(const Moments& merged) {
+  GlobalMoments g;
+  g.count = merged.count;
+  g.mean = merged.mean;
+  g.var.resize(merged.m2.size());
+  const double n = static_cast<double>(merged.count);
+  for (size_t c = 0; c < merged.m2.size(); ++c) {
+    g.var[c] = BiasedVar(n, merged.m2[c]);
+  }
+  return g;
+}
+
+absl::Status ValidateMoments(const Moments& m, int channels) {
+  if (m.count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "moments.count is ", m.count, "; it must be >= 0 (0 for an empty "
+        "local batch)"));
+  }
+  absl::Status s = CheckSize(m.mean.size(), channels, "moments.mean");
+  if (s.ok()) s = CheckSize(m.m2.size(), channels, "moments.m2");
+  if (s.ok()) s = CheckFinite(m.mean, "moments.mean");
+  if (s.ok()) s = CheckFinite(m.m2, "moments.m2");
+  if (!s.ok()) return s;
+  for (int c = 0; c < channels; ++c) {
+    if (m.m2[c] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "moments.m2[", c, "] is ", m.m2[c],
+          "; a sum of squared deviations cannot be negative"));
+    }
+    if (m.count == 0 && (m.mean[c] != 0 || m.m2[c] != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "moments.count is 0 but channel ", c,
+          " is not zero; send an empty local batch as count 0 with zeros"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGradSums(const GradSums& g, int channels) {
+  absl::Status s = CheckSize(g.sum_dy.size(), channels, "grad_sums.sum_dy");
+  if (s.ok()) {
+    s = CheckSize(g.sum_dy_xmu.size(), channels, "grad_sums.sum_dy_xmu");
+  }
+  if (s.ok()) s = CheckFinite(g.sum_dy, "grad_sums.sum_dy");
+  if (s.ok()) s = CheckFinite(g.sum_dy_xmu, "grad_sums.sum_dy_xmu");
+  return s;
+}
+
+absl::Status CheckUpdatable(const RunningRule& rule, int64_t global_count) {
+  if (rule.track && !rule.biased_var && global_count == 1) {
+    return absl::FailedPreconditionError(
+        "Expected more than 1 value per channel when training: the global "
+        "batch of this round has 1 value per channel and the layer's running "
+        "var is unbiased (n/(n-1)); use a larger batch or biased_running_var");
+  }
+  return absl::OkStatus();
+}
+
+void ApplyRound(const RunningRule& rule, const Moments& merged,
+                RunningStats& stats) {
+  if (!rule.track || merged.count == 0) return;
+  stats.num_batches_tracked += 1;
+  const double n = static_cast<double>(merged.count);
+  for (size_t c = 0; c < stats.mean.size(); ++c) {
+    const double var = RunningVarSample(n, merged.m2[c], rule.biased_var);
+    stats.mean[c] = UpdateRunning(rule.mode, rule.momentum, stats.mean[c],
+                                  merged.mean[c], stats.num_batches_tracked);
+    stats.var[c] = UpdateRunning(rule.mode, rule.momentum, stats.var[c], var,
+                                 stats.num_batches_tracked);
+  }
+}
+
+}  // namespace syncnorm

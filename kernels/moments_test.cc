@@ -1,0 +1,170 @@
+#include "kernels/moments.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace syncnorm {
+namespace {
+
+// Two-pass moments in long double: the independent reference.
+Moments Reference(const std::vector<std::vector<double>>& per_channel) {
+  Moments m = Moments::Zero(static_cast<int>(per_channel.size()));
+  for (size_t c = 0; c < per_channel.size(); ++c) {
+    const auto& v = per_channel[c];
+    m.count = static_cast<int64_t>(v.size());
+    if (v.empty()) continue;
+    long double sum = 0;
+    for (double x : v) sum += x;
+    const long double mean = sum / v.size();
+    long double m2 = 0;
+    for (double x : v) m2 += (x - mean) * (x - mean);
+    m.mean[c] = static_cast<double>(mean);
+    m.m2[c] = static_cast<double>(m2);
+  }
+  return m;
+}
+
+Moments Welford(const std::vector<std::vector<double>>& per_channel) {
+  Moments m = Moments::Zero(static_cast<int>(per_channel.size()));
+  for (size_t c = 0; c < per_channel.size(); ++c) {
+    double n = 0;
+    for (double x : per_channel[c]) WelfordAdd(n, m.mean[c], m.m2[c], x);
+    m.count = static_cast<int64_t>(n);
+  }
+  return m;
+}
+
+TEST(MomentsTest, ChanMergeOfUnevenPartsMatchesTwoPassReference) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> dist(1e4, 3.0);  // |mean| >> std
+  const int channels = 5;
+  const std::vector<int> sizes = {17, 0, 1, 250, 3};
+  std::vector<std::vector<double>> all(channels);
+  Moments acc = Moments::Zero(channels);
+  for (int size : sizes) {
+    std::vector<std::vector<double>> part(channels);
+    for (int c = 0; c < channels; ++c) {
+      for (int i = 0; i < size; ++i) part[c].push_back(dist(rng) * (c + 1));
+      all[c].insert(all[c].end(), part[c].begin(), part[c].end());
+    }
+    Moments local = Welford(part);
+    ASSERT_TRUE(ValidateMoments(local, channels).ok());
+    MergeMoments(acc, local);
+  }
+  const Moments ref = Reference(all);
+  EXPECT_EQ(acc.count, ref.count);
+  for (int c = 0; c < channels; ++c) {
+    EXPECT_NEAR(acc.mean[c], ref.mean[c], 1e-12 * std::abs(ref.mean[c]));
+    EXPECT_NEAR(acc.m2[c], ref.m2[c], 1e-9 * ref.m2[c]);
+  }
+  GlobalMoments g = Finalize(acc);
+  for (int c = 0; c < channels; ++c) {
+    EXPECT_NEAR(g.var[c], ref.m2[c] / ref.count, 1e-9 * g.var[c]);
+  }
+}
+
+TEST(MomentsTest, EmptyContributionIsNeutral) {
+  Moments a = Moments::Zero(2);
+  a.count = 3;
+  a.mean = {1.5, -2.0};
+  a.m2 = {4.0, 0.5};
+  Moments before = a;
+  MergeMoments(a, Moments::Zero(2));
+  EXPECT_EQ(a.count, before.count);
+  EXPECT_EQ(a.mean, before.mean);
+  EXPECT_EQ(a.m2, before.m2);
+  Moments empty = Moments::Zero(2);
+  MergeMoments(empty, before);
+  EXPECT_EQ(empty.mean, before.mean);
+  EXPECT_EQ(empty.m2, before.m2);
+}
+
+TEST(MomentsTest, ValidateRejectsEachMalformedField) {
+  Moments good = Moments::Zero(2);
+  good.count = 2;
+  good.mean = {0.0, 1.0};
+  good.m2 = {1.0, 2.0};
+  EXPECT_TRUE(ValidateMoments(good, 2).ok());
+  EXPECT_EQ(ValidateMoments(good, 3).code(),
+            absl::StatusCode::kInvalidArgument);
+  Moments bad = good;
+  bad.count = -1;
+  EXPECT_EQ(ValidateMoments(bad, 2).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.m2[1] = -0.5;
+  EXPECT_EQ(ValidateMoments(bad, 2).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.mean[0] = std::nan("");
+  EXPECT_EQ(ValidateMoments(bad, 2).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.m2[0] = INFINITY;
+  EXPECT_EQ(ValidateMoments(bad, 2).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.count = 0;
+  EXPECT_EQ(ValidateMoments(bad, 2).code(), absl::StatusCode::kInvalidArgument);
+  GradSums gs{{1.0, 2.0}, {3.0, NAN}};
+  EXPECT_EQ(ValidateGradSums(gs, 2).code(), absl::StatusCode::kInvalidArgument);
+  gs.sum_dy_xmu[1] = 0;
+  EXPECT_TRUE(ValidateGradSums(gs, 2).ok());
+  EXPECT_FALSE(ValidateGradSums(gs, 1).ok());
+}
+
+// Running statistics after each rule, against the formulas written out.
+TEST(MomentsTest, RunningUpdateFollowsEachConvention) {
+  Moments merged = Moments::Zero(1);
+  merged.count = 4;
+  merged.mean = {2.0};
+  merged.m2 = {12.0};  // biased var 3, unbiased var 4
+  struct Case {
+    RunningRule rule;
+    double mean, var;
+  };
+  const Case cases[] = {
+      {{MomentumMode::kTorch, 0.1, false, true}, 0.2, 0.9 * 1 + 0.1 * 4},
+      {{MomentumMode::kTorch, 0.1, true, true}, 0.2, 0.9 * 1 + 0.1 * 3},
+      {{MomentumMode::kDecay, 0.9, false, true}, 0.2, 0.9 * 1 + 0.1 * 4},
+      {{MomentumMode::kDecay, 0.75, true, true}, 0.5, 0.75 + 0.25 * 3},
+      {{MomentumMode::kCumulative, 0, false, true}, 2.0, 4.0},
+  };
+  for (const Case& c : cases) {
+    RunningStats s = RunningStats::Initial(1);
+    ASSERT_TRUE(CheckUpdatable(c.rule, merged.count).ok());
+    ApplyRound(c.rule, merged, s);
+    EXPECT_EQ(s.num_batches_tracked, 1);
+    EXPECT_DOUBLE_EQ(s.mean[0], c.mean);
+    EXPECT_DOUBLE_EQ(s.var[0], c.var);
+  }
+  // Cumulative is the plain average of the batch values.
+  RunningRule cumulative{MomentumMode::kCumulative, 0, false, true};
+  RunningStats s = RunningStats::Initial(1);
+  ApplyRound(cumulative, merged, s);
+  merged.mean = {5.0};
+  ApplyRound(cumulative, merged, s);
+  EXPECT_DOUBLE_EQ(s.mean[0], 3.5);
+  EXPECT_EQ(s.num_batches_tracked, 2);
+}
+
+TEST(MomentsTest, GlobalCountOneWithUnbiasedVarIsRejected) {
+  RunningRule unbiased{MomentumMode::kTorch, 0.1, false, true};
+  EXPECT_EQ(CheckUpdatable(unbiased, 1).code(),
+            absl::StatusCode::kFailedPrecondition);
+  RunningRule biased{MomentumMode::kTorch, 0.1, true, true};
+  EXPECT_TRUE(CheckUpdatable(biased, 1).ok());
+  RunningRule untracked{MomentumMode::kTorch, 0.1, false, false};
+  EXPECT_TRUE(CheckUpdatable(untracked, 1).ok());
+}
+
+TEST(MomentsTest, EmptyGlobalBatchLeavesStatsUntouched) {
+  RunningRule rule;
+  RunningStats s = RunningStats::Initial(2);
+  ApplyRound(rule, Moments::Zero(2), s);
+  EXPECT_EQ(s.num_batches_tracked, 0);
+  EXPECT_EQ(s.mean, std::vector<double>({0.0, 0.0}));
+  EXPECT_EQ(s.var, std::vector<double>({1.0, 1.0}));
+}
+
+}  // namespace
+}  // namespace syncnorm
