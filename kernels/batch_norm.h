@@ -7,7 +7,8 @@
 // arithmetic is done in float64 and rounded once to the output type.
 //
 // Every function validates its arguments and returns a status; none aborts.
-// Per-channel arrays (mean, invstd, weight, ...) live on the host.
+// Per-channel arrays (mean, invstd, weight, ...) live on the host. A tensor
+// pointer may be null when the tensor has no elements (an empty batch).
 #ifndef SYNCNORM_KERNELS_BATCH_NORM_H_
 #define SYNCNORM_KERNELS_BATCH_NORM_H_
 

@@ -60,10 +60,13 @@ SYNCNORM_HD double BiasedVar(double n, double m2) {
   return n > 0 ? m2 / n : 0.0;
 }
 
-// Variance that enters the running statistics: M2/(n-1) unless biased.
+// Variance that enters the running statistics, from the biased batch var:
+// var * n/(n-1) (as torch does) unless biased. Taking the biased var as input
+// lets a client that only sees the global (n, mean, var) reproduce the
+// server's running statistics bit for bit.
 // REQUIRES: n > 1 when !biased (callers reject n == 1 first).
-SYNCNORM_HD double RunningVarSample(double n, double m2, bool biased) {
-  return biased ? m2 / n : m2 / (n - 1.0);
+SYNCNORM_HD double RunningVarSample(double n, double biased_var, bool biased) {
+  return biased ? biased_var : biased_var * (n / (n - 1.0));
 }
 
 // 1 / sqrt(var + eps), in double.

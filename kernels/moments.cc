@@ -123,13 +123,18 @@ absl::Status CheckUpdatable(const RunningRule& rule, int64_t global_count) {
 
 void ApplyRound(const RunningRule& rule, const Moments& merged,
                 RunningStats& stats) {
-  if (!rule.track || merged.count == 0) return;
+  ApplyRound(rule, Finalize(merged), stats);
+}
+
+void ApplyRound(const RunningRule& rule, const GlobalMoments& global,
+                RunningStats& stats) {
+  if (!rule.track || global.count == 0) return;
   stats.num_batches_tracked += 1;
-  const double n = static_cast<double>(merged.count);
+  const double n = static_cast<double>(global.count);
   for (size_t c = 0; c < stats.mean.size(); ++c) {
-    const double var = RunningVarSample(n, merged.m2[c], rule.biased_var);
+    const double var = RunningVarSample(n, global.var[c], rule.biased_var);
     stats.mean[c] = UpdateRunning(rule.mode, rule.momentum, stats.mean[c],
-                                  merged.mean[c], stats.num_batches_tracked);
+                                  global.mean[c], stats.num_batches_tracked);
     stats.var[c] = UpdateRunning(rule.mode, rule.momentum, stats.var[c], var,
                                  stats.num_batches_tracked);
   }

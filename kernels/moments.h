@@ -89,6 +89,11 @@ absl::Status CheckUpdatable(const RunningRule& rule, int64_t global_count);
 void ApplyRound(const RunningRule& rule, const Moments& merged,
                 RunningStats& stats);
 
+// The same update from the global statistics a round answers with; yields
+// bitwise the same stats as the Moments form (which finalizes first).
+void ApplyRound(const RunningRule& rule, const GlobalMoments& global,
+                RunningStats& stats);
+
 }  // namespace syncnorm
 
 #endif  // SYNCNORM_KERNELS_MOMENTS_H_

@@ -1,0 +1,53 @@
+// How the workers of one node agree on a layer's global statistics.
+#ifndef SYNCNORM_CLIENT_NODE_GROUP_H_
+#define SYNCNORM_CLIENT_NODE_GROUP_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "client/contributor.h"
+#include "kernels/moments.h"
+
+namespace syncnorm {
+
+// One worker's view of its node. Every worker of the node calls the same
+// sequence of Sync* calls; each call returns the global result of the job's
+// group, identical on every worker. Implementations: the single worker of a
+// node (SoloNodeGroup), several workers as threads of one process
+// (ThreadNode), and NCCL across the GPUs of a node (with CUDA).
+class NodeGroup {
+ public:
+  virtual ~NodeGroup() = default;
+
+  // Merges the node's local moments and returns the global statistics.
+  virtual absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
+                                                   const Moments& local) = 0;
+
+  // Sums the node's gradient sums and returns the global sums.
+  virtual absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+                                                const GradSums& local) = 0;
+};
+
+// A node of one worker: its contributions go straight to the aggregator.
+class SoloNodeGroup : public NodeGroup {
+ public:
+  explicit SoloNodeGroup(std::unique_ptr<Contributor> contributor)
+      : contributor_(std::move(contributor)) {}
+
+  absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
+                                           const Moments& local) override {
+    return contributor_->ReduceForward(layer, step, local);
+  }
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+                                        const GradSums& local) override {
+    return contributor_->ReduceBackward(layer, step, local);
+  }
+
+ private:
+  const std::unique_ptr<Contributor> contributor_;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_CLIENT_NODE_GROUP_H_

@@ -1,0 +1,66 @@
+#include "client/proto_convert.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace syncnorm {
+
+v1::Contribution MakeContribution(const std::string& job_id, int layer,
+                                  int64_t step, int rank) {
+  v1::Contribution c;
+  c.set_job_id(job_id);
+  c.set_layer(layer);
+  c.set_step(step);
+  c.set_phase(v1::FORWARD);
+  c.set_rank(rank);
+  return c;
+}
+
+void ToProto(const Moments& m, v1::Moments* out) {
+  out->set_count(m.count);
+  out->mutable_mean()->Assign(m.mean.begin(), m.mean.end());
+  out->mutable_m2()->Assign(m.m2.begin(), m.m2.end());
+}
+
+void ToProto(const GradSums& g, v1::GradSums* out) {
+  out->mutable_sum_dy()->Assign(g.sum_dy.begin(), g.sum_dy.end());
+  out->mutable_sum_dy_xmu()->Assign(g.sum_dy_xmu.begin(), g.sum_dy_xmu.end());
+}
+
+GlobalMoments FromProto(const v1::GlobalMoments& m) {
+  GlobalMoments g;
+  g.count = m.count();
+  g.mean.assign(m.mean().begin(), m.mean().end());
+  g.var.assign(m.var().begin(), m.var().end());
+  return g;
+}
+
+GradSums FromProto(const v1::GradSums& g) {
+  GradSums s;
+  s.sum_dy.assign(g.sum_dy().begin(), g.sum_dy().end());
+  s.sum_dy_xmu.assign(g.sum_dy_xmu().begin(), g.sum_dy_xmu().end());
+  return s;
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+absl::StatusOr<v1::RoundResult> RoundResultStatus(v1::RoundResult r) {
+  if (!r.has_error()) return r;
+  const v1::RoundError& e = r.error();
+  std::string message = e.message();
+  if (e.missing_ranks_size() > 0 &&
+      message.find("rank") == std::string::npos) {
+    absl::StrAppend(&message, " (missing ranks: ",
+                    absl::StrJoin(e.missing_ranks(), ", "), ")");
+  }
+  const int code = e.code() == 0 ? static_cast<int>(absl::StatusCode::kUnknown)
+                                 : e.code();
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,234 @@
+#include "client/sync_batch_norm.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/layer_rule.h"
+
+namespace syncnorm {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+}  // namespace
+
+SyncBatchNorm::SyncBatchNorm(int layer, const SyncBatchNormOptions& options,
+                             NodeGroup* group, ThreadPool* pool)
+    : layer_(layer),
+      options_(options),
+      rule_(RuleOf(options)),
+      group_(group),
+      context_{Device::kCpu, pool, nullptr} {
+  if (options.num_features > 0) Allocate(options.num_features);
+}
+
+void SyncBatchNorm::Allocate(int channels) {
+  channels_ = channels;
+  weight_.assign(channels, options_.gamma_init);
+  bias_.assign(channels, options_.beta_init);
+  grad_weight_.assign(channels, 0.0);
+  grad_bias_.assign(channels, 0.0);
+  running_ = RunningStats::Initial(channels);
+  if (options_.initial_running_mean.size() == static_cast<size_t>(channels)) {
+    running_.mean = options_.initial_running_mean;
+  }
+  if (options_.initial_running_var.size() == static_cast<size_t>(channels)) {
+    running_.var = options_.initial_running_var;
+  }
+}
+
+absl::Status SyncBatchNorm::SetRunningStats(const RunningStats& stats) {
+  if (stats.mean.size() != static_cast<size_t>(channels_) ||
+      stats.var.size() != static_cast<size_t>(channels_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "running statistics of ", stats.mean.size(), " channels for a layer "
+        "of ", channels_));
+  }
+  running_ = stats;
+  return absl::OkStatus();
+}
+
+absl::Status SyncBatchNorm::CheckLike(const TensorRef& t,
+                                      const TensorRef& like,
+                                      const char* what) const {
+  if (t.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has no data"));
+  }
+  if (t.shape != like.shape || t.dtype != like.dtype ||
+      t.device != like.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " must have the input's shape ", ShapeString(like.shape),
+        ", dtype and device; got shape ", ShapeString(t.shape)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Geometry> SyncBatchNorm::Prepare(const TensorRef& x,
+                                                const TensorRef& y,
+                                                const TensorRef* z) {
+  if (x.data == nullptr && !x.shape.empty() && x.shape[0] != 0) {
+    return absl::InvalidArgumentError("the input has no data");
+  }
+  absl::StatusOr<Geometry> g = MakeGeometry(x.shape, options_.channels_last);
+  if (!g.ok()) return g.status();
+  if (channels_ == 0) Allocate(static_cast<int>(g->channels));
+  if (g->channels != channels_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected ", channels_, " channels (num_features) but the input of "
+        "shape ", ShapeString(x.shape), " has ", g->channels,
+        options_.channels_last ? " in its last dimension (channels_last)"
+                               : " in dimension 1"));
+  }
+  if (g->elements() > 0) {
+    absl::Status s = CheckLike(y, x, "the output");
+    if (s.ok() && z != nullptr) s = CheckLike(*z, x, "the residual z");
+    if (!s.ok()) return s;
+  }
+  return g;
+}
+
+void SyncBatchNorm::RunningStatistics() {
+  saved_.mean = running_.mean;
+  saved_.invstd.resize(channels_);
+  for (int c = 0; c < channels_; ++c) {
+    saved_.invstd[c] = InvStd(running_.var[c], options_.eps);
+  }
+}
+
+absl::Status SyncBatchNorm::BatchStatistics(const TensorRef& x,
+                                            const Geometry& g, bool sync) {
+  Moments local;
+  absl::Status s = LocalMoments(context_, x.dtype, x.data, g, &local);
+  if (!s.ok()) return s;
+  GlobalMoments global = Finalize(local);
+  if (sync) {
+    if (group_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this layer has no node group, so it cannot train; give it one or "
+          "use eval or freeze");
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<ForwardReply> reply =
+        group_->SyncForward(layer_, step_, local);
+    forward_sync_ = absl::Now() - start;
+    if (!reply.ok()) return reply.status();
+    global = std::move(reply->global);
+    ApplyRound(rule_, global, running_);
+  }
+  saved_.global_count = global.count;
+  saved_.mean = std::move(global.mean);
+  saved_.invstd.resize(channels_);
+  for (int c = 0; c < channels_; ++c) {
+    saved_.invstd[c] = InvStd(global.var[c], options_.eps);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncBatchNorm::Forward(const TensorRef& x, const TensorRef& y,
+                                    const TensorRef* z) {
+  saved_.valid = false;
+  absl::StatusOr<Geometry> g = Prepare(x, y, z);
+  if (!g.ok()) return g.status();
+  // torch: batch statistics in training, and in eval without running stats.
+  const bool use_running =
+      options_.freeze || (!training_ && options_.track_running_stats);
+  const bool sync = training_ && !use_running;
+  if (use_running) {
+    RunningStatistics();
+  } else {
+    absl::Status s = BatchStatistics(x, *g, sync);
+    if (!s.ok()) return s;
+  }
+  ForwardArgs args;
+  args.x = x.data;
+  args.y = y.data;
+  args.z = z != nullptr ? z->data : nullptr;
+  args.weight = options_.scale ? weight_.data() : nullptr;
+  args.bias = options_.center ? bias_.data() : nullptr;
+  args.mean = saved_.mean.data();
+  args.invstd = saved_.invstd.data();
+  args.relu = options_.fuse_relu;
+  absl::Status s = syncnorm::Forward(context_, x.dtype, *g, args);
+  if (!s.ok()) return s;
+  if (!training_) return absl::OkStatus();
+  saved_.valid = true;
+  saved_.synced = sync;
+  saved_.x = x.data;
+  saved_.y = options_.fuse_relu ? y.data : nullptr;
+  saved_.had_z = z != nullptr;
+  saved_.geometry = *g;
+  saved_.step = step_;
+  if (sync) ++step_;
+  return absl::OkStatus();
+}
+
+absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
+                                     const TensorRef& grad_input,
+                                     const TensorRef* grad_z) {
+  if (!saved_.valid) {
+    return absl::FailedPreconditionError(
+        "Backward needs a training Forward first");
+  }
+  absl::StatusOr<Geometry> g = MakeGeometry(dy.shape, options_.channels_last);
+  if (!g.ok()) return g.status();
+  const Geometry& f = saved_.geometry;
+  if (g->outer != f.outer || g->channels != f.channels ||
+      g->inner != f.inner) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dy of shape ", ShapeString(dy.shape),
+        " does not match the shape of the forward's input"));
+  }
+  if (f.elements() > 0) {
+    absl::Status s = CheckLike(grad_input, dy, "grad_input");
+    if (s.ok() && saved_.had_z) {
+      s = grad_z == nullptr ? absl::InvalidArgumentError(
+                                  "the forward had z, so Backward needs grad_z")
+                            : CheckLike(*grad_z, dy, "grad_z");
+    }
+    if (!s.ok()) return s;
+  }
+  BackwardReduceArgs reduce;
+  reduce.dy = dy.data;
+  reduce.x = saved_.x;
+  reduce.y = saved_.y;
+  reduce.mean = saved_.mean.data();
+  reduce.invstd = saved_.invstd.data();
+  GradSums sums;
+  absl::Status s = BackwardReduce(context_, dy.dtype, saved_.geometry, reduce,
+                                  &sums, grad_weight_.data(),
+                                  grad_bias_.data());
+  if (!s.ok()) return s;
+  std::vector<double> mean_dy(channels_, 0.0), mean_dy_xmu(channels_, 0.0);
+  if (saved_.synced) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<GradSums> global =
+        group_->SyncBackward(layer_, saved_.step, sums);
+    backward_sync_ = absl::Now() - start;
+    if (!global.ok()) return global.status();
+    // Global count 0: every batch was empty and there is nothing to scale.
+    const double n = saved_.global_count > 0
+                         ? static_cast<double>(saved_.global_count)
+                         : 1.0;
+    for (int c = 0; c < channels_; ++c) {
+      mean_dy[c] = global->sum_dy[c] / n;
+      mean_dy_xmu[c] = global->sum_dy_xmu[c] / n;
+    }
+  }
+  BackwardElementwiseArgs args;
+  args.dy = dy.data;
+  args.x = saved_.x;
+  args.y = saved_.y;
+  args.mean = saved_.mean.data();
+  args.invstd = saved_.invstd.data();
+  args.weight = options_.scale ? weight_.data() : nullptr;
+  args.mean_dy = mean_dy.data();
+  args.mean_dy_xmu = mean_dy_xmu.data();
+  args.grad_input = grad_input.data;
+  args.grad_z = grad_z != nullptr ? grad_z->data : nullptr;
+  return BackwardElementwise(context_, dy.dtype, saved_.geometry, args);
+}
+
+}  // namespace syncnorm

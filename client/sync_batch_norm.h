@@ -1,0 +1,119 @@
+// SyncBatchNorm: a batch-norm layer whose training statistics are those of
+// the global batch of every worker of its group.
+#ifndef SYNCNORM_CLIENT_SYNC_BATCH_NORM_H_
+#define SYNCNORM_CLIENT_SYNC_BATCH_NORM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "client/node_group.h"
+#include "client/sync_batch_norm_options.h"
+#include "kernels/batch_norm.h"
+#include "kernels/moments.h"
+
+namespace syncnorm {
+
+// A tensor the caller owns: data, shape (batch first) and element type.
+struct TensorRef {
+  void* data = nullptr;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  Device device = Device::kCpu;
+};
+
+// One BatchNorm layer of a worker.
+//
+// Training forward: local moments (kernels) -> the group's global moments
+// (NodeGroup, one round per step) -> normalize. The running statistics are
+// kept by the aggregator and mirrored here by the same rule, so eval (plain
+// batch norm with running statistics, no round) needs no service. Backward
+// syncs sum(dy) and sum(dy * (x - mean)) the same way; grad_weight and
+// grad_bias stay local, as in torch (the trainer averages gradients).
+//
+// Not thread-safe: one worker thread drives a layer.
+class SyncBatchNorm {
+ public:
+  // layer: this layer's index in the job's LayerSpec list. group: how the
+  // worker syncs; may be null for a layer only used in eval or frozen. pool:
+  // CPU threads for the kernels; null runs them on the caller's thread.
+  SyncBatchNorm(int layer, const SyncBatchNormOptions& options,
+                NodeGroup* group, ThreadPool* pool);
+
+  // Training mode (default) or eval.
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
+
+  // y = BN(x) (+ z) (ReLU). In training (not frozen) this is one forward
+  // round of the layer; the layer's step counter then advances. y may alias
+  // x. x, y and z must stay alive and unchanged until Backward.
+  // INVALID_ARGUMENT for a wrong rank, channel count, dtype or shape; the
+  // round's status (DEADLINE_EXCEEDED naming missing ranks, ...) on failure.
+  absl::Status Forward(const TensorRef& x, const TensorRef& y,
+                       const TensorRef* z = nullptr);
+
+  // grad_input (and grad_z when the forward had z) from dy, for the last
+  // training Forward; accumulates nothing: grad_weight() and grad_bias()
+  // are overwritten with this step's local values.
+  absl::Status Backward(const TensorRef& dy, const TensorRef& grad_input,
+                        const TensorRef* grad_z = nullptr);
+
+  int num_features() const { return channels_; }
+  // Forward rounds run so far; the step of the next round.
+  int64_t step() const { return step_; }
+  std::vector<float>& weight() { return weight_; }
+  std::vector<float>& bias() { return bias_; }
+  const std::vector<double>& grad_weight() const { return grad_weight_; }
+  const std::vector<double>& grad_bias() const { return grad_bias_; }
+  const RunningStats& running_stats() const { return running_; }
+  // Replaces the running statistics (say, loaded from the aggregator).
+  absl::Status SetRunningStats(const RunningStats& stats);
+  // Wall time of the last forward and backward sync (0 without a round).
+  absl::Duration last_forward_sync() const { return forward_sync_; }
+  absl::Duration last_backward_sync() const { return backward_sync_; }
+
+ private:
+  // What Backward needs from the last training Forward.
+  struct Saved {
+    bool valid = false;
+    bool synced = false;  // false: frozen statistics, no backward round
+    const void* x = nullptr;
+    const void* y = nullptr;  // ReLU mask source
+    bool had_z = false;
+    Geometry geometry;
+    int64_t step = 0;
+    int64_t global_count = 0;
+    std::vector<double> mean, invstd;
+  };
+
+  absl::StatusOr<Geometry> Prepare(const TensorRef& x, const TensorRef& y,
+                                   const TensorRef* z);
+  void Allocate(int channels);
+  // Fills saved_.mean/invstd from batch statistics (syncing if training).
+  absl::Status BatchStatistics(const TensorRef& x, const Geometry& g,
+                               bool sync);
+  void RunningStatistics();
+  absl::Status CheckLike(const TensorRef& t, const TensorRef& like,
+                         const char* what) const;
+
+  // Constant after construction.
+  const int layer_;
+  const SyncBatchNormOptions options_;
+  const RunningRule rule_;
+  NodeGroup* const group_;
+  const KernelContext context_;
+
+  bool training_ = true;
+  int channels_ = 0;
+  int64_t step_ = 0;
+  std::vector<float> weight_, bias_;
+  std::vector<double> grad_weight_, grad_bias_;
+  RunningStats running_;
+  Saved saved_;
+  absl::Duration forward_sync_, backward_sync_;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_CLIENT_SYNC_BATCH_NORM_H_

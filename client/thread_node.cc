@@ -1,0 +1,111 @@
+#include "client/thread_node.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace syncnorm {
+
+class ThreadNode::MemberGroup : public NodeGroup {
+ public:
+  MemberGroup(ThreadNode* node, int local_rank)
+      : node_(node), local_rank_(local_rank) {}
+
+  absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
+                                           const Moments& local) override {
+    ThreadNode* node = node_;
+    return node->Exchange(
+        node->forward_, Key(layer, step, 1), local_rank_, local,
+        [](Moments& acc, const Moments& part) { MergeMoments(acc, part); },
+        [node, layer, step](const Moments& merged) {
+          return node->upstream_->SyncForward(layer, step, merged);
+        });
+  }
+
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+                                        const GradSums& local) override {
+    ThreadNode* node = node_;
+    return node->Exchange(
+        node->backward_, Key(layer, step, 2), local_rank_, local,
+        [](GradSums& acc, const GradSums& part) { AddGradSums(acc, part); },
+        [node, layer, step](const GradSums& summed) {
+          return node->upstream_->SyncBackward(layer, step, summed);
+        });
+  }
+
+ private:
+  ThreadNode* const node_;
+  const int local_rank_;
+};
+
+ThreadNode::ThreadNode(int local_size, std::unique_ptr<NodeGroup> upstream,
+                       absl::Duration timeout)
+    : local_size_(local_size),
+      upstream_(std::move(upstream)),
+      timeout_(timeout) {}
+
+std::unique_ptr<NodeGroup> ThreadNode::Member(int local_rank) {
+  return std::make_unique<MemberGroup>(this, local_rank);
+}
+
+template <typename T, typename R, typename Fold, typename Send>
+absl::StatusOr<R> ThreadNode::Exchange(std::map<Key, Round<T, R>>& rounds,
+                                       Key key, int local_rank, const T& local,
+                                       Fold fold, Send send) {
+  if (local_rank < 0 || local_rank >= local_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local rank ", local_rank, " is outside this node's ", local_size_,
+        " workers"));
+  }
+  std::optional<T> merged;
+  Round<T, R>* round;
+  {
+    absl::MutexLock lock(&mu_);
+    round = &rounds[key];
+    if (round->parts.empty()) {
+      round->parts.resize(local_size_);
+      round->left = local_size_;
+    }
+    if (round->parts[local_rank].has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "local rank ", local_rank, " joined the same round twice (layer ",
+          std::get<0>(key), ", step ", std::get<1>(key), ")"));
+    }
+    round->parts[local_rank] = local;
+    if (round->result.has_value()) {  // came after the round timed out
+      absl::StatusOr<R> result = *round->result;
+      if (--round->left == 0) rounds.erase(key);
+      return result;
+    }
+    if (++round->arrived == local_size_) {
+      // The last arrival folds in local-rank order: the same bits on every
+      // member, whatever order the threads came in.
+      merged = std::move(*round->parts[0]);
+      for (int r = 1; r < local_size_; ++r) fold(*merged, *round->parts[r]);
+    }
+  }
+  if (merged.has_value()) {
+    absl::StatusOr<R> result = send(*merged);  // no lock held over the RPC
+    absl::MutexLock lock(&mu_);
+    round->result = std::move(result);
+  }
+  absl::MutexLock lock(&mu_);
+  auto ready = [round]() { return round->result.has_value(); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout_)) {
+    std::vector<int> missing;
+    for (int r = 0; r < local_size_; ++r) {
+      if (!round->parts[r].has_value()) missing.push_back(r);
+    }
+    round->result = absl::DeadlineExceededError(absl::StrCat(
+        "local ranks [", absl::StrJoin(missing, ", "),
+        "] of this node did not reach layer ", std::get<0>(key), " step ",
+        std::get<1>(key), " within ", absl::FormatDuration(timeout_)));
+  }
+  absl::StatusOr<R> result = *round->result;
+  if (--round->left == 0) rounds.erase(key);
+  return result;
+}
+
+}  // namespace syncnorm

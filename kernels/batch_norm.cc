@@ -1,0 +1,203 @@
+// Validation and dispatch of the batch-norm kernels; the loops live in
+// batch_norm_cpu_*.cc.
+#include "kernels/batch_norm.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "kernels/batch_norm_cpu.h"
+
+namespace syncnorm {
+namespace {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+// a * b, or an error when it overflows int64. REQUIRES: a, b >= 0.
+absl::StatusOr<int64_t> CheckedProduct(int64_t a, int64_t b) {
+  if (b != 0 && a > kInt64Max / b) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tensor has more than ", kInt64Max, " elements (", a,
+                     " * ", b, " overflows int64); check its shape"));
+  }
+  return a * b;
+}
+
+absl::Status ValidateGeometry(const Geometry& g, const char* fn) {
+  if (g.outer < 0 || g.inner < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": geometry {outer=", g.outer,
+                     ", channels=", g.channels, ", inner=", g.inner,
+                     "} has a negative size; build it with "
+                     "MakeGeometry from the tensor's shape"));
+  }
+  if (g.channels < 1 || g.channels > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, ": geometry has ", g.channels, " channels; it needs 1 to ",
+        std::numeric_limits<int>::max(), " (num_features)"));
+  }
+  absl::StatusOr<int64_t> rows = CheckedProduct(g.outer, g.channels);
+  if (rows.ok()) rows = CheckedProduct(*rows, g.inner);
+  if (!rows.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": ", rows.status().message()));
+  return absl::OkStatus();
+}
+
+// A required per-channel array or output.
+absl::Status Require(const void* p, const char* fn, const char* name) {
+  if (p != nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(fn, ": ", name, " is null; it is required"));
+}
+
+// A required tensor: it may be null only when it has no elements (an empty
+// tensor has no storage).
+absl::Status RequireTensor(const void* p, const Geometry& g, const char* fn,
+                           const char* name) {
+  if (p != nullptr || g.elements() == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(fn, ": ", name, " is null but the tensor has ", g.elements(),
+                   " elements; pass its data"));
+}
+
+// Runs cpu_fp32() when ctx and dtype name the float32 CPU kernel; the single
+// place that maps (device, dtype) to an implementation.
+template <typename Fn>
+absl::Status Dispatch(const KernelContext& ctx, DType dtype, const char* fn,
+                      Fn&& cpu_fp32) {
+  switch (ctx.device) {
+    case Device::kCpu:
+      break;
+    case Device::kCuda:
+      return absl::UnimplementedError(absl::StrCat(
+          fn,
+          ": Device::kCuda is not available in this build (the CUDA "
+          "kernels are not implemented yet); use Device::kCpu"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": unknown device ", static_cast<int>(ctx.device),
+                       "; use Device::kCpu or Device::kCuda"));
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      cpu_fp32();
+      return absl::OkStatus();
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return absl::UnimplementedError(absl::StrCat(
+          fn, ": ", dtype == DType::kFloat16 ? "float16" : "bfloat16",
+          " tensors are not supported on the CPU; convert them to float32 "
+          "(half precision is for the CUDA kernels)"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": unknown dtype ", static_cast<int>(dtype),
+                       "; use kFloat32, kFloat16 or kBFloat16"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Geometry> MakeGeometry(absl::Span<const int64_t> shape,
+                                      bool channels_last) {
+  if (shape.size() < 2 || shape.size() > 5) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a batch-norm input has 2 to 5 dimensions (N, C, ...), got ",
+        shape.size()));
+  }
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dimension ", i, " of the input shape is ", shape[i],
+                       "; sizes must be >= 0"));
+    }
+  }
+  const bool last = channels_last && shape.size() > 2;
+  Geometry g;
+  g.channels = last ? shape.back() : shape[1];
+  if (g.channels == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the channel dimension (", last ? shape.size() - 1 : 1,
+        ") of the input is 0; a batch-norm input needs at least 1 channel"));
+  }
+  // spatial: the dimensions between N and C (last) or after C (first).
+  const size_t spatial_begin = last ? 1 : 2;
+  const size_t spatial_end = last ? shape.size() - 1 : shape.size();
+  int64_t spatial = 1;
+  for (size_t i = spatial_begin; i < spatial_end; ++i) {
+    absl::StatusOr<int64_t> p = CheckedProduct(spatial, shape[i]);
+    if (!p.ok()) return p.status();
+    spatial = *p;
+  }
+  absl::StatusOr<int64_t> outer =
+      last ? CheckedProduct(shape[0], spatial) : shape[0];
+  if (!outer.ok()) return outer.status();
+  g.outer = *outer;
+  g.inner = last ? 1 : spatial;
+  absl::Status s = ValidateGeometry(g, "MakeGeometry");
+  if (!s.ok()) return s;
+  return g;
+}
+
+absl::Status LocalMoments(const KernelContext& ctx, DType dtype, const void* x,
+                          const Geometry& g, Moments* out) {
+  constexpr char kFn[] = "LocalMoments";
+  absl::Status s = ValidateGeometry(g, kFn);
+  if (s.ok()) s = RequireTensor(x, g, kFn, "x");
+  if (s.ok()) s = Require(out, kFn, "out");
+  if (!s.ok()) return s;
+  return Dispatch(ctx, dtype, kFn, [&] {
+    cpu::LocalMomentsF32(ctx.pool, static_cast<const float*>(x), g, out);
+  });
+}
+
+absl::Status Forward(const KernelContext& ctx, DType dtype, const Geometry& g,
+                     const ForwardArgs& args) {
+  constexpr char kFn[] = "Forward";
+  absl::Status s = ValidateGeometry(g, kFn);
+  if (s.ok()) s = RequireTensor(args.x, g, kFn, "args.x");
+  if (s.ok()) s = RequireTensor(args.y, g, kFn, "args.y");
+  if (s.ok()) s = Require(args.mean, kFn, "args.mean");
+  if (s.ok()) s = Require(args.invstd, kFn, "args.invstd");
+  if (!s.ok()) return s;
+  return Dispatch(ctx, dtype, kFn, [&] { cpu::ForwardF32(ctx.pool, g, args); });
+}
+
+absl::Status BackwardReduce(const KernelContext& ctx, DType dtype,
+                            const Geometry& g, const BackwardReduceArgs& args,
+                            GradSums* sums, double* grad_weight,
+                            double* grad_bias) {
+  constexpr char kFn[] = "BackwardReduce";
+  absl::Status s = ValidateGeometry(g, kFn);
+  if (s.ok()) s = RequireTensor(args.dy, g, kFn, "args.dy");
+  if (s.ok()) s = RequireTensor(args.x, g, kFn, "args.x");
+  if (s.ok()) s = Require(args.mean, kFn, "args.mean");
+  if (s.ok()) s = Require(args.invstd, kFn, "args.invstd");
+  if (s.ok()) s = Require(sums, kFn, "sums");
+  if (!s.ok()) return s;
+  return Dispatch(ctx, dtype, kFn, [&] {
+    cpu::BackwardReduceF32(ctx.pool, g, args, sums, grad_weight, grad_bias);
+  });
+}
+
+absl::Status BackwardElementwise(const KernelContext& ctx, DType dtype,
+                                 const Geometry& g,
+                                 const BackwardElementwiseArgs& args) {
+  constexpr char kFn[] = "BackwardElementwise";
+  absl::Status s = ValidateGeometry(g, kFn);
+  if (s.ok()) s = RequireTensor(args.dy, g, kFn, "args.dy");
+  if (s.ok()) s = RequireTensor(args.x, g, kFn, "args.x");
+  if (s.ok()) s = RequireTensor(args.grad_input, g, kFn, "args.grad_input");
+  if (s.ok()) s = Require(args.mean, kFn, "args.mean");
+  if (s.ok()) s = Require(args.invstd, kFn, "args.invstd");
+  if (s.ok()) s = Require(args.mean_dy, kFn, "args.mean_dy");
+  if (s.ok()) s = Require(args.mean_dy_xmu, kFn, "args.mean_dy_xmu");
+  if (!s.ok()) return s;
+  return Dispatch(ctx, dtype, kFn,
+                  [&] { cpu::BackwardElementwiseF32(ctx.pool, g, args); });
+}
+
+}  // namespace syncnorm

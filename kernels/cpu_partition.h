@@ -1,0 +1,80 @@
+// How the CPU kernels split their work into tasks.
+//
+// Reductions split by geometry alone, never by thread count, and fold the
+// tasks' partial results in task order: their results are bitwise identical
+// for every pool size, including no pool. Elementwise kernels split a flat
+// element range; they have no order to keep.
+#ifndef SYNCNORM_KERNELS_CPU_PARTITION_H_
+#define SYNCNORM_KERNELS_CPU_PARTITION_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+
+#include "kernels/batch_norm.h"
+
+namespace syncnorm {
+namespace cpu {
+
+// Values in one reduction block: 16 KiB of float, so a second pass over the
+// block reads L1, not memory.
+inline constexpr int64_t kBlock = 4096;
+// Channels-last reductions: channels per task, so per-channel accumulators
+// stay in L1 however many channels there are.
+inline constexpr int64_t kChannelTile = 256;
+
+// [begin, end) of a part.
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// Part p of `units` split into `parts` near-equal consecutive parts.
+// REQUIRES: parts >= 1, 0 <= p < parts.
+Range PartRange(int64_t units, int64_t parts, int64_t p);
+
+// A reduction's fixed split: groups x parts tasks; task t works on group
+// t / parts and part t % parts. Channels-first (inner > 1): a group is one
+// channel, its units are blocks of at most kBlock values within its rows
+// (segments blocks per row). Channels-last (inner == 1): a group is a tile of
+// up to kChannelTile channels, its units are rows of the tensor.
+struct ReducePlan {
+  int64_t groups = 0;
+  int64_t parts = 1;
+  int64_t units = 0;
+  int64_t segments = 1;
+
+  int64_t tasks() const { return groups * parts; }
+};
+
+// REQUIRES: g is valid (see ValidateGeometry in batch_norm.cc).
+ReducePlan MakeReducePlan(const Geometry& g);
+
+// The number of tasks an elementwise kernel splits g.elements() into.
+int64_t ElementwiseTasks(const Geometry& g);
+
+// Runs fn(task) for every task in [0, tasks): on `pool` when given, else on
+// the calling thread in order.
+void RunTasks(ThreadPool* pool, int64_t tasks,
+              const std::function<void(int64_t)>& fn);
+
+// Calls fn(pos, len, c) for each piece of the flat element range r that lies
+// within one contiguous row: [pos, pos + len) are elements of channel c
+// (inner > 1) or of channels [c, c + len) (inner == 1).
+template <typename Fn>
+void ForEachRowPiece(const Geometry& g, Range r, Fn&& fn) {
+  const bool last = g.inner == 1;
+  const int64_t row_len = last ? g.channels : g.inner;
+  for (int64_t pos = r.begin; pos < r.end;) {
+    const int64_t row = pos / row_len;
+    const int64_t offset = pos % row_len;
+    const int64_t len = std::min(row_len - offset, r.end - pos);
+    fn(pos, len, last ? offset : row % g.channels);
+    pos += len;
+  }
+}
+
+}  // namespace cpu
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_KERNELS_CPU_PARTITION_H_

@@ -1,0 +1,142 @@
+#include "server/aggregator.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace syncnorm {
+
+Aggregator::Aggregator(AggregatorOptions options, const Clock* clock)
+    : options_(std::move(options)), clock_(clock) {}
+
+Aggregator::~Aggregator() {
+  StopReaper();
+  // Keeps the exactly-once promise of Contribute: nobody waits forever.
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    jobs.swap(jobs_);
+  }
+  for (const auto& [id, job] : jobs) {
+    job->Abort(absl::UnavailableError(
+        "the aggregator is shutting down; retry against a running server"));
+  }
+}
+
+void Aggregator::StartReaper() {
+  absl::MutexLock lock(&reaper_mu_);
+  if (reaper_ != nullptr) return;
+  reaper_stop_ = false;
+  reaper_ = std::make_unique<std::thread>([this] { ReaperLoop(); });
+}
+
+void Aggregator::StopReaper() {
+  std::unique_ptr<std::thread> thread;
+  {
+    absl::MutexLock lock(&reaper_mu_);
+    reaper_stop_ = true;
+    thread = std::move(reaper_);
+  }
+  if (thread != nullptr) thread->join();
+}
+
+void Aggregator::ReaperLoop() {
+  reaper_mu_.Lock();
+  while (!reaper_mu_.AwaitWithTimeout(absl::Condition(&reaper_stop_),
+                                      options_.reaper_period)) {
+    reaper_mu_.Unlock();
+    ExpireRounds(clock_->Now());
+    reaper_mu_.Lock();
+  }
+  reaper_mu_.Unlock();
+}
+
+absl::Status Aggregator::NotFound(absl::string_view job_id) {
+  return absl::NotFoundError(absl::StrCat(
+      "job '", job_id, "' not found; create it with CreateJob first"));
+}
+
+std::shared_ptr<Job> Aggregator::FindJob(absl::string_view job_id) const {
+  absl::ReaderMutexLock lock(&jobs_mu_);
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<JobSnapshot> Aggregator::CreateJob(JobSpec spec) {
+  absl::StatusOr<JobSpec> resolved =
+      ResolveJobSpec(std::move(spec), options_.default_round_timeout);
+  if (!resolved.ok()) return resolved.status();
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    auto it = jobs_.find(resolved->job_id);
+    if (it != jobs_.end()) {
+      if (it->second->spec() != *resolved) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("job '", resolved->job_id,
+                         "' already exists with a different "
+                         "spec; delete it first or choose another job_id"));
+      }
+      job = it->second;
+    } else {
+      const std::string id = resolved->job_id;
+      job = std::make_shared<Job>(*std::move(resolved), options_.recent_rounds);
+      jobs_.emplace(id, job);
+    }
+  }
+  return job->Snapshot();
+}
+
+absl::StatusOr<JobSnapshot> Aggregator::GetJob(absl::string_view job_id) const {
+  std::shared_ptr<Job> job = FindJob(job_id);
+  if (job == nullptr) return NotFound(job_id);
+  return job->Snapshot();
+}
+
+absl::Status Aggregator::DeleteJob(absl::string_view job_id) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return NotFound(job_id);
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  job->Abort(absl::AbortedError(
+      absl::StrCat("job deleted: '", job_id,
+                   "' was deleted while the round was waiting; "
+                   "create the job again to continue")));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunningStatsSnapshot> Aggregator::GetRunningStats(
+    absl::string_view job_id, absl::Span<const int> layers, int group) const {
+  std::shared_ptr<Job> job = FindJob(job_id);
+  if (job == nullptr) return NotFound(job_id);
+  return job->Stats(layers, group);
+}
+
+void Aggregator::Contribute(Contribution c, RoundCallback done) {
+  std::shared_ptr<Job> job = FindJob(c.job_id);
+  absl::Status status = job == nullptr ? NotFound(c.job_id) : job->Validate(c);
+  if (!status.ok()) {
+    RoundOutcome outcome;
+    outcome.status = std::move(status);
+    done(outcome);
+    return;
+  }
+  job->Contribute(std::move(c), std::move(done), clock_->Now());
+}
+
+void Aggregator::ExpireRounds(absl::Time now) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::ReaderMutexLock lock(&jobs_mu_);
+    jobs.reserve(jobs_.size());
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  for (const auto& job : jobs) job->Expire(now);
+}
+
+}  // namespace syncnorm

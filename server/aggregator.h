@@ -1,0 +1,113 @@
+// The rendezvous of syncnorm: jobs, their rounds and running statistics.
+// Knows nothing of gRPC.
+#ifndef SYNCNORM_SERVER_AGGREGATOR_H_
+#define SYNCNORM_SERVER_AGGREGATOR_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "server/clock.h"
+#include "server/contribution.h"
+#include "server/job.h"
+#include "server/job_spec.h"
+
+namespace syncnorm {
+
+struct AggregatorOptions {
+  // Round timeout of jobs that set none. Must be positive. Default 30 s.
+  absl::Duration default_round_timeout = absl::Seconds(30);
+  // How often the reaper thread expires overdue rounds. Default 20 ms.
+  absl::Duration reaper_period = absl::Milliseconds(20);
+  // Finished rounds kept per (job, group, layer, phase) so that retries get
+  // the same answer. Must be positive. Default 8.
+  int recent_rounds = 8;
+};
+
+// Merges the contributions of every round of every job, keeps running
+// statistics, and fails rounds that miss their deadline.
+//
+// Thread-safe. The job table is read-locked on the hot path; each (job,
+// layer) has its own mutex (LayerShard). The contributor that completes a
+// round merges it (in rank order) on its own thread.
+class Aggregator {
+ public:
+  // `clock` must outlive the aggregator. The reaper is not started.
+  Aggregator(AggregatorOptions options, const Clock* clock);
+  // Stops the reaper; rounds still waiting fail UNAVAILABLE.
+  ~Aggregator();
+
+  Aggregator(const Aggregator&) = delete;
+  Aggregator& operator=(const Aggregator&) = delete;
+
+  // Starts a thread that calls ExpireRounds(clock->Now()) every
+  // reaper_period. No-op when already running.
+  void StartReaper() ABSL_LOCKS_EXCLUDED(reaper_mu_);
+  // Stops and joins the reaper thread; no-op when not running.
+  void StopReaper() ABSL_LOCKS_EXCLUDED(reaper_mu_);
+
+  // Creates a job from `spec` (resolved with ResolveJobSpec). The same id
+  // with an equal resolved spec returns the existing job; a different spec
+  // is ALREADY_EXISTS; an invalid one INVALID_ARGUMENT.
+  absl::StatusOr<JobSnapshot> CreateJob(JobSpec spec)
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // The job's resolved spec and committed step; NOT_FOUND if unknown.
+  absl::StatusOr<JobSnapshot> GetJob(absl::string_view job_id) const
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // Deletes the job; its waiting rounds fail ABORTED ("job deleted").
+  // NOT_FOUND if unknown.
+  absl::Status DeleteJob(absl::string_view job_id)
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // The latest running statistics of `layers` (empty: all) of `group`.
+  // NOT_FOUND for an unknown job, INVALID_ARGUMENT for a bad layer/group.
+  absl::StatusOr<RunningStatsSnapshot> GetRunningStats(
+      absl::string_view job_id, absl::Span<const int> layers, int group) const
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // Adds `c` to its round. `done` is called exactly once, never under a
+  // lock: inline for a bad contribution (NOT_FOUND, INVALID_ARGUMENT), a
+  // conflicting payload (ABORTED), a superseded step (FAILED_PRECONDITION)
+  // or a retry of a finished round (its cached outcome); otherwise on the
+  // thread that completes the round (possibly this one), expires it
+  // (DEADLINE_EXCEEDED) or deletes the job (ABORTED).
+  void Contribute(Contribution c, RoundCallback done)
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // Fails every round whose deadline is at or before `now`.
+  void ExpireRounds(absl::Time now) ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+ private:
+  std::shared_ptr<Job> FindJob(absl::string_view job_id) const
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+  static absl::Status NotFound(absl::string_view job_id);
+  void ReaperLoop() ABSL_LOCKS_EXCLUDED(reaper_mu_);
+
+  // Constant after construction.
+  const AggregatorOptions options_;
+  const Clock* const clock_;
+
+  mutable absl::Mutex jobs_mu_;
+  // Jobs are shared with in-flight calls so that DeleteJob never pulls a
+  // job from under a caller.
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_
+      ABSL_GUARDED_BY(jobs_mu_);
+
+  absl::Mutex reaper_mu_;
+  bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
+  std::unique_ptr<std::thread> reaper_ ABSL_GUARDED_BY(reaper_mu_);
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_AGGREGATOR_H_

@@ -1,0 +1,67 @@
+// What a rank sends to a round and what every rank of the round gets back.
+#ifndef SYNCNORM_SERVER_CONTRIBUTION_H_
+#define SYNCNORM_SERVER_CONTRIBUTION_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/moments.h"
+
+namespace syncnorm {
+
+// Which half of a training step a round belongs to. Values match the wire
+// enum syncnorm.v1.Phase; other values are carried through and rejected by
+// validation.
+enum class Phase : int { kUnspecified = 0, kForward = 1, kBackward = 2 };
+
+// "FORWARD", "BACKWARD" or "PHASE_UNSPECIFIED" (also for unknown values).
+const char* PhaseName(Phase phase);
+
+// A contribution's payload: moments for FORWARD, gradient sums for BACKWARD,
+// monostate when the sender gave none.
+using Payload = std::variant<std::monostate, Moments, GradSums>;
+
+// One rank's share of a round, keyed by (job_id, layer, step, phase, rank).
+struct Contribution {
+  std::string job_id;
+  int layer = 0;
+  int64_t step = 0;
+  Phase phase = Phase::kUnspecified;
+  int rank = 0;
+  Payload payload;
+};
+
+// How a round ended, the same object for every contributor of the round.
+struct RoundOutcome {
+  // OK: the round completed. Otherwise why it (or the contribution) failed;
+  // nothing was applied.
+  absl::Status status;
+  // DEADLINE_EXCEEDED: global ranks of the group that had not contributed.
+  std::vector<int> missing_ranks;
+  // FORWARD, OK: the group's global statistics.
+  GlobalMoments moments;
+  // BACKWARD, OK: the group's summed gradient sums.
+  GradSums grad_sums;
+  // OK: the layer's running-stats version after the round (for BACKWARD,
+  // after that step's forward round).
+  int64_t version = 0;
+};
+
+// Receives a contribution's outcome; called exactly once, never under a lock
+// of the aggregator.
+using RoundCallback = std::function<void(const RoundOutcome&)>;
+
+// Whether two payloads are bit-for-bit the same (a retry, not a conflict).
+bool SamePayload(const Payload& a, const Payload& b);
+
+// A 64-bit hash of a payload's exact bits (count and every double), kept for
+// completed rounds to tell a retry from a conflicting resend.
+uint64_t PayloadFingerprint(const Payload& payload);
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_CONTRIBUTION_H_

@@ -1,0 +1,162 @@
+#include "server/job_spec.h"
+
+#include <cmath>
+#include <cstddef>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace syncnorm {
+namespace {
+
+constexpr size_t kMaxJobIdLength = 128;
+
+bool IsJobIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+}
+
+absl::Status CheckJobId(absl::string_view id) {
+  if (id.empty() || id.size() > kMaxJobIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id has ", id.size(), " characters; it must have 1 to ",
+        kMaxJobIdLength, " characters of [A-Za-z0-9._-]"));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    if (!IsJobIdChar(id[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job_id '", id, "' has a forbidden character at position ", i,
+          "; use only [A-Za-z0-9._-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckShape(const JobSpec& spec) {
+  if (spec.world_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size is ", spec.world_size,
+        "; it must be the (positive) number of contributing ranks"));
+  }
+  if (spec.group_size < 0 ||
+      (spec.group_size > 0 && spec.world_size % spec.group_size != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group_size is ", spec.group_size,
+                     "; it must be 0 (one group) or a "
+                     "positive divisor of world_size ",
+                     spec.world_size));
+  }
+  if (spec.round_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round_timeout_ms is ", absl::ToInt64Milliseconds(spec.round_timeout),
+        "; it must be >= 0 (0: the server default)"));
+  }
+  if (spec.layers.empty()) {
+    return absl::InvalidArgumentError(
+        "the job has no layers; give at least one LayerSpec");
+  }
+  return absl::OkStatus();
+}
+
+std::string LayerLabel(size_t index, const LayerConfig& layer) {
+  return absl::StrCat("layers[", index, "] ('", layer.name, "')");
+}
+
+absl::Status CheckInitial(const std::string& label, const char* field,
+                          const std::vector<double>& values, int channels,
+                          bool non_negative) {
+  if (!values.empty() && values.size() != static_cast<size_t>(channels)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": ", field, " has ", values.size(),
+        " values; give none (default) or exactly num_features = ", channels));
+  }
+  for (size_t c = 0; c < values.size(); ++c) {
+    if (!std::isfinite(values[c]) || (non_negative && values[c] < 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": ", field, "[", c, "] is ", values[c], "; it must be ",
+          non_negative ? "finite and >= 0" : "finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Validates one layer and fills in its defaults.
+absl::Status ResolveLayer(size_t index, LayerConfig& layer) {
+  const std::string label = LayerLabel(index, layer);
+  if (layer.channels <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": num_features is ", layer.channels, "; it must be positive"));
+  }
+  RunningRule& rule = layer.rule;
+  if (rule.mode == kMomentumModeUnspecified) rule.mode = MomentumMode::kTorch;
+  if (rule.mode != MomentumMode::kTorch && rule.mode != MomentumMode::kDecay &&
+      rule.mode != MomentumMode::kCumulative) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": momentum_mode ", static_cast<int>(rule.mode),
+                     " is unknown; use MOMENTUM_TORCH, MOMENTUM_DECAY or "
+                     "MOMENTUM_CUMULATIVE"));
+  }
+  if (!std::isfinite(rule.momentum) || rule.momentum < 0 || rule.momentum > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": momentum is ", rule.momentum,
+                     "; it must be within [0, 1] (0: the mode's default)"));
+  }
+  if (rule.momentum == 0) rule.momentum = DefaultMomentum(rule.mode);
+  absl::Status s = CheckInitial(label, "initial_running_mean",
+                                layer.initial_running_mean, layer.channels,
+                                /*non_negative=*/false);
+  if (s.ok()) {
+    s = CheckInitial(label, "initial_running_var", layer.initial_running_var,
+                     layer.channels, /*non_negative=*/true);
+  }
+  if (!s.ok()) return s;
+  if (layer.initial_running_mean.empty()) {
+    layer.initial_running_mean.assign(layer.channels, 0.0);
+  }
+  if (layer.initial_running_var.empty()) {
+    layer.initial_running_var.assign(layer.channels, 1.0);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
+                                       absl::Duration default_round_timeout) {
+  absl::Status s = CheckJobId(spec.job_id);
+  if (s.ok()) s = CheckShape(spec);
+  for (size_t i = 0; s.ok() && i < spec.layers.size(); ++i) {
+    s = ResolveLayer(i, spec.layers[i]);
+  }
+  if (!s.ok()) return s;
+  if (spec.group_size == 0) spec.group_size = spec.world_size;
+  if (spec.round_timeout == absl::ZeroDuration()) {
+    spec.round_timeout = default_round_timeout;
+  }
+  return spec;
+}
+
+bool operator==(const LayerConfig& a, const LayerConfig& b) {
+  return a.name == b.name && a.channels == b.channels &&
+         a.rule.mode == b.rule.mode && a.rule.momentum == b.rule.momentum &&
+         a.rule.biased_var == b.rule.biased_var &&
+         a.rule.track == b.rule.track &&
+         a.initial_running_mean == b.initial_running_mean &&
+         a.initial_running_var == b.initial_running_var;
+}
+
+bool operator!=(const LayerConfig& a, const LayerConfig& b) {
+  return !(a == b);
+}
+
+bool operator==(const JobSpec& a, const JobSpec& b) {
+  return a.job_id == b.job_id && a.world_size == b.world_size &&
+         a.group_size == b.group_size && a.round_timeout == b.round_timeout &&
+         a.layers == b.layers;
+}
+
+bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }
+
+}  // namespace syncnorm

@@ -1,0 +1,73 @@
+// The domain form of a job: who contributes, which layers, how rounds wait.
+#ifndef SYNCNORM_SERVER_JOB_SPEC_H_
+#define SYNCNORM_SERVER_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/moments.h"
+
+namespace syncnorm {
+
+// The value of RunningRule::mode that means "not given" (the wire's
+// MOMENTUM_MODE_UNSPECIFIED); ResolveJobSpec turns it into kTorch.
+inline constexpr MomentumMode kMomentumModeUnspecified =
+    static_cast<MomentumMode>(0);
+
+// One BatchNorm layer of a job.
+struct LayerConfig {
+  // Human-readable name, e.g. "layer1.0.bn1". May be empty.
+  std::string name;
+  // Number of channels C; must be positive.
+  int channels = 0;
+  // Running-statistics rule. Before resolution, mode may be
+  // kMomentumModeUnspecified and momentum 0 (the mode's default).
+  RunningRule rule;
+  // Initial running statistics: empty, or exactly `channels` finite values
+  // (var >= 0). Resolution fills empty ones with zeros (mean) / ones (var).
+  std::vector<double> initial_running_mean;
+  std::vector<double> initial_running_var;
+};
+
+// A job as created by CreateJob.
+struct JobSpec {
+  // 1-128 characters of [A-Za-z0-9._-].
+  std::string job_id;
+  // Number of contributors W; ranks are 0..W-1. Positive.
+  int world_size = 0;
+  // Ranks per group; 0 before resolution means one group of world_size.
+  // Must divide world_size.
+  int group_size = 0;
+  // How long a round waits for missing ranks after its first contribution;
+  // zero before resolution means the server default.
+  absl::Duration round_timeout = absl::ZeroDuration();
+  // At least one layer; a contribution's layer indexes this list.
+  std::vector<LayerConfig> layers;
+
+  int num_groups() const {
+    return group_size > 0 ? world_size / group_size : 1;
+  }
+};
+
+// Validates `spec` and fills in every default: group_size 0 -> world_size,
+// round_timeout 0 -> default_round_timeout, mode unspecified -> kTorch,
+// momentum 0 -> DefaultMomentum(mode), empty initial stats -> zeros / ones.
+// Returns INVALID_ARGUMENT naming the offending field and the fix otherwise.
+// Resolving a resolved spec returns it unchanged.
+// REQUIRES: default_round_timeout > 0.
+absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
+                                       absl::Duration default_round_timeout);
+
+// Field-by-field equality; meaningful on resolved specs (the test for an
+// idempotent CreateJob).
+bool operator==(const LayerConfig& a, const LayerConfig& b);
+bool operator!=(const LayerConfig& a, const LayerConfig& b);
+bool operator==(const JobSpec& a, const JobSpec& b);
+bool operator!=(const JobSpec& a, const JobSpec& b);
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_JOB_SPEC_H_

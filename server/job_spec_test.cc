@@ -1,0 +1,137 @@
+#include "server/job_spec.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace syncnorm {
+namespace {
+
+using ::testing::HasSubstr;
+
+const absl::Duration kDefault = absl::Seconds(30);
+
+JobSpec ValidSpec() {
+  JobSpec spec;
+  spec.job_id = "resnet50.run-1_a";
+  spec.world_size = 4;
+  LayerConfig layer;
+  layer.name = "bn1";
+  layer.channels = 3;
+  layer.rule.mode = kMomentumModeUnspecified;
+  layer.rule.momentum = 0;
+  spec.layers.push_back(layer);
+  return spec;
+}
+
+TEST(JobSpecTest, ResolvesDefaults) {
+  absl::StatusOr<JobSpec> r = ResolveJobSpec(ValidSpec(), kDefault);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->group_size, 4);
+  EXPECT_EQ(r->num_groups(), 1);
+  EXPECT_EQ(r->round_timeout, kDefault);
+  const LayerConfig& l = r->layers[0];
+  EXPECT_EQ(l.rule.mode, MomentumMode::kTorch);
+  EXPECT_EQ(l.rule.momentum, 0.1);
+  EXPECT_EQ(l.initial_running_mean, std::vector<double>(3, 0.0));
+  EXPECT_EQ(l.initial_running_var, std::vector<double>(3, 1.0));
+}
+
+TEST(JobSpecTest, DecayDefaultMomentumAndExplicitValuesKept) {
+  JobSpec spec = ValidSpec();
+  spec.group_size = 2;
+  spec.round_timeout = absl::Milliseconds(250);
+  spec.layers[0].rule.mode = MomentumMode::kDecay;
+  spec.layers[0].initial_running_mean = {1, 2, 3};
+  spec.layers[0].initial_running_var = {0, 2, 3};
+  absl::StatusOr<JobSpec> r = ResolveJobSpec(spec, kDefault);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->group_size, 2);
+  EXPECT_EQ(r->num_groups(), 2);
+  EXPECT_EQ(r->round_timeout, absl::Milliseconds(250));
+  EXPECT_EQ(r->layers[0].rule.momentum, 0.9);
+  EXPECT_EQ(r->layers[0].initial_running_mean, (std::vector<double>{1, 2, 3}));
+}
+
+TEST(JobSpecTest, ResolvingIsIdempotentAndEqualityFollowsResolution) {
+  JobSpec a = *ResolveJobSpec(ValidSpec(), kDefault);
+  JobSpec explicit_spec = ValidSpec();
+  explicit_spec.layers[0].rule.mode = MomentumMode::kTorch;
+  explicit_spec.layers[0].rule.momentum = 0.1;
+  explicit_spec.group_size = 4;
+  JobSpec b = *ResolveJobSpec(explicit_spec, kDefault);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(*ResolveJobSpec(a, kDefault), a);
+  JobSpec c = ValidSpec();
+  c.layers[0].rule.biased_var = true;
+  EXPECT_NE(a, *ResolveJobSpec(c, kDefault));
+  JobSpec d = ValidSpec();
+  d.world_size = 8;
+  EXPECT_NE(a, *ResolveJobSpec(d, kDefault));
+}
+
+struct BadCase {
+  std::string what;
+  void (*mutate)(JobSpec&);
+  std::string message;
+};
+
+TEST(JobSpecTest, RejectsBadSpecsWithActionableMessages) {
+  const BadCase cases[] = {
+      {"empty id", [](JobSpec& s) { s.job_id = ""; }, "1 to 128 characters"},
+      {"long id", [](JobSpec& s) { s.job_id = std::string(129, 'a'); },
+       "has 129 characters"},
+      {"bad char", [](JobSpec& s) { s.job_id = "a/b"; },
+       "forbidden character at position 1"},
+      {"world 0", [](JobSpec& s) { s.world_size = 0; }, "world_size is 0"},
+      {"world -3", [](JobSpec& s) { s.world_size = -3; }, "world_size is -3"},
+      {"group -1", [](JobSpec& s) { s.group_size = -1; }, "group_size is -1"},
+      {"group 3", [](JobSpec& s) { s.group_size = 3; },
+       "positive divisor of world_size 4"},
+      {"timeout", [](JobSpec& s) { s.round_timeout = absl::Seconds(-1); },
+       "round_timeout_ms is -1000"},
+      {"no layers", [](JobSpec& s) { s.layers.clear(); }, "no layers"},
+      {"channels", [](JobSpec& s) { s.layers[0].channels = 0; },
+       "layers[0] ('bn1'): num_features is 0"},
+      {"momentum", [](JobSpec& s) { s.layers[0].rule.momentum = 1.5; },
+       "momentum is 1.5; it must be within [0, 1]"},
+      {"momentum nan",
+       [](JobSpec& s) {
+         s.layers[0].rule.momentum = std::numeric_limits<double>::quiet_NaN();
+       },
+       "momentum is nan"},
+      {"mode", [](JobSpec& s) { s.layers[0].rule.mode = MomentumMode(7); },
+       "momentum_mode 7 is unknown"},
+      {"mean size", [](JobSpec& s) { s.layers[0].initial_running_mean = {1}; },
+       "initial_running_mean has 1 values; give none (default) or exactly "
+       "num_features = 3"},
+      {"var negative",
+       [](JobSpec& s) {
+         s.layers[0].initial_running_var = {1, -1, 1};
+       },
+       "initial_running_var[1] is -1; it must be finite and >= 0"},
+      {"mean inf",
+       [](JobSpec& s) {
+         s.layers[0].initial_running_mean = {
+             0, 0, std::numeric_limits<double>::infinity()};
+       },
+       "initial_running_mean[2] is inf"},
+  };
+  for (const BadCase& c : cases) {
+    JobSpec spec = ValidSpec();
+    c.mutate(spec);
+    absl::StatusOr<JobSpec> r = ResolveJobSpec(spec, kDefault);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message))
+        << c.what;
+  }
+}
+
+}  // namespace
+}  // namespace syncnorm

@@ -1,0 +1,133 @@
+#include "server/proto_convert.h"
+
+#include <utility>
+#include <vector>
+
+#include "google/protobuf/repeated_field.h"
+
+namespace syncnorm {
+namespace {
+
+std::vector<double> ToVector(const google::protobuf::RepeatedField<double>& f) {
+  return std::vector<double>(f.begin(), f.end());
+}
+
+void ToRepeated(const std::vector<double>& v,
+                google::protobuf::RepeatedField<double>* f) {
+  f->Assign(v.begin(), v.end());
+}
+
+LayerConfig LayerFromProto(const v1::LayerSpec& spec) {
+  LayerConfig layer;
+  layer.name = spec.name();
+  layer.channels = spec.num_features();
+  layer.rule.mode = static_cast<MomentumMode>(spec.momentum_mode());
+  layer.rule.momentum = spec.momentum();
+  layer.rule.biased_var = spec.biased_running_var();
+  layer.rule.track = !spec.no_running_stats();
+  layer.initial_running_mean = ToVector(spec.initial_running_mean());
+  layer.initial_running_var = ToVector(spec.initial_running_var());
+  return layer;
+}
+
+void LayerToProto(const LayerConfig& layer, v1::LayerSpec& spec) {
+  spec.set_name(layer.name);
+  spec.set_num_features(layer.channels);
+  spec.set_momentum_mode(static_cast<v1::MomentumMode>(layer.rule.mode));
+  spec.set_momentum(layer.rule.momentum);
+  spec.set_biased_running_var(layer.rule.biased_var);
+  spec.set_no_running_stats(!layer.rule.track);
+  ToRepeated(layer.initial_running_mean, spec.mutable_initial_running_mean());
+  ToRepeated(layer.initial_running_var, spec.mutable_initial_running_var());
+}
+
+}  // namespace
+
+JobSpec JobSpecFromProto(const v1::CreateJobRequest& request) {
+  JobSpec spec;
+  spec.job_id = request.job_id();
+  spec.world_size = request.world_size();
+  spec.group_size = request.group_size();
+  spec.round_timeout = absl::Milliseconds(request.round_timeout_ms());
+  for (const v1::LayerSpec& layer : request.layers()) {
+    spec.layers.push_back(LayerFromProto(layer));
+  }
+  return spec;
+}
+
+void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
+  const JobSpec& spec = job.spec;
+  info.set_job_id(spec.job_id);
+  info.set_world_size(spec.world_size);
+  info.set_group_size(spec.group_size);
+  info.set_round_timeout_ms(absl::ToInt64Milliseconds(spec.round_timeout));
+  info.set_committed_step(job.committed_step);
+  for (const LayerConfig& layer : spec.layers) {
+    LayerToProto(layer, *info.add_layers());
+  }
+}
+
+Contribution ContributionFromProto(v1::Contribution&& proto) {
+  Contribution c;
+  c.job_id = std::move(*proto.mutable_job_id());
+  c.layer = proto.layer();
+  c.step = proto.step();
+  c.phase = static_cast<Phase>(proto.phase());
+  c.rank = proto.rank();
+  if (proto.has_moments()) {
+    Moments m;
+    m.count = proto.moments().count();
+    m.mean = ToVector(proto.moments().mean());
+    m.m2 = ToVector(proto.moments().m2());
+    c.payload = std::move(m);
+  } else if (proto.has_grad_sums()) {
+    GradSums g;
+    g.sum_dy = ToVector(proto.grad_sums().sum_dy());
+    g.sum_dy_xmu = ToVector(proto.grad_sums().sum_dy_xmu());
+    c.payload = std::move(g);
+  }
+  return c;
+}
+
+void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
+                        v1::RoundResult& result) {
+  result.set_job_id(key.job_id);
+  result.set_layer(key.layer);
+  result.set_step(key.step);
+  result.set_phase(static_cast<v1::Phase>(key.phase));
+  if (!outcome.status.ok()) {
+    v1::RoundError* error = result.mutable_error();
+    error->set_code(static_cast<int>(outcome.status.code()));
+    error->set_message(std::string(outcome.status.message()));
+    for (int rank : outcome.missing_ranks) error->add_missing_ranks(rank);
+    return;
+  }
+  result.set_version(outcome.version);
+  if (key.phase == Phase::kForward) {
+    v1::GlobalMoments* m = result.mutable_moments();
+    m->set_count(outcome.moments.count);
+    ToRepeated(outcome.moments.mean, m->mutable_mean());
+    ToRepeated(outcome.moments.var, m->mutable_var());
+  } else {
+    v1::GradSums* g = result.mutable_grad_sums();
+    ToRepeated(outcome.grad_sums.sum_dy, g->mutable_sum_dy());
+    ToRepeated(outcome.grad_sums.sum_dy_xmu, g->mutable_sum_dy_xmu());
+  }
+}
+
+void RunningStatsToProto(const RunningStatsSnapshot& stats,
+                         v1::RunningStats& proto) {
+  proto.set_job_id(stats.job_id);
+  proto.set_step(stats.committed_step);
+  for (const LayerStatsSnapshot& layer : stats.layers) {
+    v1::LayerStats* out = proto.add_layers();
+    out->set_layer(layer.layer);
+    out->set_name(layer.name);
+    out->set_group(layer.group);
+    out->set_num_batches_tracked(layer.stats.num_batches_tracked);
+    ToRepeated(layer.stats.mean, out->mutable_running_mean());
+    ToRepeated(layer.stats.var, out->mutable_running_var());
+  }
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,32 @@
+// Translation between syncnorm.v1 messages and the domain types. No
+// validation here: the domain validates and reports.
+#ifndef SYNCNORM_SERVER_PROTO_CONVERT_H_
+#define SYNCNORM_SERVER_PROTO_CONVERT_H_
+
+#include "server/contribution.h"
+#include "server/job.h"
+#include "server/job_spec.h"
+#include "syncnorm/v1/aggregator.pb.h"
+
+namespace syncnorm {
+
+// The spec as requested (unresolved; enum values carried as they are).
+JobSpec JobSpecFromProto(const v1::CreateJobRequest& request);
+
+// A job's resolved spec and committed step.
+void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info);
+
+// The contribution, its payload moved out of `proto`.
+Contribution ContributionFromProto(v1::Contribution&& proto);
+
+// The result for `key` (its job, layer, step and phase are echoed); a failed
+// outcome becomes RoundResult.error.
+void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
+                        v1::RoundResult& result);
+
+void RunningStatsToProto(const RunningStatsSnapshot& stats,
+                         v1::RunningStats& proto);
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_PROTO_CONVERT_H_

@@ -1,0 +1,44 @@
+// The outcomes of the newest finished rounds of one (group, layer, phase),
+// kept so that a retry after a round finished gets the same answer.
+#ifndef SYNCNORM_SERVER_RECENT_ROUNDS_H_
+#define SYNCNORM_SERVER_RECENT_ROUNDS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "server/contribution.h"
+
+namespace syncnorm {
+
+// A bounded window of finished rounds (completed or failed), newest steps
+// kept. Not thread-safe: its owner's mutex guards it.
+class RecentRounds {
+ public:
+  struct Entry {
+    int64_t step = 0;
+    std::shared_ptr<const RoundOutcome> outcome;
+    // Per rank of the group: the fingerprint of what it sent, or nullopt
+    // when it had not contributed (a failed round).
+    std::vector<std::optional<uint64_t>> fingerprints;
+  };
+
+  // Keeps at most `capacity` entries. REQUIRES: capacity > 0.
+  explicit RecentRounds(int capacity) : capacity_(capacity) {}
+
+  // Adds `entry`; when over capacity, drops the entry with the lowest step.
+  // REQUIRES: no entry for entry.step yet.
+  void Add(Entry entry);
+
+  // The entry for `step`, or nullptr when not (or no longer) kept.
+  const Entry* Find(int64_t step) const;
+
+ private:
+  size_t capacity_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_RECENT_ROUNDS_H_

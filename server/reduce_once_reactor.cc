@@ -1,0 +1,68 @@
+#include "server/reduce_once_reactor.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/grpc_status.h"
+#include "server/proto_convert.h"
+
+namespace syncnorm {
+
+ReduceOnceReactor::ReduceOnceReactor(Aggregator* aggregator,
+                                     v1::Contribution request,
+                                     v1::RoundResult* response)
+    : response_(response) {
+  Contribution c = ContributionFromProto(std::move(request));
+  Contribution key;
+  key.job_id = c.job_id;
+  key.layer = c.layer;
+  key.step = c.step;
+  key.phase = c.phase;
+  aggregator->Contribute(
+      std::move(c), [this, key = std::move(key)](const RoundOutcome& outcome) {
+        Answer(key, outcome);
+        Unref();
+      });
+}
+
+void ReduceOnceReactor::Answer(const Contribution& key,
+                               const RoundOutcome& outcome) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  if (outcome.status.ok()) {
+    RoundResultToProto(key, outcome, *response_);
+    Finish(grpc::Status::OK);
+    return;
+  }
+  absl::Status status = outcome.status;
+  if (!outcome.missing_ranks.empty() &&
+      status.message().find("ranks [") == absl::string_view::npos) {
+    status = absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), " (missing ranks [",
+                     absl::StrJoin(outcome.missing_ranks, ", "), "])"));
+  }
+  Finish(ToGrpcStatus(status));
+}
+
+void ReduceOnceReactor::OnCancel() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  Finish(grpc::Status::CANCELLED);
+}
+
+void ReduceOnceReactor::OnDone() { Unref(); }
+
+void ReduceOnceReactor::Unref() {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+}  // namespace syncnorm

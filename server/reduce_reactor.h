@@ -1,0 +1,67 @@
+// The server side of one Reduce stream.
+#ifndef SYNCNORM_SERVER_REDUCE_REACTOR_H_
+#define SYNCNORM_SERVER_REDUCE_REACTOR_H_
+
+#include <atomic>
+#include <deque>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/support/server_callback.h"
+#include "grpcpp/support/status.h"
+#include "server/aggregator.h"
+#include "server/contribution.h"
+#include "syncnorm/v1/aggregator.pb.h"
+
+namespace syncnorm {
+
+// Reads contributions continuously (one read always outstanding) and hands
+// each to the Aggregator; every outcome is queued as a RoundResult and
+// written one at a time, in completion order. Failed rounds go in-band; the
+// stream ends (OK) once the client half-closes and every result is written,
+// or (CANCELLED) when the call is cancelled or a write fails.
+//
+// Lifetime: deletes itself once gRPC is done with it (OnDone) and every
+// aggregator callback it issued has fired (a reference count). Thread-safe.
+class ReduceReactor final
+    : public grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult> {
+ public:
+  // `aggregator` must outlive every callback the reactor hands it.
+  explicit ReduceReactor(Aggregator* aggregator);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  ~ReduceReactor() override = default;
+
+  // Queues the answer to `key`; called by the aggregator exactly once per
+  // contribution, from any thread.
+  void Answer(const Contribution& key, const RoundOutcome& outcome)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Decides, under mu_, whether the stream may finish now; marks it so.
+  std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unref();
+
+  Aggregator* const aggregator_;
+  // Owners: gRPC until OnDone, and one per outstanding aggregator callback.
+  std::atomic<int> refs_{1};
+  // Only the read path touches it, and only one read is outstanding.
+  v1::Contribution request_;
+
+  absl::Mutex mu_;
+  // Results not yet written; the front is in flight while writing_.
+  std::deque<v1::RoundResult> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // contributions not yet answered
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_REDUCE_REACTOR_H_

@@ -1,0 +1,68 @@
+// One pending round: the contributions of one (job, group, layer, step,
+// phase), collected until every rank of the group has sent or the deadline
+// passes.
+#ifndef SYNCNORM_SERVER_ROUND_H_
+#define SYNCNORM_SERVER_ROUND_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "kernels/moments.h"
+#include "server/contribution.h"
+
+namespace syncnorm {
+
+// Collects payloads per rank and the callbacks of every contributor
+// (including retries). Not thread-safe: its owner's mutex guards it.
+class Round {
+ public:
+  enum class AddResult {
+    kAdded,      // first contribution of this rank
+    kDuplicate,  // same payload again: the callback also gets the outcome
+    kConflict,   // a different payload: refused, callback not kept
+  };
+
+  // A round of ranks [first_rank, first_rank + group_size) that expires at
+  // `deadline`. REQUIRES: group_size > 0.
+  Round(int first_rank, int group_size, absl::Time deadline);
+
+  Round(const Round&) = delete;
+  Round& operator=(const Round&) = delete;
+
+  // Records `rank`'s payload and callback; see AddResult. `done` is moved
+  // from only when kept (kAdded, kDuplicate); on kConflict the caller still
+  // owns it. REQUIRES: rank within the group.
+  AddResult Add(int rank, Payload payload, RoundCallback&& done);
+
+  bool complete() const { return received_ == payloads_.size(); }
+  absl::Time deadline() const { return deadline_; }
+
+  // Global ranks that have not contributed, ascending.
+  std::vector<int> MissingRanks() const;
+
+  // The Chan merge of all moments, folded in rank order so the result does
+  // not depend on arrival order. REQUIRES: complete(), FORWARD payloads.
+  Moments MergedMoments(int channels) const;
+
+  // The rank-order sum of all gradient sums. REQUIRES: complete(), BACKWARD.
+  GradSums SummedGradSums(int channels) const;
+
+  // Per rank of the group: the payload's fingerprint, or nullopt if absent.
+  std::vector<std::optional<uint64_t>> Fingerprints() const;
+
+  // Moves out every callback collected so far.
+  std::vector<RoundCallback> TakeWaiters();
+
+ private:
+  const int first_rank_;
+  const absl::Time deadline_;
+  std::vector<std::optional<Payload>> payloads_;  // indexed by rank - first
+  size_t received_ = 0;
+  std::vector<RoundCallback> waiters_;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_ROUND_H_

@@ -1,0 +1,72 @@
+#include "server/round.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "kernels/moments.h"
+#include "server/contribution.h"
+
+namespace syncnorm {
+namespace {
+
+Payload MomentsOf(int64_t count, double mean, double m2) {
+  Moments m;
+  m.count = count;
+  m.mean = {mean};
+  m.m2 = {m2};
+  return m;
+}
+
+TEST(RoundTest, TracksRanksRetriesAndConflicts) {
+  Round round(/*first_rank=*/4, /*group_size=*/3, absl::UnixEpoch());
+  int calls = 0;
+  RoundCallback cb = [&](const RoundOutcome&) { ++calls; };
+  RoundCallback a = cb, b = cb, c = cb;
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(a)),
+            Round::AddResult::kAdded);
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(b)),
+            Round::AddResult::kDuplicate);
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.25), std::move(c)),
+            Round::AddResult::kConflict);
+  EXPECT_TRUE(c != nullptr) << "a refused callback stays with the caller";
+  EXPECT_FALSE(round.complete());
+  EXPECT_EQ(round.MissingRanks(), (std::vector<int>{4, 6}));
+  std::vector<std::optional<uint64_t>> fp = round.Fingerprints();
+  EXPECT_FALSE(fp[0].has_value());
+  EXPECT_EQ(fp[1], PayloadFingerprint(MomentsOf(2, 1.0, 0.5)));
+  EXPECT_EQ(round.TakeWaiters().size(), 2u);
+}
+
+TEST(RoundTest, MergesInRankOrder) {
+  Round round(0, 3, absl::UnixEpoch());
+  round.Add(2, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {});
+  round.Add(0, MomentsOf(0, 0.0, 0.0), [](const RoundOutcome&) {});
+  round.Add(1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {});
+  ASSERT_TRUE(round.complete());
+  Moments expected = Moments::Zero(1);
+  MergeMoments(expected, std::get<Moments>(MomentsOf(0, 0.0, 0.0)));
+  MergeMoments(expected, std::get<Moments>(MomentsOf(1, 2.0, 0.0)));
+  MergeMoments(expected, std::get<Moments>(MomentsOf(3, 5.0, 1.0)));
+  Moments got = round.MergedMoments(1);
+  EXPECT_EQ(got.count, 4);
+  EXPECT_EQ(got.mean, expected.mean);
+  EXPECT_EQ(got.m2, expected.m2);
+}
+
+TEST(RoundTest, PayloadIdentityIsBitwise) {
+  EXPECT_TRUE(SamePayload(MomentsOf(1, 0.0, 0.0), MomentsOf(1, 0.0, 0.0)));
+  EXPECT_FALSE(SamePayload(MomentsOf(1, 0.0, 0.0), MomentsOf(1, -0.0, 0.0)));
+  EXPECT_FALSE(SamePayload(MomentsOf(1, 0.0, 0.0), MomentsOf(2, 0.0, 0.0)));
+  EXPECT_NE(PayloadFingerprint(MomentsOf(1, 0.0, 0.0)),
+            PayloadFingerprint(MomentsOf(1, -0.0, 0.0)));
+  GradSums g;
+  g.sum_dy = {1.0};
+  g.sum_dy_xmu = {2.0};
+  EXPECT_FALSE(SamePayload(Payload(g), MomentsOf(1, 1.0, 2.0)));
+  EXPECT_NE(PayloadFingerprint(Payload(g)), PayloadFingerprint(Payload()));
+}
+
+}  // namespace
+}  // namespace syncnorm

@@ -1,0 +1,98 @@
+#include "server/server.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace syncnorm {
+namespace {
+
+AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
+  AggregatorOptions out;
+  out.default_round_timeout = options.round_timeout;
+  out.reaper_period = options.reaper_period;
+  return out;
+}
+
+}  // namespace
+
+Server::Server(ServerOptions options)
+    : options_(std::move(options)),
+      clock_(std::make_unique<RealClock>()),
+      aggregator_(std::make_unique<Aggregator>(ToAggregatorOptions(options_),
+                                               clock_.get())),
+      service_(std::make_unique<AggregatorService>(aggregator_.get())) {}
+
+Server::~Server() {
+  Shutdown(absl::ZeroDuration());
+  Wait();
+}
+
+absl::Status Server::Start() {
+  if (options_.round_timeout <= absl::ZeroDuration() ||
+      options_.reaper_period <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "round_timeout and reaper_period must be positive");
+  }
+  absl::MutexLock lock(&mu_);
+  if (server_ != nullptr || shut_down_) {
+    return absl::FailedPreconditionError("the server was already started");
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(service_.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on '", options_.listen,
+        "'; check that it is HOST:PORT and that the port is free"));
+  }
+  if (grpc::HealthCheckServiceInterface* health =
+          server->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+  }
+  aggregator_->StartReaper();
+  server_ = std::move(server);
+  bound_port_ = port;
+  return absl::OkStatus();
+}
+
+int Server::bound_port() const {
+  absl::MutexLock lock(&mu_);
+  return bound_port_;
+}
+
+void Server::Shutdown(absl::Duration grace) {
+  grpc::Server* server = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (server_ == nullptr || shut_down_) return;
+    shut_down_ = true;
+    server = server_.get();
+  }
+  if (grpc::HealthCheckServiceInterface* health =
+          server->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
+  server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+}
+
+void Server::Wait() {
+  grpc::Server* server = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    server = server_.get();
+  }
+  if (server != nullptr) server->Wait();
+}
+
+}  // namespace syncnorm

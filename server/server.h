@@ -1,0 +1,65 @@
+// The aggregator server: the Aggregator behind the gRPC service, plus health
+// checking and reflection.
+#ifndef SYNCNORM_SERVER_SERVER_H_
+#define SYNCNORM_SERVER_SERVER_H_
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "server/aggregator.h"
+#include "server/clock.h"
+#include "server/server_options.h"
+#include "server/service.h"
+
+namespace syncnorm {
+
+// Owns the clock, the Aggregator and the gRPC server. Start() once, then
+// Shutdown() (from any thread) and Wait(). Thread-safe.
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  // Shuts down (no grace) if still running.
+  ~Server();
+
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds options.listen, starts serving Aggregator, grpc.health.v1.Health
+  // (SERVING) and reflection. INVALID_ARGUMENT for bad options,
+  // UNAVAILABLE when the address cannot be bound, FAILED_PRECONDITION when
+  // called twice.
+  absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The bound port (useful with port 0); 0 before Start().
+  int bound_port() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Marks health NOT_SERVING, stops accepting calls, gives in-flight calls
+  // up to `grace` to finish and then cancels them. Idempotent; no-op before
+  // Start().
+  void Shutdown(absl::Duration grace) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until the server has shut down; returns at once if never started.
+  void Wait() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // Constant after construction.
+  const ServerOptions options_;
+  const std::unique_ptr<Clock> clock_;
+  // Declared before the gRPC server so that it outlives it: its destructor
+  // answers any round still waiting.
+  const std::unique_ptr<Aggregator> aggregator_;
+  const std::unique_ptr<AggregatorService> service_;
+
+  mutable absl::Mutex mu_;
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
+  int bound_port_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_SERVER_H_

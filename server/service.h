@@ -1,0 +1,58 @@
+// The gRPC face of the Aggregator: syncnorm.v1.Aggregator over the callback
+// API. Translates protos to domain calls and back, nothing more.
+#ifndef SYNCNORM_SERVER_SERVICE_H_
+#define SYNCNORM_SERVER_SERVICE_H_
+
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/server_callback.h"
+#include "server/aggregator.h"
+#include "syncnorm/v1/aggregator.grpc.pb.h"
+
+namespace syncnorm {
+
+// Thread-safe; no thread per call or stream. Checkpoint, ListCheckpoints,
+// RestoreCheckpoint and GetRunningStats with a checkpoint_step are
+// UNIMPLEMENTED until the state store arrives.
+class AggregatorService final : public v1::Aggregator::CallbackService {
+ public:
+  // `aggregator` must outlive the service and every call it serves.
+  explicit AggregatorService(Aggregator* aggregator)
+      : aggregator_(aggregator) {}
+
+  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
+                                      const v1::CreateJobRequest* request,
+                                      v1::JobInfo* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::JobInfo* response) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
+                                      const v1::DeleteJobRequest* request,
+                                      v1::DeleteJobResponse* response) override;
+  grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>* Reduce(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ReduceOnce(grpc::CallbackServerContext* context,
+                                       const v1::Contribution* request,
+                                       v1::RoundResult* response) override;
+  grpc::ServerUnaryReactor* GetRunningStats(
+      grpc::CallbackServerContext* context,
+      const v1::GetRunningStatsRequest* request,
+      v1::RunningStats* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const v1::CheckpointRequest* request,
+                                       v1::CheckpointInfo* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(
+      grpc::CallbackServerContext* context,
+      const v1::ListCheckpointsRequest* request,
+      v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* RestoreCheckpoint(
+      grpc::CallbackServerContext* context,
+      const v1::RestoreCheckpointRequest* request,
+      v1::JobInfo* response) override;
+
+ private:
+  Aggregator* const aggregator_;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_SERVICE_H_

@@ -1,0 +1,559 @@
+// The service over a real channel: the generated stub against an in-process
+// Server on 127.0.0.1:0.
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "kernels/formulas.h"
+#include "server/server.h"
+#include "syncnorm/v1/aggregator.grpc.pb.h"
+
+namespace syncnorm {
+namespace {
+
+using ::testing::HasSubstr;
+
+void SetDeadline(grpc::ClientContext& ctx,
+                 absl::Duration d = absl::Seconds(10)) {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(absl::ToInt64Milliseconds(d)));
+}
+
+v1::CreateJobRequest JobRequest(const std::string& id, int world, int channels,
+                                int layers = 1, int64_t timeout_ms = 5000) {
+  v1::CreateJobRequest r;
+  r.set_job_id(id);
+  r.set_world_size(world);
+  r.set_round_timeout_ms(timeout_ms);
+  for (int i = 0; i < layers; ++i) {
+    v1::LayerSpec* l = r.add_layers();
+    l->set_name("bn" + std::to_string(i));
+    l->set_num_features(channels);
+  }
+  return r;
+}
+
+v1::Contribution Fwd(const std::string& job, int layer, int64_t step, int rank,
+                     int64_t count, std::vector<double> mean,
+                     std::vector<double> m2) {
+  v1::Contribution c;
+  c.set_job_id(job);
+  c.set_layer(layer);
+  c.set_step(step);
+  c.set_phase(v1::FORWARD);
+  c.set_rank(rank);
+  c.mutable_moments()->set_count(count);
+  for (double v : mean) c.mutable_moments()->add_mean(v);
+  for (double v : m2) c.mutable_moments()->add_m2(v);
+  return c;
+}
+
+v1::Contribution Bwd(const std::string& job, int layer, int64_t step, int rank,
+                     std::vector<double> dy, std::vector<double> dy_xmu) {
+  v1::Contribution c;
+  c.set_job_id(job);
+  c.set_layer(layer);
+  c.set_step(step);
+  c.set_phase(v1::BACKWARD);
+  c.set_rank(rank);
+  for (double v : dy) c.mutable_grad_sums()->add_sum_dy(v);
+  for (double v : dy_xmu) c.mutable_grad_sums()->add_sum_dy_xmu(v);
+  return c;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.round_timeout = absl::Seconds(5);
+    server_ = std::make_unique<Server>(options);
+    ASSERT_TRUE(server_->Start().ok());
+    ASSERT_GT(server_->bound_port(), 0);
+    channel_ = grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(server_->bound_port()),
+        grpc::InsecureChannelCredentials());
+    stub_ = v1::Aggregator::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    server_->Shutdown(absl::Seconds(1));
+    server_->Wait();
+  }
+
+  grpc::Status CreateJob(const v1::CreateJobRequest& r,
+                         v1::JobInfo* info = nullptr) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::JobInfo local;
+    return stub_->CreateJob(&ctx, r, info ? info : &local);
+  }
+
+  grpc::Status ReduceOnce(const v1::Contribution& c,
+                          v1::RoundResult* result = nullptr) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::RoundResult local;
+    return stub_->ReduceOnce(&ctx, c, result ? result : &local);
+  }
+
+  // grpc.health.v1.Health/Check for the whole server, through a generic
+  // call: the request is empty, the response is field 1 (status) as varint.
+  int HealthStatus() {
+    grpc::GenericStub generic(channel_);
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    grpc::ByteBuffer request, response;
+    grpc::Slice empty("", 0);
+    request = grpc::ByteBuffer(&empty, 1);
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                      &request, &response, [&](grpc::Status s) {
+                        status = s;
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    if (!status.ok()) return -1;
+    std::vector<grpc::Slice> slices;
+    if (!response.Dump(&slices).ok()) return -1;
+    std::string bytes;
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    if (bytes.size() != 2 || bytes[0] != 0x08) return -1;
+    return bytes[1];
+  }
+
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Aggregator::Stub> stub_;
+};
+
+TEST_F(ServiceTest, CreateJobIsIdempotentAndReportsDefaults) {
+  v1::CreateJobRequest r = JobRequest("idem", 2, 3);
+  r.mutable_layers(0)->set_momentum_mode(v1::MOMENTUM_DECAY);
+  v1::JobInfo first, second;
+  ASSERT_TRUE(CreateJob(r, &first).ok());
+  EXPECT_EQ(first.group_size(), 2);
+  EXPECT_EQ(first.committed_step(), -1);
+  EXPECT_EQ(first.layers(0).momentum(), 0.9);
+  EXPECT_EQ(first.layers(0).initial_running_var_size(), 3);
+  ASSERT_TRUE(CreateJob(r, &second).ok());
+  EXPECT_EQ(first.SerializeAsString(), second.SerializeAsString());
+  // The returned JobInfo, sent back as a spec, is the same job.
+  v1::CreateJobRequest echoed = r;
+  *echoed.mutable_layers() = first.layers();
+  EXPECT_TRUE(CreateJob(echoed).ok());
+  r.set_world_size(4);
+  grpc::Status diff = CreateJob(r);
+  EXPECT_EQ(diff.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(diff.error_message(), HasSubstr("different spec"));
+  grpc::ClientContext ctx;
+  v1::GetJobRequest get;
+  get.set_job_id("idem");
+  v1::JobInfo got;
+  ASSERT_TRUE(stub_->GetJob(&ctx, get, &got).ok());
+  EXPECT_EQ(got.world_size(), 2);
+}
+
+// Long-double reference of a global batch from raw data.
+struct Ref {
+  long double n = 0, mean = 0, m2 = 0;
+};
+
+TEST_F(ServiceTest, ThreeRanksForwardAndBackwardOverStreams) {
+  const int world = 3, channels = 2;
+  ASSERT_TRUE(CreateJob(JobRequest("e2e", world, channels)).ok());
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal(1.0, 2.0);
+  const int counts[world] = {4, 0, 9};
+  std::vector<std::vector<std::vector<double>>> data(world);  // [rank][c][i]
+  for (int r = 0; r < world; ++r) {
+    data[r].resize(channels);
+    for (int c = 0; c < channels; ++c) {
+      for (int i = 0; i < counts[r]; ++i) data[r][c].push_back(normal(rng));
+    }
+  }
+  std::vector<Ref> ref(channels);
+  for (int c = 0; c < channels; ++c) {
+    long double sum = 0;
+    for (int r = 0; r < world; ++r) {
+      for (double x : data[r][c]) sum += x, ref[c].n += 1;
+    }
+    ref[c].mean = sum / ref[c].n;
+    for (int r = 0; r < world; ++r) {
+      for (double x : data[r][c]) {
+        ref[c].m2 += (x - ref[c].mean) * (x - ref[c].mean);
+      }
+    }
+  }
+  std::vector<v1::RoundResult> forward(world), backward(world);
+  std::vector<grpc::Status> finals(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<double> mean(channels, 0), m2(channels, 0);
+      for (int c = 0; c < channels; ++c) {
+        double n = 0;
+        for (double x : data[r][c]) WelfordAdd(n, mean[c], m2[c], x);
+      }
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      auto stream = stub_->Reduce(&ctx);
+      ASSERT_TRUE(stream->Write(Fwd("e2e", 0, 0, r, counts[r], mean, m2)));
+      ASSERT_TRUE(stream->Read(&forward[r]));
+      ASSERT_TRUE(
+          stream->Write(Bwd("e2e", 0, 0, r, {1.0 * r, 0.5}, {0.25, -1.0 * r})));
+      ASSERT_TRUE(stream->Read(&backward[r]));
+      stream->WritesDone();
+      finals[r] = stream->Finish();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(finals[r].ok()) << finals[r].error_message();
+    const v1::RoundResult& f = forward[r];
+    ASSERT_TRUE(f.has_moments()) << f.DebugString();
+    EXPECT_EQ(f.job_id(), "e2e");
+    EXPECT_EQ(f.phase(), v1::FORWARD);
+    EXPECT_EQ(f.version(), 1);
+    EXPECT_EQ(f.moments().count(), 13);
+    for (int c = 0; c < channels; ++c) {
+      EXPECT_NEAR(f.moments().mean(c), static_cast<double>(ref[c].mean), 1e-12);
+      EXPECT_NEAR(f.moments().var(c), static_cast<double>(ref[c].m2 / ref[c].n),
+                  1e-12);
+      EXPECT_EQ(f.moments().mean(c), forward[0].moments().mean(c));
+    }
+    const v1::RoundResult& b = backward[r];
+    ASSERT_TRUE(b.has_grad_sums()) << b.DebugString();
+    EXPECT_EQ(b.phase(), v1::BACKWARD);
+    EXPECT_EQ(b.version(), 1);
+    EXPECT_EQ(b.grad_sums().sum_dy(0), 3.0);
+    EXPECT_EQ(b.grad_sums().sum_dy(1), 1.5);
+    EXPECT_EQ(b.grad_sums().sum_dy_xmu(0), 0.75);
+    EXPECT_EQ(b.grad_sums().sum_dy_xmu(1), -3.0);
+  }
+  grpc::ClientContext ctx;
+  v1::GetRunningStatsRequest req;
+  req.set_job_id("e2e");
+  v1::RunningStats stats;
+  ASSERT_TRUE(stub_->GetRunningStats(&ctx, req, &stats).ok());
+  EXPECT_EQ(stats.step(), 0);
+  ASSERT_EQ(stats.layers_size(), 1);
+  EXPECT_EQ(stats.layers(0).num_batches_tracked(), 1);
+  for (int c = 0; c < channels; ++c) {
+    const long double want_mean = 0.1L * ref[c].mean;
+    const long double want_var = 0.9L + 0.1L * ref[c].m2 / (ref[c].n - 1);
+    EXPECT_NEAR(stats.layers(0).running_mean(c), (double)want_mean, 1e-12);
+    EXPECT_NEAR(stats.layers(0).running_var(c), (double)want_var, 1e-12);
+  }
+}
+
+TEST_F(ServiceTest, ReduceOnceAnswersAndReturnsFailuresAsStatus) {
+  ASSERT_TRUE(CreateJob(JobRequest("once", 1, 1)).ok());
+  v1::RoundResult result;
+  ASSERT_TRUE(ReduceOnce(Fwd("once", 0, 3, 0, 2, {1.5}, {0.5}), &result).ok());
+  EXPECT_EQ(result.step(), 3);
+  EXPECT_EQ(result.moments().count(), 2);
+  EXPECT_EQ(result.moments().var(0), 0.25);
+  EXPECT_EQ(result.version(), 1);
+  // A retry gets the same answer.
+  v1::RoundResult again;
+  ASSERT_TRUE(ReduceOnce(Fwd("once", 0, 3, 0, 2, {1.5}, {0.5}), &again).ok());
+  EXPECT_EQ(again.SerializeAsString(), result.SerializeAsString());
+
+  ASSERT_TRUE(CreateJob(JobRequest("once-late", 3, 1, 1, 200)).ok());
+  grpc::Status late = ReduceOnce(Fwd("once-late", 0, 0, 1, 2, {1}, {1}));
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(late.error_message(),
+              HasSubstr("missed its 200 ms deadline waiting for ranks [0, 2]"));
+}
+
+TEST_F(ServiceTest, InBandErrorKeepsTheStreamUsable) {
+  ASSERT_TRUE(CreateJob(JobRequest("inband", 1, 2)).ok());
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  auto stream = stub_->Reduce(&ctx);
+  v1::RoundResult r;
+  ASSERT_TRUE(stream->Write(Fwd("inband", 0, 0, 0, 2, {1, 2, 3}, {0, 0, 0})));
+  ASSERT_TRUE(stream->Read(&r));
+  ASSERT_TRUE(r.has_error()) << r.DebugString();
+  EXPECT_EQ(r.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.error().message(),
+              HasSubstr("has 3 values but the layer has 2"));
+  EXPECT_EQ(r.job_id(), "inband");
+  ASSERT_TRUE(stream->Write(Fwd("nope", 0, 0, 0, 2, {1, 2}, {0, 0})));
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_EQ(r.error().code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(stream->Write(Fwd("inband", 0, 0, 0, 2, {1, 2}, {0.5, 0.5})));
+  ASSERT_TRUE(stream->Read(&r));
+  ASSERT_TRUE(r.has_moments()) << r.DebugString();
+  EXPECT_EQ(r.moments().mean(1), 2.0);
+  EXPECT_EQ(r.version(), 1);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ServiceTest, BadRequestsGetPreciseStatuses) {
+  ASSERT_TRUE(CreateJob(JobRequest("table", 2, 2, 2)).ok());
+  ASSERT_TRUE(CreateJob(JobRequest("solo", 1, 1)).ok());
+  ASSERT_TRUE(ReduceOnce(Fwd("solo", 0, 5, 0, 2, {0}, {1})).ok());
+  using Code = grpc::StatusCode;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto create = [this](std::function<void(v1::CreateJobRequest&)> mutate) {
+    return [this, mutate] {
+      v1::CreateJobRequest r = JobRequest("new-job", 2, 2);
+      mutate(r);
+      return CreateJob(r);
+    };
+  };
+  auto reduce = [this](std::function<void(v1::Contribution&)> mutate) {
+    return [this, mutate] {
+      v1::Contribution c = Fwd("table", 0, 0, 0, 2, {0, 0}, {1, 1});
+      mutate(c);
+      return ReduceOnce(c);
+    };
+  };
+  struct Case {
+    std::string name;
+    std::function<grpc::Status()> call;
+    Code code;
+  };
+  std::vector<Case> cases = {
+      {"empty job id", create([](auto& r) { r.set_job_id(""); }),
+       Code::INVALID_ARGUMENT},
+      {"bad job id", create([](auto& r) { r.set_job_id("a b"); }),
+       Code::INVALID_ARGUMENT},
+      {"world 0", create([](auto& r) { r.set_world_size(0); }),
+       Code::INVALID_ARGUMENT},
+      {"no layers", create([](auto& r) { r.clear_layers(); }),
+       Code::INVALID_ARGUMENT},
+      {"group 3 of 2", create([](auto& r) { r.set_group_size(3); }),
+       Code::INVALID_ARGUMENT},
+      {"num_features 0",
+       create([](auto& r) { r.mutable_layers(0)->set_num_features(0); }),
+       Code::INVALID_ARGUMENT},
+      {"momentum 2",
+       create([](auto& r) { r.mutable_layers(0)->set_momentum(2); }),
+       Code::INVALID_ARGUMENT},
+      {"initial mean size", create([](auto& r) {
+         r.mutable_layers(0)->add_initial_running_mean(1);
+       }),
+       Code::INVALID_ARGUMENT},
+      {"respec table", create([](auto& r) { r.set_job_id("table"); }),
+       Code::ALREADY_EXISTS},
+      {"get unknown",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::GetJobRequest r;
+         r.set_job_id("ghost");
+         v1::JobInfo info;
+         return stub_->GetJob(&ctx, r, &info);
+       },
+       Code::NOT_FOUND},
+      {"delete unknown",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::DeleteJobRequest r;
+         r.set_job_id("ghost");
+         v1::DeleteJobResponse resp;
+         return stub_->DeleteJob(&ctx, r, &resp);
+       },
+       Code::NOT_FOUND},
+      {"reduce unknown job", reduce([](auto& c) { c.set_job_id("ghost"); }),
+       Code::NOT_FOUND},
+      {"layer 2 of 2", reduce([](auto& c) { c.set_layer(2); }),
+       Code::INVALID_ARGUMENT},
+      {"rank 2 of 2", reduce([](auto& c) { c.set_rank(2); }),
+       Code::INVALID_ARGUMENT},
+      {"negative step", reduce([](auto& c) { c.set_step(-1); }),
+       Code::INVALID_ARGUMENT},
+      {"phase unspecified",
+       reduce([](auto& c) { c.set_phase(v1::PHASE_UNSPECIFIED); }),
+       Code::INVALID_ARGUMENT},
+      {"no payload", reduce([](auto& c) { c.clear_moments(); }),
+       Code::INVALID_ARGUMENT},
+      {"backward with moments",
+       reduce([](auto& c) { c.set_phase(v1::BACKWARD); }),
+       Code::INVALID_ARGUMENT},
+      {"wrong channels",
+       reduce([](auto& c) { c.mutable_moments()->add_mean(0); }),
+       Code::INVALID_ARGUMENT},
+      {"negative count",
+       reduce([](auto& c) { c.mutable_moments()->set_count(-1); }),
+       Code::INVALID_ARGUMENT},
+      {"nan mean",
+       reduce([nan](auto& c) { c.mutable_moments()->set_mean(0, nan); }),
+       Code::INVALID_ARGUMENT},
+      {"negative m2",
+       reduce([](auto& c) { c.mutable_moments()->set_m2(1, -0.5); }),
+       Code::INVALID_ARGUMENT},
+      {"stale step",
+       [this] { return ReduceOnce(Fwd("solo", 0, 5 - 1, 0, 2, {0}, {1})); },
+       Code::FAILED_PRECONDITION},
+      {"conflicting retry",
+       [this] { return ReduceOnce(Fwd("solo", 0, 5, 0, 2, {7}, {1})); },
+       Code::ABORTED},
+      {"stats of a checkpoint",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::GetRunningStatsRequest r;
+         r.set_job_id("table");
+         r.set_checkpoint_step(3);
+         v1::RunningStats s;
+         return stub_->GetRunningStats(&ctx, r, &s);
+       },
+       Code::UNIMPLEMENTED},
+      {"stats of group 1",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::GetRunningStatsRequest r;
+         r.set_job_id("table");
+         r.set_group(1);
+         v1::RunningStats s;
+         return stub_->GetRunningStats(&ctx, r, &s);
+       },
+       Code::INVALID_ARGUMENT},
+      {"checkpoint",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::CheckpointRequest r;
+         r.set_job_id("table");
+         v1::CheckpointInfo info;
+         return stub_->Checkpoint(&ctx, r, &info);
+       },
+       Code::UNIMPLEMENTED},
+      {"restore",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::RestoreCheckpointRequest r;
+         r.set_job_id("table");
+         v1::JobInfo info;
+         return stub_->RestoreCheckpoint(&ctx, r, &info);
+       },
+       Code::UNIMPLEMENTED},
+  };
+  for (const Case& c : cases) {
+    grpc::Status s = c.call();
+    EXPECT_EQ(s.error_code(), c.code) << c.name << ": " << s.error_message();
+    EXPECT_FALSE(s.error_message().empty()) << c.name;
+  }
+  // The server still serves, and nothing was counted in "table".
+  EXPECT_EQ(HealthStatus(), 1);  // SERVING
+  v1::JobInfo info;
+  ASSERT_TRUE(CreateJob(JobRequest("after-table", 1, 1), &info).ok());
+  grpc::ClientContext ctx;
+  v1::GetRunningStatsRequest r;
+  r.set_job_id("table");
+  v1::RunningStats s;
+  ASSERT_TRUE(stub_->GetRunningStats(&ctx, r, &s).ok());
+  EXPECT_EQ(s.layers(0).num_batches_tracked(), 0);
+  EXPECT_EQ(s.step(), -1);
+}
+
+TEST_F(ServiceTest, CancelledAndDeletedCallsDoNotHurtTheServer) {
+  ASSERT_TRUE(CreateJob(JobRequest("cancel", 2, 1, 1, 300)).ok());
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    auto stream = stub_->Reduce(&ctx);
+    ASSERT_TRUE(stream->Write(Fwd("cancel", 0, 0, 0, 2, {1}, {1})));
+    ctx.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, absl::Milliseconds(50));
+    grpc::Status s;
+    v1::RoundResult r;
+    s = stub_->ReduceOnce(&ctx, Fwd("cancel", 0, 1, 0, 2, {1}, {1}), &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // A stream waiting on a job that gets deleted hears ABORTED in-band.
+  ASSERT_TRUE(CreateJob(JobRequest("doomed", 2, 1)).ok());
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  auto stream = stub_->Reduce(&ctx);
+  ASSERT_TRUE(stream->Write(Fwd("doomed", 0, 0, 0, 2, {1}, {1})));
+  absl::SleepFor(absl::Milliseconds(100));
+  {
+    grpc::ClientContext del_ctx;
+    v1::DeleteJobRequest del;
+    del.set_job_id("doomed");
+    v1::DeleteJobResponse resp;
+    ASSERT_TRUE(stub_->DeleteJob(&del_ctx, del, &resp).ok());
+  }
+  v1::RoundResult r;
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_EQ(r.error().code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(r.error().message(), HasSubstr("job deleted"));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  absl::SleepFor(absl::Milliseconds(400));  // let the cancelled rounds expire
+  EXPECT_EQ(HealthStatus(), 1);
+  EXPECT_TRUE(CreateJob(JobRequest("still-alive", 1, 1)).ok());
+}
+
+TEST(ServerTest, ShutdownEndsWaitingCallsAndReportsNotServing) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  Server server(options);
+  ASSERT_TRUE(server.Start().ok());
+  EXPECT_FALSE(server.Start().ok());
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(server.bound_port()),
+                          grpc::InsecureChannelCredentials());
+  auto stub = v1::Aggregator::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    v1::JobInfo info;
+    ASSERT_TRUE(stub->CreateJob(&ctx, JobRequest("wait", 2, 1), &info).ok());
+  }
+  grpc::Status once_status;
+  std::thread waiter([&] {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::RoundResult r;
+    once_status = stub->ReduceOnce(&ctx, Fwd("wait", 0, 0, 0, 2, {1}, {1}), &r);
+  });
+  grpc::ClientContext stream_ctx;
+  SetDeadline(stream_ctx);
+  auto stream = stub->Reduce(&stream_ctx);
+  ASSERT_TRUE(stream->Write(Fwd("wait", 0, 1, 1, 2, {1}, {1})));
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time start = absl::Now();
+  server.Shutdown(absl::Milliseconds(200));
+  server.Wait();
+  waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE(once_status.ok());
+  EXPECT_FALSE(stream->Finish().ok());
+}
+
+TEST(ServerTest, UnbindableAddressIsUnavailable) {
+  ServerOptions options;
+  options.listen = "256.1.1.1:99999";
+  Server server(options);
+  absl::Status s = server.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(server.bound_port(), 0);
+}
+
+}  // namespace
+}  // namespace syncnorm
