@@ -26,9 +26,11 @@ _LIBS = {
     "gtest": (["gtest", "gmock"], ["-lpthread"]),
     "gtest_main": (["gtest_main"], []),
     "benchmark": (["benchmark"], []),
+    # The aggregator's state store (librocksdb-dev).
+    "rocksdb": (["rocksdb"], ["-lpthread"]),
 }
 
-_OPTIONAL = ["rocksdb", "prometheus-cpp-core", "prometheus-cpp-pull"]
+_OPTIONAL = ["prometheus-cpp-core", "prometheus-cpp-pull"]
 
 def _pkg_config(ctx, modules):
     res = ctx.execute(["pkg-config", "--libs"] + modules)
@@ -42,6 +44,74 @@ def _pkg_config(ctx, modules):
             seen.append(flag)
     return seen
 
+_CUDA_ROOT = "/usr/local/cuda"
+
+def _find_nccl(ctx):
+    """(include dir, lib dir) of NCCL, or None. Looks in the toolkit first."""
+    for inc, lib in [
+        (_CUDA_ROOT + "/include", _CUDA_ROOT + "/lib64"),
+        (_CUDA_ROOT + "/include", _CUDA_ROOT + "/lib"),
+        ("/usr/include", "/usr/lib/x86_64-linux-gnu"),
+    ]:
+        if (ctx.path(inc + "/nccl.h").exists and
+            ctx.path(lib + "/libnccl.so").exists):
+            return (inc, lib)
+    return None
+
+def _cuda_targets(ctx, have_cuda, have_nccl):
+    """@system//:cuda_headers, :cuda_runtime and :nccl (empty without CUDA).
+
+    The toolkit's headers are symlinked into this repository so that Bazel's
+    header inclusion check accepts them; the CUDA runtime is linked
+    statically and NCCL dynamically (with an rpath to its folder).
+    """
+    if not have_cuda:
+        return [
+            "# No CUDA toolkit at %s: CPU-only build." % _CUDA_ROOT,
+            'cc_library(name = "cuda_headers")',
+            'cc_library(name = "cuda_runtime")',
+            'cc_library(name = "nccl")',
+            "",
+        ]
+    ctx.symlink(_CUDA_ROOT + "/include", "cuda/include")
+    lines = [
+        "cc_library(",
+        '    name = "cuda_headers",',
+        '    hdrs = glob(["cuda/include/*.h", "cuda/include/*.hpp", ' +
+        '"cuda/include/crt/**", "cuda/include/nv/**"]),',
+        '    includes = ["cuda/include"],',
+        ")",
+        "",
+        "cc_library(",
+        '    name = "cuda_runtime",',
+        "    linkopts = %r," % [
+            "-L%s/lib64" % _CUDA_ROOT,
+            "-lcudart_static",
+            "-ldl",
+            "-lrt",
+            "-lpthread",
+        ],
+        '    deps = [":cuda_headers"],',
+        ")",
+        "",
+    ]
+    nccl = _find_nccl(ctx) if have_nccl else None
+    if nccl == None:
+        lines.append('cc_library(name = "nccl")')
+    else:
+        # nccl.h is under cuda_headers or in /usr/include, which the
+        # compiler searches anyway.
+        lib = nccl[1]
+        lines += [
+            "cc_library(",
+            '    name = "nccl",',
+            "    linkopts = %r," % ["-L" + lib, "-lnccl", "-Wl,-rpath," + lib],
+            '    deps = [":cuda_runtime"],',
+            ")",
+        ]
+    lines.append("")
+    return lines
+
 def _system_libs_impl(ctx):
     lines = ['package(default_visibility = ["//visibility:public"])', ""]
     for name, (modules, extra) in _LIBS.items():
@@ -52,10 +122,12 @@ def _system_libs_impl(ctx):
         if ctx.execute(["pkg-config", "--exists", module]).return_code == 0:
             lines.append("cc_library(\n    name = %r,\n    linkopts = %r,\n)\n" %
                          (name, _pkg_config(ctx, [module])))
-    nvcc = ctx.path("/usr/local/cuda/bin/nvcc")
-    have_cuda = nvcc.exists
+    have_cuda = ctx.path(_CUDA_ROOT + "/bin/nvcc").exists
+    have_nccl = have_cuda and _find_nccl(ctx) != None
+    lines += _cuda_targets(ctx, have_cuda, have_nccl)
     ctx.file("BUILD", "\n".join(lines))
-    ctx.file("config.bzl", "HAVE_CUDA = %s\nCUDA_ROOT = %r\n" % (have_cuda, "/usr/local/cuda"))
+    ctx.file("config.bzl", "HAVE_CUDA = %s\nHAVE_NCCL = %s\nCUDA_ROOT = %r\n" %
+                           (have_cuda, have_nccl, _CUDA_ROOT))
 
 system_libs = repository_rule(
     implementation = _system_libs_impl,

@@ -2,11 +2,15 @@
 #ifndef SYNCNORM_CLIENT_CLIENT_H_
 #define SYNCNORM_CLIENT_CLIENT_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "client/client_options.h"
 #include "client/contributor.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
@@ -31,6 +35,26 @@ class Client {
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<v1::RunningStats> GetRunningStats(
       const v1::GetRunningStatsRequest& request);
+  // Every job on the server, by job_id.
+  absl::StatusOr<std::vector<v1::JobInfo>> ListJobs();
+
+  // Waits (at most `timeout`, default rpc_timeout) until `step` is
+  // committed by every layer of every group, then stores an immutable
+  // checkpoint. DEADLINE_EXCEEDED names the lagging layers; ALREADY_EXISTS
+  // when the step has a checkpoint with another tag. Idempotent otherwise.
+  absl::StatusOr<v1::CheckpointInfo> Checkpoint(
+      const std::string& job_id, int64_t step, const std::string& tag = "",
+      std::optional<absl::Duration> timeout = std::nullopt);
+  // The job's checkpoints, oldest first.
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(
+      const std::string& job_id);
+  // Rolls the job back to its checkpoint at `step`; training resumes with
+  // step + 1 (see LoadRunningStats in running_stats.h for the layers).
+  absl::StatusOr<v1::JobInfo> RestoreCheckpoint(const std::string& job_id,
+                                                int64_t step);
+  // Replaces the running statistics of some layers (an import).
+  absl::StatusOr<v1::RunningStats> SetRunningStats(
+      const v1::SetRunningStatsRequest& request);
 
   // A contributor for `rank` of the job, with its own Reduce stream on this
   // client's channel.
@@ -39,7 +63,12 @@ class Client {
 
  private:
   template <typename Request, typename Response, typename Call>
-  absl::StatusOr<Response> Unary(const Request& request, Call call);
+  absl::StatusOr<Response> Unary(const Request& request, Call call,
+                                 absl::Duration timeout);
+  template <typename Request, typename Response, typename Call>
+  absl::StatusOr<Response> Unary(const Request& request, Call call) {
+    return Unary<Request, Response>(request, call, options_.rpc_timeout);
+  }
 
   const ClientOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;

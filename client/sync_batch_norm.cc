@@ -25,6 +25,22 @@ SyncBatchNorm::SyncBatchNorm(int layer, const SyncBatchNormOptions& options,
   if (options.num_features > 0) Allocate(options.num_features);
 }
 
+SyncBatchNorm::SyncBatchNorm(int layer, const SyncBatchNormOptions& options,
+                             NodeGroup* group, const KernelContext& context)
+    : layer_(layer),
+      options_(options),
+      rule_(RuleOf(options)),
+      group_(group),
+      context_{Device::kCpu, context.pool, context.stream} {
+  if (options.num_features > 0) Allocate(options.num_features);
+}
+
+KernelContext SyncBatchNorm::ContextFor(const TensorRef& t) const {
+  KernelContext ctx = context_;
+  ctx.device = t.device;
+  return ctx;
+}
+
 void SyncBatchNorm::Allocate(int channels) {
   channels_ = channels;
   weight_.assign(channels, options_.gamma_init);
@@ -101,7 +117,7 @@ void SyncBatchNorm::RunningStatistics() {
 absl::Status SyncBatchNorm::BatchStatistics(const TensorRef& x,
                                             const Geometry& g, bool sync) {
   Moments local;
-  absl::Status s = LocalMoments(context_, x.dtype, x.data, g, &local);
+  absl::Status s = LocalMoments(ContextFor(x), x.dtype, x.data, g, &local);
   if (!s.ok()) return s;
   GlobalMoments global = Finalize(local);
   if (sync) {
@@ -151,7 +167,7 @@ absl::Status SyncBatchNorm::Forward(const TensorRef& x, const TensorRef& y,
   args.mean = saved_.mean.data();
   args.invstd = saved_.invstd.data();
   args.relu = options_.fuse_relu;
-  absl::Status s = syncnorm::Forward(context_, x.dtype, *g, args);
+  absl::Status s = syncnorm::Forward(ContextFor(x), x.dtype, *g, args);
   if (!s.ok()) return s;
   if (!training_) return absl::OkStatus();
   saved_.valid = true;
@@ -159,6 +175,8 @@ absl::Status SyncBatchNorm::Forward(const TensorRef& x, const TensorRef& y,
   saved_.x = x.data;
   saved_.y = options_.fuse_relu ? y.data : nullptr;
   saved_.had_z = z != nullptr;
+  saved_.dtype = x.dtype;
+  saved_.device = x.device;
   saved_.geometry = *g;
   saved_.step = step_;
   if (sync) ++step_;
@@ -181,6 +199,10 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
         "dy of shape ", ShapeString(dy.shape),
         " does not match the shape of the forward's input"));
   }
+  if (dy.dtype != saved_.dtype || dy.device != saved_.device) {
+    return absl::InvalidArgumentError(
+        "dy must have the dtype and device of the forward's input");
+  }
   if (f.elements() > 0) {
     absl::Status s = CheckLike(grad_input, dy, "grad_input");
     if (s.ok() && saved_.had_z) {
@@ -197,8 +219,8 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
   reduce.mean = saved_.mean.data();
   reduce.invstd = saved_.invstd.data();
   GradSums sums;
-  absl::Status s = BackwardReduce(context_, dy.dtype, saved_.geometry, reduce,
-                                  &sums, grad_weight_.data(),
+  absl::Status s = BackwardReduce(ContextFor(dy), dy.dtype, saved_.geometry,
+                                  reduce, &sums, grad_weight_.data(),
                                   grad_bias_.data());
   if (!s.ok()) return s;
   std::vector<double> mean_dy(channels_, 0.0), mean_dy_xmu(channels_, 0.0);
@@ -228,7 +250,8 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
   args.mean_dy_xmu = mean_dy_xmu.data();
   args.grad_input = grad_input.data;
   args.grad_z = grad_z != nullptr ? grad_z->data : nullptr;
-  return BackwardElementwise(context_, dy.dtype, saved_.geometry, args);
+  return BackwardElementwise(ContextFor(dy), dy.dtype, saved_.geometry,
+                             args);
 }
 
 }  // namespace syncnorm

@@ -15,7 +15,8 @@
 
 namespace syncnorm {
 
-// A tensor the caller owns: data, shape (batch first) and element type.
+// A tensor the caller owns: data, shape (batch first), element type and
+// where it lives (host memory or the current CUDA device's memory).
 struct TensorRef {
   void* data = nullptr;
   std::vector<int64_t> shape;
@@ -40,6 +41,15 @@ class SyncBatchNorm {
   // CPU threads for the kernels; null runs them on the caller's thread.
   SyncBatchNorm(int layer, const SyncBatchNormOptions& options,
                 NodeGroup* group, ThreadPool* pool);
+  // The same with full kernel resources: context.pool for CPU tensors and
+  // context.stream (a cudaStream_t) for CUDA tensors. context.device is
+  // ignored: each call runs where its tensors live (TensorRef::device), and
+  // all tensors of a call must live on the same device. For CUDA tensors
+  // the layer's parameters, statistics and gradients stay on the host (see
+  // kernels/batch_norm.h); Forward and Backward wait for the stream only
+  // while they need the local statistics.
+  SyncBatchNorm(int layer, const SyncBatchNormOptions& options,
+                NodeGroup* group, const KernelContext& context);
 
   // Training mode (default) or eval.
   void set_training(bool training) { training_ = training; }
@@ -60,8 +70,13 @@ class SyncBatchNorm {
                         const TensorRef* grad_z = nullptr);
 
   int num_features() const { return channels_; }
+  // This layer's index in the job's LayerSpec list.
+  int layer() const { return layer_; }
   // Forward rounds run so far; the step of the next round.
   int64_t step() const { return step_; }
+  // Sets the step of the next round, e.g. S + 1 after the job was restored
+  // to its checkpoint at step S (see client/running_stats.h).
+  void set_step(int64_t step) { step_ = step; }
   std::vector<float>& weight() { return weight_; }
   std::vector<float>& bias() { return bias_; }
   const std::vector<double>& grad_weight() const { return grad_weight_; }
@@ -81,6 +96,8 @@ class SyncBatchNorm {
     const void* x = nullptr;
     const void* y = nullptr;  // ReLU mask source
     bool had_z = false;
+    DType dtype = DType::kFloat32;
+    Device device = Device::kCpu;
     Geometry geometry;
     int64_t step = 0;
     int64_t global_count = 0;
@@ -96,6 +113,8 @@ class SyncBatchNorm {
   void RunningStatistics();
   absl::Status CheckLike(const TensorRef& t, const TensorRef& like,
                          const char* what) const;
+  // context_ with the device where `t` lives.
+  KernelContext ContextFor(const TensorRef& t) const;
 
   // Constant after construction.
   const int layer_;

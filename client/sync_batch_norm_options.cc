@@ -12,10 +12,12 @@ RunningRule RuleOf(const SyncBatchNormOptions& options) {
                                        : options.momentum;
   rule.biased_var = options.biased_running_var;
   rule.track = options.track_running_stats;
-  // The wire reads momentum 0 as "the default"; torch's momentum 0 (running
-  // statistics never move) is the same rule as decay with momentum 1.
-  if (rule.mode == MomentumMode::kTorch && rule.momentum == 0.0) {
-    rule.mode = MomentumMode::kDecay;
+  // The wire reads momentum 0 as "the default" in every mode. Torch's
+  // momentum 0 (running statistics never move) is decay with momentum 1, and
+  // decay's momentum 0 (running statistics = the batch's) is torch with 1.
+  if (rule.mode != MomentumMode::kCumulative && rule.momentum == 0.0) {
+    rule.mode = rule.mode == MomentumMode::kTorch ? MomentumMode::kDecay
+                                                  : MomentumMode::kTorch;
     rule.momentum = 1.0;
   }
   return rule;

@@ -92,8 +92,13 @@ absl::StatusOr<R> ThreadNode::Exchange(std::map<Key, Round<T, R>>& rounds,
     round->result = std::move(result);
   }
   absl::MutexLock lock(&mu_);
+  // The timeout bounds the wait for peers only: once every member is in, the
+  // upstream call (with its own deadline) decides the result for all.
+  auto peers_in = [this, round]() {
+    return round->result.has_value() || round->arrived == local_size_;
+  };
   auto ready = [round]() { return round->result.has_value(); };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout_)) {
+  if (!mu_.AwaitWithTimeout(absl::Condition(&peers_in), timeout_)) {
     std::vector<int> missing;
     for (int r = 0; r < local_size_; ++r) {
       if (!round->parts[r].has_value()) missing.push_back(r);
@@ -103,6 +108,7 @@ absl::StatusOr<R> ThreadNode::Exchange(std::map<Key, Round<T, R>>& rounds,
         "] of this node did not reach layer ", std::get<0>(key), " step ",
         std::get<1>(key), " within ", absl::FormatDuration(timeout_)));
   }
+  mu_.Await(absl::Condition(&ready));
   absl::StatusOr<R> result = *round->result;
   if (--round->left == 0) rounds.erase(key);
   return result;

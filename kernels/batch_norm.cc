@@ -4,12 +4,15 @@
 
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/batch_norm_cpu.h"
+#include "kernels/batch_norm_cuda.h"
+#include "kernels/half.h"
 
 namespace syncnorm {
 namespace {
@@ -64,19 +67,33 @@ absl::Status RequireTensor(const void* p, const Geometry& g, const char* fn,
                    " elements; pass its data"));
 }
 
-// Runs cpu_fp32() when ctx and dtype name the float32 CPU kernel; the single
-// place that maps (device, dtype) to an implementation.
-template <typename Fn>
+absl::Status FromCuda(const cuda::Result& r) {
+  switch (r.code) {
+    case cuda::Code::kOk:
+      return absl::OkStatus();
+    case cuda::Code::kInvalidArgument:
+      return absl::InvalidArgumentError(r.message);
+    case cuda::Code::kFailedPrecondition:
+      return absl::FailedPreconditionError(r.message);
+    case cuda::Code::kUnimplemented:
+      return absl::UnimplementedError(r.message);
+    case cuda::Code::kInternal:
+    default:
+      return absl::InternalError(r.message);
+  }
+}
+
+// The single place that maps (device, dtype) to an implementation:
+// run_cuda() for Device::kCuda (the launchers switch on dtype themselves),
+// else run_cpu(T{}) with T the CPU element type of dtype.
+template <typename CpuFn, typename CudaFn>
 absl::Status Dispatch(const KernelContext& ctx, DType dtype, const char* fn,
-                      Fn&& cpu_fp32) {
+                      CpuFn&& run_cpu, CudaFn&& run_cuda) {
   switch (ctx.device) {
     case Device::kCpu:
       break;
     case Device::kCuda:
-      return absl::UnimplementedError(absl::StrCat(
-          fn,
-          ": Device::kCuda is not available in this build (the CUDA "
-          "kernels are not implemented yet); use Device::kCpu"));
+      return run_cuda();
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(fn, ": unknown device ", static_cast<int>(ctx.device),
@@ -84,14 +101,14 @@ absl::Status Dispatch(const KernelContext& ctx, DType dtype, const char* fn,
   }
   switch (dtype) {
     case DType::kFloat32:
-      cpu_fp32();
+      run_cpu(float{});
       return absl::OkStatus();
     case DType::kFloat16:
+      run_cpu(Half{});
+      return absl::OkStatus();
     case DType::kBFloat16:
-      return absl::UnimplementedError(absl::StrCat(
-          fn, ": ", dtype == DType::kFloat16 ? "float16" : "bfloat16",
-          " tensors are not supported on the CPU; convert them to float32 "
-          "(half precision is for the CUDA kernels)"));
+      run_cpu(BFloat16{});
+      return absl::OkStatus();
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(fn, ": unknown dtype ", static_cast<int>(dtype),
@@ -149,9 +166,21 @@ absl::Status LocalMoments(const KernelContext& ctx, DType dtype, const void* x,
   if (s.ok()) s = RequireTensor(x, g, kFn, "x");
   if (s.ok()) s = Require(out, kFn, "out");
   if (!s.ok()) return s;
-  return Dispatch(ctx, dtype, kFn, [&] {
-    cpu::LocalMomentsF32(ctx.pool, static_cast<const float*>(x), g, out);
-  });
+  return Dispatch(
+      ctx, dtype, kFn,
+      [&](auto tag) {
+        using T = decltype(tag);
+        cpu::LocalMoments<T>(ctx.pool, static_cast<const T*>(x), g, out);
+      },
+      [&] {
+        Moments m = Moments::Zero(static_cast<int>(g.channels));
+        absl::Status st = FromCuda(cuda::LocalMoments(
+            ctx.stream, dtype, x, g, m.mean.data(), m.m2.data()));
+        if (!st.ok()) return st;
+        m.count = g.per_channel();
+        *out = std::move(m);
+        return absl::OkStatus();
+      });
 }
 
 absl::Status Forward(const KernelContext& ctx, DType dtype, const Geometry& g,
@@ -163,7 +192,10 @@ absl::Status Forward(const KernelContext& ctx, DType dtype, const Geometry& g,
   if (s.ok()) s = Require(args.mean, kFn, "args.mean");
   if (s.ok()) s = Require(args.invstd, kFn, "args.invstd");
   if (!s.ok()) return s;
-  return Dispatch(ctx, dtype, kFn, [&] { cpu::ForwardF32(ctx.pool, g, args); });
+  return Dispatch(
+      ctx, dtype, kFn,
+      [&](auto tag) { cpu::Forward<decltype(tag)>(ctx.pool, g, args); },
+      [&] { return FromCuda(cuda::Forward(ctx.stream, dtype, g, args)); });
 }
 
 absl::Status BackwardReduce(const KernelContext& ctx, DType dtype,
@@ -178,9 +210,29 @@ absl::Status BackwardReduce(const KernelContext& ctx, DType dtype,
   if (s.ok()) s = Require(args.invstd, kFn, "args.invstd");
   if (s.ok()) s = Require(sums, kFn, "sums");
   if (!s.ok()) return s;
-  return Dispatch(ctx, dtype, kFn, [&] {
-    cpu::BackwardReduceF32(ctx.pool, g, args, sums, grad_weight, grad_bias);
-  });
+  return Dispatch(
+      ctx, dtype, kFn,
+      [&](auto tag) {
+        cpu::BackwardReduce<decltype(tag)>(ctx.pool, g, args, sums,
+                                           grad_weight, grad_bias);
+      },
+      [&] {
+        GradSums local;
+        local.sum_dy.assign(g.channels, 0.0);
+        local.sum_dy_xmu.assign(g.channels, 0.0);
+        absl::Status st = FromCuda(
+            cuda::BackwardReduce(ctx.stream, dtype, g, args,
+                                 local.sum_dy.data(), local.sum_dy_xmu.data()));
+        if (!st.ok()) return st;
+        for (int64_t c = 0; c < g.channels; ++c) {
+          if (grad_weight != nullptr) {
+            grad_weight[c] = local.sum_dy_xmu[c] * args.invstd[c];
+          }
+          if (grad_bias != nullptr) grad_bias[c] = local.sum_dy[c];
+        }
+        *sums = std::move(local);
+        return absl::OkStatus();
+      });
 }
 
 absl::Status BackwardElementwise(const KernelContext& ctx, DType dtype,
@@ -196,8 +248,14 @@ absl::Status BackwardElementwise(const KernelContext& ctx, DType dtype,
   if (s.ok()) s = Require(args.mean_dy, kFn, "args.mean_dy");
   if (s.ok()) s = Require(args.mean_dy_xmu, kFn, "args.mean_dy_xmu");
   if (!s.ok()) return s;
-  return Dispatch(ctx, dtype, kFn,
-                  [&] { cpu::BackwardElementwiseF32(ctx.pool, g, args); });
+  return Dispatch(
+      ctx, dtype, kFn,
+      [&](auto tag) {
+        cpu::BackwardElementwise<decltype(tag)>(ctx.pool, g, args);
+      },
+      [&] {
+        return FromCuda(cuda::BackwardElementwise(ctx.stream, dtype, g, args));
+      });
 }
 
 }  // namespace syncnorm

@@ -16,25 +16,26 @@ namespace cpu {
 namespace {
 
 // The tensors of one call and their per-task results, entry [c * parts + p].
+template <typename T>
 struct GradTask {
-  const float* dy;
-  const float* x;
-  const float* y;  // mask source; read only when kMask
+  const T* dy;
+  const T* x;
+  const T* y;  // mask source; read only when kMask
   const double* mean;
   std::vector<double> sum_dy, sum_dy_xmu;
 };
 
 // dy where the fused ReLU let the value through.
-template <bool kMask>
-inline double MaskedDy(const float* dy, const float* y, int64_t i) {
-  if (kMask) return y[i] > 0.0f ? static_cast<double>(dy[i]) : 0.0;
-  return static_cast<double>(dy[i]);
+template <bool kMask, typename T>
+inline double MaskedDy(const T* dy, const T* y, int64_t i) {
+  if (kMask) return ToDouble(y[i]) > 0.0 ? ToDouble(dy[i]) : 0.0;
+  return ToDouble(dy[i]);
 }
 
 // Task (channel c, part p) of a channels-first tensor.
-template <bool kMask>
+template <bool kMask, typename T>
 void FirstLayoutTask(const Geometry& g, const ReducePlan& plan, int64_t c,
-                     int64_t p, GradTask& t) {
+                     int64_t p, GradTask<T>& t) {
   const Range blocks = PartRange(plan.units, plan.parts, p);
   const double mean = t.mean[c];
   double sum_dy = 0, sum_dy_xmu = 0;
@@ -43,13 +44,13 @@ void FirstLayoutTask(const Geometry& g, const ReducePlan& plan, int64_t c,
     const int64_t begin = (b % plan.segments) * kBlock;
     const int64_t len = std::min(kBlock, g.inner - begin);
     const int64_t offset = (o * g.channels + c) * g.inner + begin;
-    const float* dy = t.dy + offset;
-    const float* x = t.x + offset;
-    const float* y = t.y == nullptr ? nullptr : t.y + offset;
+    const T* dy = t.dy + offset;
+    const T* x = t.x + offset;
+    const T* y = t.y == nullptr ? nullptr : t.y + offset;
     sum_dy +=
         LaneSum(len, [=](int64_t i) { return MaskedDy<kMask>(dy, y, i); });
     sum_dy_xmu += LaneSum(len, [=](int64_t i) {
-      return MaskedDy<kMask>(dy, y, i) * (static_cast<double>(x[i]) - mean);
+      return MaskedDy<kMask>(dy, y, i) * (ToDouble(x[i]) - mean);
     });
   }
   t.sum_dy[c * plan.parts + p] = sum_dy;
@@ -58,27 +59,27 @@ void FirstLayoutTask(const Geometry& g, const ReducePlan& plan, int64_t c,
 
 // Adds the sums of `rows` rows (`stride` apart) of `width` channels starting
 // at element `offset` into sum_dy and sum_dy_xmu.
-template <bool kMask>
-void RowBlockSums(const GradTask& t, int64_t offset, int64_t stride,
+template <bool kMask, typename T>
+void RowBlockSums(const GradTask<T>& t, int64_t offset, int64_t stride,
                   int64_t rows, int64_t width, const double* mean,
                   double* __restrict sum_dy, double* __restrict sum_dy_xmu) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = offset + r * stride;
-    const float* dy = t.dy + row;
-    const float* x = t.x + row;
-    const float* y = t.y == nullptr ? nullptr : t.y + row;
+    const T* dy = t.dy + row;
+    const T* x = t.x + row;
+    const T* y = t.y == nullptr ? nullptr : t.y + row;
     for (int64_t j = 0; j < width; ++j) {
       const double d = MaskedDy<kMask>(dy, y, j);
       sum_dy[j] += d;
-      sum_dy_xmu[j] += d * (static_cast<double>(x[j]) - mean[j]);
+      sum_dy_xmu[j] += d * (ToDouble(x[j]) - mean[j]);
     }
   }
 }
 
 // Task (channel tile tile, part p) of a channels-last tensor.
-template <bool kMask>
+template <bool kMask, typename T>
 void LastLayoutTask(const Geometry& g, const ReducePlan& plan, int64_t tile,
-                    int64_t p, GradTask& t) {
+                    int64_t p, GradTask<T>& t) {
   const int64_t c0 = tile * kChannelTile;
   const int64_t width = std::min(kChannelTile, g.channels - c0);
   const int64_t rows_per_block = std::max<int64_t>(1, kBlock / width);
@@ -102,9 +103,9 @@ void LastLayoutTask(const Geometry& g, const ReducePlan& plan, int64_t tile,
   }
 }
 
-template <bool kMask>
+template <bool kMask, typename T>
 void RunTask(const Geometry& g, const ReducePlan& plan, int64_t task,
-             GradTask& t) {
+             GradTask<T>& t) {
   const int64_t group = task / plan.parts;
   const int64_t p = task % plan.parts;
   if (g.inner == 1) {
@@ -116,17 +117,18 @@ void RunTask(const Geometry& g, const ReducePlan& plan, int64_t task,
 
 }  // namespace
 
-void BackwardReduceF32(ThreadPool* pool, const Geometry& g,
-                       const BackwardReduceArgs& args, GradSums* sums,
-                       double* grad_weight, double* grad_bias) {
+template <typename T>
+void BackwardReduce(ThreadPool* pool, const Geometry& g,
+                    const BackwardReduceArgs& args, GradSums* sums,
+                    double* grad_weight, double* grad_bias) {
   const int64_t channels = g.channels;
   sums->sum_dy.assign(channels, 0.0);
   sums->sum_dy_xmu.assign(channels, 0.0);
   if (g.per_channel() > 0) {
     const ReducePlan plan = MakeReducePlan(g);
-    GradTask t{static_cast<const float*>(args.dy),
-               static_cast<const float*>(args.x),
-               static_cast<const float*>(args.y),
+    GradTask<T> t{static_cast<const T*>(args.dy),
+                  static_cast<const T*>(args.x),
+                  static_cast<const T*>(args.y),
                args.mean,
                std::vector<double>(channels * plan.parts),
                std::vector<double>(channels * plan.parts)};
@@ -152,6 +154,15 @@ void BackwardReduceF32(ThreadPool* pool, const Geometry& g,
     if (grad_bias != nullptr) grad_bias[c] = sums->sum_dy[c];
   }
 }
+
+#define SYNCNORM_INSTANTIATE(T) \
+  template void BackwardReduce<T>(ThreadPool*, const Geometry&,       \
+                                  const BackwardReduceArgs&, GradSums*, \
+                                  double*, double*);
+SYNCNORM_INSTANTIATE(float)
+SYNCNORM_INSTANTIATE(Half)
+SYNCNORM_INSTANTIATE(BFloat16)
+#undef SYNCNORM_INSTANTIATE
 
 }  // namespace cpu
 }  // namespace syncnorm

@@ -1,6 +1,6 @@
 // Forward and BackwardElementwise on the CPU. Each element is computed in
 // double from per-channel coefficients prepared once, and rounded once to
-// float. y may alias x (and grad_input or grad_z may alias dy): every element
+// the element type. y may alias x (and grad_input or grad_z may alias dy): every element
 // is read before it is written, so the pointers carry no __restrict.
 #include <cstdint>
 #include <vector>
@@ -23,30 +23,31 @@ inline int64_t Channel(int64_t j) {
 inline double Relu(double v) { return v < 0.0 ? 0.0 : v; }
 
 // y = (x - mean) * scale + shift (+ z), ReLU'd if kRelu, over one row piece.
-template <bool kLast, bool kResidual, bool kRelu>
-void ForwardPiece(const float* x, const float* z, float* y, int64_t len,
+template <typename T, bool kLast, bool kResidual, bool kRelu>
+void ForwardPiece(const T* x, const T* z, T* y, int64_t len,
                   const double* mean, const double* scale,
                   const double* shift) {
   for (int64_t j = 0; j < len; ++j) {
     const int64_t c = Channel<kLast>(j);
-    double v = (static_cast<double>(x[j]) - mean[c]) * scale[c] + shift[c];
-    if (kResidual) v += static_cast<double>(z[j]);
+    double v = (ToDouble(x[j]) - mean[c]) * scale[c] + shift[c];
+    if (kResidual) v += ToDouble(z[j]);
     if (kRelu) v = Relu(v);
-    y[j] = static_cast<float>(v);
+    y[j] = FromDouble<T>(v);
   }
 }
 
-using ForwardPieceFn = void (*)(const float*, const float*, float*, int64_t,
+template <typename T>
+using ForwardPieceFn = void (*)(const T*, const T*, T*, int64_t,
                                 const double*, const double*, const double*);
 
-template <bool kLast>
-ForwardPieceFn PickForward(bool residual, bool relu) {
+template <typename T, bool kLast>
+ForwardPieceFn<T> PickForward(bool residual, bool relu) {
   if (residual) {
-    return relu ? &ForwardPiece<kLast, true, true>
-                : &ForwardPiece<kLast, true, false>;
+    return relu ? &ForwardPiece<T, kLast, true, true>
+                : &ForwardPiece<T, kLast, true, false>;
   }
-  return relu ? &ForwardPiece<kLast, false, true>
-              : &ForwardPiece<kLast, false, false>;
+  return relu ? &ForwardPiece<T, kLast, false, true>
+              : &ForwardPiece<T, kLast, false, false>;
 }
 
 // Per-channel coefficients of the backward elementwise formula:
@@ -59,33 +60,33 @@ struct BackwardCoefficients {
   const double* k;
 };
 
-template <bool kLast, bool kMask, bool kGradZ>
-void BackwardPiece(const float* dy, const float* x, const float* y,
-                   float* grad_input, float* grad_z, int64_t len,
+template <typename T, bool kLast, bool kMask, bool kGradZ>
+void BackwardPiece(const T* dy, const T* x, const T* y, T* grad_input,
+                   T* grad_z, int64_t len,
                    const BackwardCoefficients& co) {
   for (int64_t j = 0; j < len; ++j) {
     const int64_t c = Channel<kLast>(j);
-    double d = static_cast<double>(dy[j]);
-    if (kMask) d = y[j] > 0.0f ? d : 0.0;
-    const double xmu = static_cast<double>(x[j]) - co.mean[c];
+    double d = ToDouble(dy[j]);
+    if (kMask) d = ToDouble(y[j]) > 0.0 ? d : 0.0;
+    const double xmu = ToDouble(x[j]) - co.mean[c];
     grad_input[j] =
-        static_cast<float>(co.a[c] * (d - co.mean_dy[c] - xmu * co.k[c]));
-    if (kGradZ) grad_z[j] = static_cast<float>(d);
+        FromDouble<T>(co.a[c] * (d - co.mean_dy[c] - xmu * co.k[c]));
+    if (kGradZ) grad_z[j] = FromDouble<T>(d);
   }
 }
 
-using BackwardPieceFn = void (*)(const float*, const float*, const float*,
-                                 float*, float*, int64_t,
-                                 const BackwardCoefficients&);
+template <typename T>
+using BackwardPieceFn = void (*)(const T*, const T*, const T*, T*, T*,
+                                 int64_t, const BackwardCoefficients&);
 
-template <bool kLast>
-BackwardPieceFn PickBackward(bool mask, bool grad_z) {
+template <typename T, bool kLast>
+BackwardPieceFn<T> PickBackward(bool mask, bool grad_z) {
   if (mask) {
-    return grad_z ? &BackwardPiece<kLast, true, true>
-                  : &BackwardPiece<kLast, true, false>;
+    return grad_z ? &BackwardPiece<T, kLast, true, true>
+                  : &BackwardPiece<T, kLast, true, false>;
   }
-  return grad_z ? &BackwardPiece<kLast, false, true>
-                : &BackwardPiece<kLast, false, false>;
+  return grad_z ? &BackwardPiece<T, kLast, false, true>
+                : &BackwardPiece<T, kLast, false, false>;
 }
 
 // `offset` elements past p, or nullptr for an absent optional tensor.
@@ -96,7 +97,8 @@ T* Advance(T* p, int64_t offset) {
 
 }  // namespace
 
-void ForwardF32(ThreadPool* pool, const Geometry& g, const ForwardArgs& args) {
+template <typename T>
+void Forward(ThreadPool* pool, const Geometry& g, const ForwardArgs& args) {
   if (g.elements() == 0) return;
   std::vector<double> scale(g.channels), shift(g.channels);
   for (int64_t c = 0; c < g.channels; ++c) {
@@ -106,12 +108,12 @@ void ForwardF32(ThreadPool* pool, const Geometry& g, const ForwardArgs& args) {
     shift[c] = args.bias == nullptr ? 0.0 : static_cast<double>(args.bias[c]);
   }
   const bool residual = args.z != nullptr;
-  const ForwardPieceFn piece = g.inner == 1
-                                   ? PickForward<true>(residual, args.relu)
-                                   : PickForward<false>(residual, args.relu);
-  const auto* x = static_cast<const float*>(args.x);
-  const auto* z = static_cast<const float*>(args.z);
-  auto* y = static_cast<float*>(args.y);
+  const ForwardPieceFn<T> piece =
+      g.inner == 1 ? PickForward<T, true>(residual, args.relu)
+                   : PickForward<T, false>(residual, args.relu);
+  const auto* x = static_cast<const T*>(args.x);
+  const auto* z = static_cast<const T*>(args.z);
+  auto* y = static_cast<T*>(args.y);
   const int64_t tasks = ElementwiseTasks(g);
   RunTasks(pool, tasks, [&](int64_t task) {
     ForEachRowPiece(g, PartRange(g.elements(), tasks, task),
@@ -122,8 +124,9 @@ void ForwardF32(ThreadPool* pool, const Geometry& g, const ForwardArgs& args) {
   });
 }
 
-void BackwardElementwiseF32(ThreadPool* pool, const Geometry& g,
-                            const BackwardElementwiseArgs& args) {
+template <typename T>
+void BackwardElementwise(ThreadPool* pool, const Geometry& g,
+                         const BackwardElementwiseArgs& args) {
   if (g.elements() == 0) return;
   std::vector<double> a(g.channels), k(g.channels);
   for (int64_t c = 0; c < g.channels; ++c) {
@@ -133,15 +136,15 @@ void BackwardElementwiseF32(ThreadPool* pool, const Geometry& g,
     a[c] = w * invstd;
     k[c] = invstd * invstd * args.mean_dy_xmu[c];
   }
-  const BackwardPieceFn piece =
+  const BackwardPieceFn<T> piece =
       g.inner == 1
-          ? PickBackward<true>(args.y != nullptr, args.grad_z != nullptr)
-          : PickBackward<false>(args.y != nullptr, args.grad_z != nullptr);
-  const auto* dy = static_cast<const float*>(args.dy);
-  const auto* x = static_cast<const float*>(args.x);
-  const auto* y = static_cast<const float*>(args.y);
-  auto* grad_input = static_cast<float*>(args.grad_input);
-  auto* grad_z = static_cast<float*>(args.grad_z);
+          ? PickBackward<T, true>(args.y != nullptr, args.grad_z != nullptr)
+          : PickBackward<T, false>(args.y != nullptr, args.grad_z != nullptr);
+  const auto* dy = static_cast<const T*>(args.dy);
+  const auto* x = static_cast<const T*>(args.x);
+  const auto* y = static_cast<const T*>(args.y);
+  auto* grad_input = static_cast<T*>(args.grad_input);
+  auto* grad_z = static_cast<T*>(args.grad_z);
   const int64_t tasks = ElementwiseTasks(g);
   RunTasks(pool, tasks, [&](int64_t task) {
     ForEachRowPiece(g, PartRange(g.elements(), tasks, task),
@@ -154,6 +157,16 @@ void BackwardElementwiseF32(ThreadPool* pool, const Geometry& g,
                     });
   });
 }
+
+
+#define SYNCNORM_INSTANTIATE(T) \
+  template void Forward<T>(ThreadPool*, const Geometry&, const ForwardArgs&); \
+  template void BackwardElementwise<T>(ThreadPool*, const Geometry&,          \
+                                       const BackwardElementwiseArgs&);
+SYNCNORM_INSTANTIATE(float)
+SYNCNORM_INSTANTIATE(Half)
+SYNCNORM_INSTANTIATE(BFloat16)
+#undef SYNCNORM_INSTANTIATE
 
 }  // namespace cpu
 }  // namespace syncnorm

@@ -25,7 +25,8 @@ struct PartialMoments {
 };
 
 // Task (channel c, part p) of a channels-first tensor.
-void FirstLayoutTask(const float* x, const Geometry& g, const ReducePlan& plan,
+template <typename T>
+void FirstLayoutTask(const T* x, const Geometry& g, const ReducePlan& plan,
                      int64_t c, int64_t p, PartialMoments& out) {
   const Range blocks = PartRange(plan.units, plan.parts, p);
   double n = 0, mean = 0, m2 = 0;
@@ -33,12 +34,12 @@ void FirstLayoutTask(const float* x, const Geometry& g, const ReducePlan& plan,
     const int64_t o = b / plan.segments;
     const int64_t begin = (b % plan.segments) * kBlock;
     const int64_t len = std::min(kBlock, g.inner - begin);
-    const float* v = x + (o * g.channels + c) * g.inner + begin;
+    const T* v = x + (o * g.channels + c) * g.inner + begin;
     const double block_mean =
-        LaneSum(len, [v](int64_t i) { return static_cast<double>(v[i]); }) /
+        LaneSum(len, [v](int64_t i) { return ToDouble(v[i]); }) /
         static_cast<double>(len);
     const double block_m2 = LaneSum(len, [v, block_mean](int64_t i) {
-      const double d = static_cast<double>(v[i]) - block_mean;
+      const double d = ToDouble(v[i]) - block_mean;
       return d * d;
     });
     ChanMerge(n, mean, m2, static_cast<double>(len), block_mean, block_m2);
@@ -50,28 +51,30 @@ void FirstLayoutTask(const float* x, const Geometry& g, const ReducePlan& plan,
 }
 
 // Mean and M2 of `rows` rows (`stride` apart) of `width` channels each.
-void RowBlockMoments(const float* x, int64_t stride, int64_t rows,
+template <typename T>
+void RowBlockMoments(const T* x, int64_t stride, int64_t rows,
                      int64_t width, double* __restrict mean,
                      double* __restrict m2) {
   std::fill(mean, mean + width, 0.0);
   std::fill(m2, m2 + width, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * stride;
-    for (int64_t j = 0; j < width; ++j) mean[j] += row[j];
+    const T* row = x + r * stride;
+    for (int64_t j = 0; j < width; ++j) mean[j] += ToDouble(row[j]);
   }
   const double n = static_cast<double>(rows);
   for (int64_t j = 0; j < width; ++j) mean[j] /= n;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * stride;
+    const T* row = x + r * stride;
     for (int64_t j = 0; j < width; ++j) {
-      const double d = static_cast<double>(row[j]) - mean[j];
+      const double d = ToDouble(row[j]) - mean[j];
       m2[j] += d * d;
     }
   }
 }
 
 // Task (channel tile t, part p) of a channels-last tensor.
-void LastLayoutTask(const float* x, const Geometry& g, const ReducePlan& plan,
+template <typename T>
+void LastLayoutTask(const T* x, const Geometry& g, const ReducePlan& plan,
                     int64_t t, int64_t p, PartialMoments& out) {
   const int64_t c0 = t * kChannelTile;
   const int64_t width = std::min(kChannelTile, g.channels - c0);
@@ -100,8 +103,9 @@ void LastLayoutTask(const float* x, const Geometry& g, const ReducePlan& plan,
 
 }  // namespace
 
-void LocalMomentsF32(ThreadPool* pool, const float* x, const Geometry& g,
-                     Moments* out) {
+template <typename T>
+void LocalMoments(ThreadPool* pool, const T* x, const Geometry& g,
+                  Moments* out) {
   const int channels = static_cast<int>(g.channels);
   *out = Moments::Zero(channels);
   if (g.per_channel() == 0) return;
@@ -126,6 +130,14 @@ void LocalMomentsF32(ThreadPool* pool, const float* x, const Geometry& g,
   }
   out->count = g.per_channel();
 }
+
+#define SYNCNORM_INSTANTIATE(T) \
+  template void LocalMoments<T>(ThreadPool*, const T*, const Geometry&, \
+                                Moments*);
+SYNCNORM_INSTANTIATE(float)
+SYNCNORM_INSTANTIATE(Half)
+SYNCNORM_INSTANTIATE(BFloat16)
+#undef SYNCNORM_INSTANTIATE
 
 }  // namespace cpu
 }  // namespace syncnorm

@@ -760,23 +760,26 @@ TEST(BadArgumentsTest, UnknownDTypeAndDeviceAreInvalid) {
   }
 }
 
-TEST(UnsupportedTest, HalfPrecisionOnCpuAndCudaAreUnimplemented) {
+TEST(UnsupportedTest, CudaWithHostTensorsFailsClearlyAndWritesNothing) {
+  // Without CUDA in the build: UNIMPLEMENTED; with CUDA but no usable
+  // device: FAILED_PRECONDITION; with a device: INVALID_ARGUMENT (host
+  // memory). Never a crash, never a write.
   Fixture f;
-  for (DType d : {DType::kFloat16, DType::kBFloat16}) {
-    for (const absl::Status& s : f.All(KernelContext{}, d, f.g)) {
-      ExpectCode(s, absl::StatusCode::kUnimplemented, "half on CPU");
-    }
-  }
   KernelContext cuda;
   cuda.device = Device::kCuda;
   for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (const absl::Status& s : f.All(cuda, d, f.g)) {
-      ExpectCode(s, absl::StatusCode::kUnimplemented, "CUDA");
+      EXPECT_TRUE(s.code() == absl::StatusCode::kUnimplemented ||
+                  s.code() == absl::StatusCode::kFailedPrecondition ||
+                  s.code() == absl::StatusCode::kInvalidArgument)
+          << s;
+      EXPECT_FALSE(s.message().empty());
     }
   }
   EXPECT_TRUE(std::all_of(f.out.begin(), f.out.end(), [](float v) {
     return std::isnan(v);
-  })) << "an unimplemented call wrote its output";
+  })) << "a failed call wrote its output";
+  EXPECT_EQ(f.m.count, 0) << "a failed call wrote its moments";
 }
 
 }  // namespace

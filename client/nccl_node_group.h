@@ -1,0 +1,113 @@
+// The NCCL node group: the GPUs of one node (one rank per GPU, in one or
+// several processes) merge their moments over NCCL before the node leader's
+// one contribution goes to the aggregator.
+#ifndef SYNCNORM_CLIENT_NCCL_NODE_GROUP_H_
+#define SYNCNORM_CLIENT_NCCL_NODE_GROUP_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/node_group.h"
+
+namespace syncnorm {
+
+namespace nccl {
+class Comm;
+}  // namespace nccl
+
+// Hands the NCCL unique id from local rank 0 to the other local ranks.
+// Implementations: a shared file (FileUniqueIdExchange); one through the
+// aggregator can be added behind the same interface.
+class UniqueIdExchange {
+ public:
+  virtual ~UniqueIdExchange() = default;
+  // Local rank 0: makes `id` available to the others.
+  virtual absl::Status Publish(const std::string& id) = 0;
+  // Other local ranks: the published id, waiting at most `timeout`;
+  // DEADLINE_EXCEEDED when it did not appear.
+  virtual absl::StatusOr<std::string> Fetch(absl::Duration timeout) = 0;
+};
+
+// The id in a file every local rank can read (one node: local disk or
+// /dev/shm). Publish writes `session` and the id to a temporary file and
+// renames it into place (atomic); Fetch polls until a file with the same
+// session appears, so a stale file from an earlier run is never used. Give
+// every launch its own session (say, the job id plus a launch timestamp).
+class FileUniqueIdExchange : public UniqueIdExchange {
+ public:
+  FileUniqueIdExchange(std::string path, std::string session);
+  absl::Status Publish(const std::string& id) override;
+  absl::StatusOr<std::string> Fetch(absl::Duration timeout) override;
+
+ private:
+  const std::string path_;
+  const std::string session_;
+};
+
+struct NcclNodeGroupOptions {
+  // This worker's rank within the node, 0 <= local_rank < local_size.
+  // Local rank 0 is the node leader that talks to the aggregator.
+  int local_rank = 0;
+  // Workers (GPUs) of the node. Default 1.
+  int local_size = 1;
+  // The CUDA device of this rank; -1: local_rank. NCCL needs one rank per
+  // GPU: two ranks on one device fail at creation, saying so.
+  int cuda_device = -1;
+  // Bound on communicator creation and on every collective (including the
+  // leader's round with the aggregator as seen by the other ranks). Past
+  // it the communicator is aborted and calls fail with DEADLINE_EXCEEDED;
+  // nothing hangs. Default 120 s.
+  absl::Duration timeout = absl::Seconds(120);
+};
+
+// One local rank's view of an NCCL node. SyncForward all-gathers every
+// local rank's moments and folds them in local-rank order (identical bits
+// on every rank); the leader sends the result upstream and broadcasts the
+// answer (or its error) to the others. SyncBackward all-reduces the
+// gradient sums, the leader sends them upstream and broadcasts the result.
+// Every local rank must make the same calls in the same order with the same
+// channel count; a forward round whose (layer, step) differs between ranks
+// fails on every rank with FAILED_PRECONDITION. After any NCCL failure or
+// timeout the communicator is aborted and every later call fails.
+//
+// Thread-safe (calls are serialized).
+class NcclNodeGroup : public NodeGroup {
+ public:
+  // Creates the communicator: local rank 0 makes the id and publishes it,
+  // the others fetch it. `upstream` is the leader's way to the aggregator
+  // (required on local rank 0, ignored elsewhere).
+  static absl::StatusOr<std::unique_ptr<NcclNodeGroup>> Create(
+      const NcclNodeGroupOptions& options, UniqueIdExchange& exchange,
+      std::unique_ptr<NodeGroup> upstream);
+  ~NcclNodeGroup() override;
+
+  absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
+                                           const Moments& local) override;
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+                                        const GradSums& local) override;
+
+ private:
+  NcclNodeGroup(const NcclNodeGroupOptions& options,
+                std::unique_ptr<NodeGroup> upstream,
+                std::unique_ptr<nccl::Comm> comm);
+
+  // Broadcasts the leader's outcome; `payload` (doubles) travels on success.
+  absl::Status ShareOutcome(const absl::Status& leader_status,
+                            int64_t* ints, std::vector<double>& payload)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const NcclNodeGroupOptions options_;
+  const std::unique_ptr<NodeGroup> upstream_;
+
+  absl::Mutex mu_;
+  const std::unique_ptr<nccl::Comm> comm_ ABSL_PT_GUARDED_BY(mu_);
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_CLIENT_NCCL_NODE_GROUP_H_

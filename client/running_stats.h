@@ -1,0 +1,40 @@
+// Loading a job's running statistics from the aggregator into SyncBatchNorm
+// layers: before eval, or to resume training after a restore.
+#ifndef SYNCNORM_CLIENT_RUNNING_STATS_H_
+#define SYNCNORM_CLIENT_RUNNING_STATS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "client/sync_batch_norm.h"
+
+namespace syncnorm {
+
+// Replaces each layer's running statistics (mean, var, num_batches_tracked)
+// with the aggregator's for `group`: the latest, or those of the checkpoint
+// at `checkpoint_step`. One call for all layers; on any error (NOT_FOUND
+// for an unknown job or checkpoint, INVALID_ARGUMENT for a channel count
+// that does not match a layer) no layer is changed.
+absl::Status LoadRunningStats(
+    Client& client, const std::string& job_id, int group,
+    absl::Span<SyncBatchNorm* const> layers,
+    std::optional<int64_t> checkpoint_step = std::nullopt);
+
+// Rolls the job back to its checkpoint at `step` (RestoreCheckpoint), loads
+// the checkpoint's statistics into the layers and sets their next step to
+// step + 1, so training resumes where the trainer's own step-`step`
+// checkpoint left off. Call it from one worker before any resumes (a
+// restore fails the rounds waiting at that moment); the others call
+// LoadRunningStats(..., step) and set_step(step + 1) on their layers.
+absl::Status ResumeFromCheckpoint(Client& client, const std::string& job_id,
+                                  int group,
+                                  absl::Span<SyncBatchNorm* const> layers,
+                                  int64_t step);
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_CLIENT_RUNNING_STATS_H_

@@ -1,0 +1,944 @@
+#include "client/sync_batch_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/node_group.h"
+#include "client/sync_batch_norm_options.h"
+#include "client/thread_node.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/moments.h"
+
+namespace syncnorm {
+namespace {
+
+using ::testing::HasSubstr;
+using LongVec = std::vector<long double>;
+
+constexpr float kNaNf = std::numeric_limits<float>::quiet_NaN();
+constexpr double kOutputTol = 1e-6;    // fp32 outputs, relative to max |ref|
+constexpr double kRunningTol = 1e-12;  // running statistics, relative
+constexpr int kWorkers = 3;
+constexpr int kSteps = 3;
+
+// ---- the fake service -------------------------------------------------------
+
+// Plays the aggregator for one node: a forward round is answered with the
+// finalized merged moments and a version counter, a backward round with the
+// summed sums. Records every call; a set error fails the following rounds.
+class FakeAggregator : public NodeGroup {
+ public:
+  absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
+                                           const Moments& merged) override {
+    absl::MutexLock lock(&mu_);
+    forward_counts_.push_back(merged.count);
+    forward_steps_.push_back(step);
+    if (!forward_error_.ok()) return forward_error_;
+    ForwardReply reply;
+    reply.global = Finalize(merged);
+    reply.version = ++version_;
+    return reply;
+  }
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+                                        const GradSums& summed) override {
+    absl::MutexLock lock(&mu_);
+    ++backward_calls_;
+    if (!backward_error_.ok()) return backward_error_;
+    return summed;
+  }
+
+  void FailForward(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    forward_error_ = std::move(s);
+  }
+  void FailBackward(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    backward_error_ = std::move(s);
+  }
+  int forward_calls() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(forward_counts_.size());
+  }
+  std::vector<int64_t> forward_counts() {
+    absl::MutexLock lock(&mu_);
+    return forward_counts_;
+  }
+  std::vector<int64_t> forward_steps() {
+    absl::MutexLock lock(&mu_);
+    return forward_steps_;
+  }
+  int backward_calls() {
+    absl::MutexLock lock(&mu_);
+    return backward_calls_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status forward_error_ ABSL_GUARDED_BY(mu_);
+  absl::Status backward_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> forward_counts_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> forward_steps_ ABSL_GUARDED_BY(mu_);
+  int backward_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// k in-process workers: a ThreadNode whose upstream is a FakeAggregator.
+struct FakeService {
+  explicit FakeService(int k) {
+    auto upstream = std::make_unique<FakeAggregator>();
+    aggregator = upstream.get();
+    node =
+        std::make_unique<ThreadNode>(k, std::move(upstream), absl::Seconds(10));
+  }
+  FakeAggregator* aggregator;
+  std::unique_ptr<ThreadNode> node;
+};
+
+// Runs fn(worker) on k threads and joins them.
+void RunWorkers(int k, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int w = 0; w < k; ++w) threads.emplace_back(fn, w);
+  for (std::thread& t : threads) t.join();
+}
+
+// ---- tensors
+// ------------------------------------------------------------------
+
+// One worker's tensor shape and the reference index math for both layouts,
+// written out independently of the kernels' Geometry.
+struct Layout {
+  int64_t batch = 0;
+  int64_t channels = 0;
+  std::vector<int64_t> spatial;
+  bool channels_last = false;
+
+  std::vector<int64_t> shape() const {
+    std::vector<int64_t> s = {batch};
+    if (!channels_last) s.push_back(channels);
+    s.insert(s.end(), spatial.begin(), spatial.end());
+    if (channels_last) s.push_back(channels);
+    return s;
+  }
+  int64_t positions() const {
+    int64_t p = 1;
+    for (int64_t d : spatial) p *= d;
+    return p;
+  }
+  int64_t size() const { return batch * channels * positions(); }
+  int64_t At(int64_t b, int64_t ch, int64_t s) const {
+    return channels_last ? (b * positions() + s) * channels + ch
+                         : (b * channels + ch) * positions() + s;
+  }
+};
+
+// Calls fn(channel, flat offset) for every element.
+void ForEachElement(const Layout& l,
+                    const std::function<void(int64_t, int64_t)>& fn) {
+  for (int64_t b = 0; b < l.batch; ++b) {
+    for (int64_t ch = 0; ch < l.channels; ++ch) {
+      for (int64_t s = 0; s < l.positions(); ++s) fn(ch, l.At(b, ch, s));
+    }
+  }
+}
+
+// Random data, never zero; channel ch has its own offset and spread.
+std::vector<float> RandomTensor(const Layout& l, std::mt19937_64& rng,
+                                double offset, double spread) {
+  std::normal_distribution<double> unit(0.0, 1.0);
+  std::vector<float> t(l.size());
+  ForEachElement(l, [&](int64_t ch, int64_t i) {
+    double v = offset + 0.9 * ch - 1.1 + spread * (0.5 + ch % 3) * unit(rng);
+    if (v == 0) v = 0.125;
+    t[i] = static_cast<float>(v);
+  });
+  return t;
+}
+
+std::vector<double> RandomValues(int64_t n, std::mt19937_64& rng, double lo,
+                                 double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(n);
+  for (double& x : v) x = dist(rng);
+  return v;
+}
+
+TensorRef Ref(std::vector<float>& data, const Layout& l) {
+  TensorRef t;
+  t.data = data.data();
+  t.shape = l.shape();
+  return t;
+}
+
+// ---- long-double reference of plain batch norm
+// --------------------------------
+
+// Per-channel statistics used to normalize.
+struct RefStats {
+  int64_t count = 0;
+  LongVec mean, var;  // var biased
+};
+
+// Mean and biased variance over the concatenation of the shards.
+RefStats BatchStats(const std::vector<Layout>& layouts,
+                    const std::vector<const std::vector<float>*>& xs,
+                    int64_t channels) {
+  RefStats r{0, LongVec(channels, 0), LongVec(channels, 0)};
+  for (size_t w = 0; w < layouts.size(); ++w) {
+    r.count += layouts[w].batch * layouts[w].positions();
+    ForEachElement(layouts[w],
+                   [&](int64_t ch, int64_t i) { r.mean[ch] += (*xs[w])[i]; });
+  }
+  if (r.count == 0) return r;
+  for (long double& m : r.mean) m /= r.count;
+  for (size_t w = 0; w < layouts.size(); ++w) {
+    ForEachElement(layouts[w], [&](int64_t ch, int64_t i) {
+      const long double d = (*xs[w])[i] - r.mean[ch];
+      r.var[ch] += d * d;
+    });
+  }
+  for (long double& v : r.var) v /= r.count;
+  return r;
+}
+
+// The affine parameters as the reference sees them.
+struct RefAffine {
+  LongVec gamma, beta;  // ones and zeros when the option is off
+};
+
+struct RefOutputs {
+  LongVec y, grad_input, grad_z, grad_weight, grad_bias;
+};
+
+LongVec InvStd(const LongVec& var, double eps) {
+  LongVec r(var.size());
+  for (size_t c = 0; c < var.size(); ++c) r[c] = 1.0L / std::sqrt(var[c] + eps);
+  return r;
+}
+
+// y of one shard normalized with `stats`.
+LongVec RefForward(const Layout& l, const std::vector<float>& x,
+                   const std::vector<float>* z, const RefStats& stats,
+                   const RefAffine& a, double eps, bool relu) {
+  const LongVec invstd = InvStd(stats.var, eps);
+  LongVec y(l.size());
+  ForEachElement(l, [&](int64_t ch, int64_t i) {
+    long double v =
+        (x[i] - stats.mean[ch]) * invstd[ch] * a.gamma[ch] + a.beta[ch];
+    if (z != nullptr) v += (*z)[i];
+    if (relu && v < 0) v = 0;
+    y[i] = v;
+  });
+  return y;
+}
+
+// One shard's data.
+struct Shard {
+  Layout layout;
+  std::vector<float> x, z, dy;
+};
+
+// Plain batch norm over the concatenated shards with statistics `stats`:
+// forward outputs and, for `global_backward`, the gradient of the loss
+// sum(dy * y) through the batch statistics; otherwise with the statistics
+// held constant (frozen).
+std::vector<RefOutputs> RefBatchNorm(const std::vector<Shard>& shards,
+                                     const RefStats& stats, const RefAffine& a,
+                                     double eps, bool residual, bool relu,
+                                     bool global_backward) {
+  const int64_t channels = stats.mean.size();
+  const LongVec invstd = InvStd(stats.var, eps);
+  std::vector<RefOutputs> out(shards.size());
+  std::vector<LongVec> masked(shards.size());
+  LongVec sum_dy(channels, 0), sum_dy_xmu(channels, 0);
+  for (size_t w = 0; w < shards.size(); ++w) {
+    const Shard& s = shards[w];
+    RefOutputs& o = out[w];
+    o.y = RefForward(s.layout, s.x, residual ? &s.z : nullptr, stats, a, eps,
+                     relu);
+    masked[w].assign(s.layout.size(), 0);
+    o.grad_weight.assign(channels, 0);
+    o.grad_bias.assign(channels, 0);
+    ForEachElement(s.layout, [&](int64_t ch, int64_t i) {
+      const long double d = (!relu || o.y[i] > 0) ? s.dy[i] : 0.0L;
+      const long double xmu = s.x[i] - stats.mean[ch];
+      masked[w][i] = d;
+      sum_dy[ch] += d;
+      sum_dy_xmu[ch] += d * xmu;
+      o.grad_weight[ch] += d * xmu * invstd[ch];
+      o.grad_bias[ch] += d;
+    });
+  }
+  for (size_t w = 0; w < shards.size(); ++w) {
+    const Shard& s = shards[w];
+    RefOutputs& o = out[w];
+    o.grad_input.assign(s.layout.size(), 0);
+    o.grad_z = masked[w];
+    ForEachElement(s.layout, [&](int64_t ch, int64_t i) {
+      const long double xmu = s.x[i] - stats.mean[ch];
+      long double g = masked[w][i];
+      if (global_backward) {
+        const long double n = stats.count;
+        g -=
+            sum_dy[ch] / n + xmu * invstd[ch] * invstd[ch] * sum_dy_xmu[ch] / n;
+      }
+      o.grad_input[i] = a.gamma[ch] * invstd[ch] * g;
+    });
+  }
+  return out;
+}
+
+// The running statistics after one round, by the rules' definitions.
+struct RefRunning {
+  int64_t tracked = 0;
+  LongVec mean, var;
+};
+
+void RefUpdate(const SyncBatchNormOptions& o, const RefStats& batch,
+               RefRunning& r) {
+  if (!o.track_running_stats || batch.count == 0) return;
+  ++r.tracked;
+  const long double default_m =
+      o.momentum_mode == MomentumMode::kDecay ? 0.9L : 0.1L;
+  const long double m = o.momentum < 0 ? default_m : o.momentum;
+  for (size_t c = 0; c < r.mean.size(); ++c) {
+    const long double n = batch.count;
+    const long double var =
+        o.biased_running_var ? batch.var[c] : batch.var[c] * n / (n - 1);
+    const long double values[2] = {batch.mean[c], var};
+    long double* running[2] = {&r.mean[c], &r.var[c]};
+    for (int k = 0; k < 2; ++k) {
+      long double& v = *running[k];
+      switch (o.momentum_mode) {
+        case MomentumMode::kTorch:
+          v = (1 - m) * v + m * values[k];
+          break;
+        case MomentumMode::kDecay:
+          v = m * v + (1 - m) * values[k];
+          break;
+        case MomentumMode::kCumulative:
+          v = v + (values[k] - v) / r.tracked;
+          break;
+      }
+    }
+  }
+}
+
+// ---- comparisons
+// ----------------------------------------------------------------
+
+long double MaxAbs(const LongVec& v) {
+  long double m = 0;
+  for (long double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// Every got[i] within rel * max|ref| of ref[i]; NaN (unwritten) fails.
+template <typename T>
+void ExpectClose(const std::vector<T>& got, const LongVec& ref, double rel,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const long double tol = rel * std::max(MaxAbs(ref), 1e-30L);
+  int reported = 0;
+  for (size_t i = 0; i < ref.size() && reported < 5; ++i) {
+    const long double diff = std::fabs(got[i] - ref[i]);
+    if (!(diff <= tol)) {
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference "
+                    << static_cast<double>(ref[i]) << ", tolerance "
+                    << static_cast<double>(tol);
+      ++reported;
+    }
+  }
+}
+
+std::vector<float> Poisoned(const Layout& l) {
+  return std::vector<float>(l.size(), kNaNf);
+}
+
+// ---- the end-to-end cases
+// ----------------------------------------------------------
+
+struct Case {
+  std::string name;
+  std::vector<int64_t> spatial;  // dimensions after batch (and channel)
+  bool channels_last = false;
+  MomentumMode mode = MomentumMode::kTorch;
+  double momentum = -1;
+  bool biased = false;
+  bool track = true;
+  bool center = true;
+  bool scale = true;
+  bool residual = false;
+  bool relu = false;
+  bool infer_channels = false;  // num_features = 0
+  bool initial_stats = false;   // random initial running statistics
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class SyncBatchNormTest : public ::testing::TestWithParam<Case> {};
+
+// What one worker's layer produced in one step.
+struct WorkerStep {
+  absl::Status forward, backward;
+  std::vector<float> y, grad_input, grad_z;
+  std::vector<double> grad_weight, grad_bias;
+  RunningStats running;
+  int64_t step = 0;
+};
+
+TEST_P(SyncBatchNormTest, MatchesPlainBatchNormOverTheWholeBatch) {
+  const Case& c = GetParam();
+  constexpr int64_t kChannels = 4;
+  const int64_t batches[kWorkers] = {c.spatial.empty() ? 5 : 3, 0,
+                                     c.spatial.empty() ? 6 : 2};
+  std::mt19937_64 rng(std::hash<std::string>()(c.name));
+
+  SyncBatchNormOptions options;
+  options.num_features = c.infer_channels ? 0 : kChannels;
+  options.eps = 1e-3;
+  options.momentum_mode = c.mode;
+  options.momentum = c.momentum;
+  options.biased_running_var = c.biased;
+  options.track_running_stats = c.track;
+  options.center = c.center;
+  options.scale = c.scale;
+  options.fuse_relu = c.relu;
+  options.channels_last = c.channels_last;
+  options.gamma_init = 1.25f;
+  options.beta_init = -0.375f;
+  if (c.initial_stats) {
+    options.initial_running_mean = RandomValues(kChannels, rng, -1, 1);
+    options.initial_running_var = RandomValues(kChannels, rng, 0.5, 2);
+  }
+  // The trainer keeps gamma and beta equal on every worker.
+  RefAffine affine;
+  std::vector<float> gamma(kChannels, options.gamma_init);
+  std::vector<float> beta(kChannels, options.beta_init);
+  if (!c.infer_channels) {
+    const std::vector<double> g = RandomValues(kChannels, rng, 0.5, 2);
+    const std::vector<double> b = RandomValues(kChannels, rng, -1, 1);
+    for (int64_t ch = 0; ch < kChannels; ++ch) {
+      gamma[ch] = static_cast<float>(g[ch]);
+      beta[ch] = static_cast<float>(b[ch]);
+    }
+  }
+  for (int64_t ch = 0; ch < kChannels; ++ch) {
+    affine.gamma.push_back(c.scale ? gamma[ch] : 1.0L);
+    affine.beta.push_back(c.center ? beta[ch] : 0.0L);
+  }
+
+  // Every step's shards, then one eval batch per worker.
+  std::vector<std::vector<Shard>> steps(kSteps + 1,
+                                        std::vector<Shard>(kWorkers));
+  for (auto& shards : steps) {
+    for (int w = 0; w < kWorkers; ++w) {
+      Shard& s = shards[w];
+      s.layout = Layout{batches[w], kChannels, c.spatial, c.channels_last};
+      s.x = RandomTensor(s.layout, rng, 2.5, 1.5);
+      s.z = RandomTensor(s.layout, rng, 0.2, 0.8);
+      s.dy = RandomTensor(s.layout, rng, 0.1, 1.0);
+    }
+  }
+
+  FakeService service(kWorkers);
+  std::vector<std::vector<WorkerStep>> got(kSteps + 1,
+                                           std::vector<WorkerStep>(kWorkers));
+  std::vector<int64_t> inferred(kWorkers);
+  std::vector<absl::Status> eval_backward(kWorkers);
+  RunWorkers(kWorkers, [&](int w) {
+    std::unique_ptr<NodeGroup> member = service.node->Member(w);
+    SyncBatchNorm layer(/*layer=*/2, options, member.get(), nullptr);
+    if (!c.infer_channels) {
+      layer.weight() = gamma;
+      layer.bias() = beta;
+    }
+    for (int i = 0; i <= kSteps; ++i) {
+      const bool eval = i == kSteps;
+      layer.set_training(!eval);
+      Shard& s = steps[i][w];
+      WorkerStep& out = got[i][w];
+      out.y = Poisoned(s.layout);
+      out.grad_input = Poisoned(s.layout);
+      out.grad_z = Poisoned(s.layout);
+      TensorRef x = Ref(s.x, s.layout), z = Ref(s.z, s.layout);
+      TensorRef y = Ref(out.y, s.layout);
+      out.forward = layer.Forward(x, y, c.residual ? &z : nullptr);
+      if (i == 0) inferred[w] = layer.num_features();
+      if (!out.forward.ok()) return;
+      TensorRef dy = Ref(s.dy, s.layout);
+      TensorRef gi = Ref(out.grad_input, s.layout);
+      TensorRef gz = Ref(out.grad_z, s.layout);
+      out.backward = layer.Backward(dy, gi, c.residual ? &gz : nullptr);
+      if (eval) eval_backward[w] = out.backward;
+      if (!eval && !out.backward.ok()) return;
+      out.grad_weight = layer.grad_weight();
+      out.grad_bias = layer.grad_bias();
+      out.running = layer.running_stats();
+      out.step = layer.step();
+    }
+  });
+
+  // Training steps against plain batch norm over the concatenated batch.
+  RefRunning running;
+  running.mean.assign(kChannels, 0);
+  running.var.assign(kChannels, 1);
+  if (c.initial_stats) {
+    running.mean.assign(options.initial_running_mean.begin(),
+                        options.initial_running_mean.end());
+    running.var.assign(options.initial_running_var.begin(),
+                       options.initial_running_var.end());
+  }
+  const RefRunning initial = running;
+  std::vector<int64_t> want_counts;
+  for (int i = 0; i < kSteps; ++i) {
+    std::vector<Layout> layouts;
+    std::vector<const std::vector<float>*> xs;
+    for (const Shard& s : steps[i]) {
+      layouts.push_back(s.layout);
+      xs.push_back(&s.x);
+    }
+    const RefStats stats = BatchStats(layouts, xs, kChannels);
+    want_counts.push_back(stats.count);
+    RefUpdate(options, stats, running);
+    const std::vector<RefOutputs> ref =
+        RefBatchNorm(steps[i], stats, affine, options.eps, c.residual, c.relu,
+                     /*global_backward=*/true);
+    for (int w = 0; w < kWorkers; ++w) {
+      SCOPED_TRACE(testing::Message() << "step " << i << " worker " << w);
+      const WorkerStep& out = got[i][w];
+      ASSERT_TRUE(out.forward.ok()) << out.forward;
+      ASSERT_TRUE(out.backward.ok()) << out.backward;
+      ExpectClose(out.y, ref[w].y, kOutputTol, "y");
+      ExpectClose(out.grad_input, ref[w].grad_input, kOutputTol, "grad_input");
+      if (c.residual) {
+        ExpectClose(out.grad_z, ref[w].grad_z, kOutputTol, "grad_z");
+      }
+      ExpectClose(out.grad_weight, ref[w].grad_weight, 1e-9, "grad_weight");
+      ExpectClose(out.grad_bias, ref[w].grad_bias, 1e-9, "grad_bias");
+      ExpectClose(out.running.mean, running.mean, kRunningTol, "running mean");
+      ExpectClose(out.running.var, running.var, kRunningTol, "running var");
+      EXPECT_EQ(out.running.num_batches_tracked, running.tracked);
+      EXPECT_EQ(out.step, i + 1);
+    }
+  }
+  for (int w = 0; w < kWorkers; ++w) EXPECT_EQ(inferred[w], kChannels);
+  if (c.mode == MomentumMode::kTorch && c.momentum == 0) {
+    // momentum 0: the statistics stay exactly where they started.
+    for (int w = 0; w < kWorkers; ++w) {
+      for (int64_t ch = 0; ch < kChannels; ++ch) {
+        EXPECT_EQ(got[kSteps - 1][w].running.mean[ch],
+                  static_cast<double>(initial.mean[ch]));
+        EXPECT_EQ(got[kSteps - 1][w].running.var[ch],
+                  static_cast<double>(initial.var[ch]));
+      }
+    }
+  }
+  // One forward and one backward round per step, each with the whole batch.
+  EXPECT_EQ(service.aggregator->forward_counts(), want_counts);
+  EXPECT_EQ(service.aggregator->forward_steps(),
+            (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(service.aggregator->backward_calls(), kSteps);
+
+  // Eval: plain batch norm with the running statistics (or, without them,
+  // each worker's own batch statistics); no round, and nothing to backward.
+  for (int w = 0; w < kWorkers; ++w) {
+    SCOPED_TRACE(testing::Message() << "eval worker " << w);
+    const Shard& s = steps[kSteps][w];
+    const WorkerStep& out = got[kSteps][w];
+    ASSERT_TRUE(out.forward.ok()) << out.forward;
+    RefStats stats{0, running.mean, running.var};
+    if (!c.track) stats = BatchStats({s.layout}, {&s.x}, kChannels);
+    ExpectClose(out.y,
+                RefForward(s.layout, s.x, c.residual ? &s.z : nullptr, stats,
+                           affine, options.eps, c.relu),
+                kOutputTol, "eval y");
+    EXPECT_EQ(eval_backward[w].code(), absl::StatusCode::kFailedPrecondition)
+        << eval_backward[w];
+  }
+  EXPECT_EQ(service.aggregator->forward_calls(), kSteps);
+  EXPECT_EQ(service.aggregator->backward_calls(), kSteps);
+}
+
+Case Make(std::string name, std::function<void(Case&)> edit) {
+  Case c;
+  c.name = std::move(name);
+  c.spatial = {2, 3};
+  edit(c);
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, SyncBatchNormTest,
+    ::testing::Values(
+        Make("TorchDefault", [](Case&) {}),
+        Make("TorchMomentum", [](Case& c) { c.momentum = 0.3; }),
+        Make("TorchMomentumZeroKeepsStats",
+             [](Case& c) {
+               c.momentum = 0;
+               c.initial_stats = true;
+             }),
+        Make("DecayDefault", [](Case& c) { c.mode = MomentumMode::kDecay; }),
+        Make("DecayMomentumBiased",
+             [](Case& c) {
+               c.mode = MomentumMode::kDecay;
+               c.momentum = 0.75;
+               c.biased = true;
+               c.initial_stats = true;
+             }),
+        Make("Cumulative",
+             [](Case& c) {
+               c.mode = MomentumMode::kCumulative;
+               c.initial_stats = true;
+             }),
+        Make("CumulativeBiased",
+             [](Case& c) {
+               c.mode = MomentumMode::kCumulative;
+               c.biased = true;
+             }),
+        Make("TorchBiased", [](Case& c) { c.biased = true; }),
+        Make("CenterOnly", [](Case& c) { c.scale = false; }),
+        Make("ScaleOnly", [](Case& c) { c.center = false; }),
+        Make("NoAffine",
+             [](Case& c) {
+               c.center = false;
+               c.scale = false;
+             }),
+        Make("ResidualRelu",
+             [](Case& c) {
+               c.residual = true;
+               c.relu = true;
+             }),
+        Make("ReluOnly", [](Case& c) { c.relu = true; }),
+        Make("ResidualOnly", [](Case& c) { c.residual = true; }),
+        Make("ChannelsLastResidualRelu",
+             [](Case& c) {
+               c.channels_last = true;
+               c.residual = true;
+               c.relu = true;
+             }),
+        Make("TwoD", [](Case& c) { c.spatial = {}; }),
+        Make("TwoDChannelsLast",
+             [](Case& c) {
+               c.spatial = {};
+               c.channels_last = true;
+             }),
+        Make("FiveD",
+             [](Case& c) {
+               c.spatial = {2, 1, 3};
+             }),
+        Make("FiveDChannelsLastDecay",
+             [](Case& c) {
+               c.spatial = {2, 2, 1};
+               c.channels_last = true;
+               c.mode = MomentumMode::kDecay;
+             }),
+        Make("NoTrackingEvalUsesBatchStats",
+             [](Case& c) {
+               c.track = false;
+               c.residual = true;
+               c.relu = true;
+             }),
+        Make("InferredChannels", [](Case& c) { c.infer_channels = true; }),
+        Make("InferredChannelsLast",
+             [](Case& c) {
+               c.infer_channels = true;
+               c.channels_last = true;
+               c.spatial = {3};
+             })),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// ---- freeze
+// --------------------------------------------------------------------
+
+TEST(SyncBatchNormFreezeTest, NormalizesWithRunningStatsWithoutARound) {
+  constexpr int64_t kChannels = 3;
+  const int64_t batches[kWorkers] = {2, 0, 3};
+  std::mt19937_64 rng(404);
+  SyncBatchNormOptions options;
+  options.num_features = kChannels;
+  options.freeze = true;
+  options.fuse_relu = true;
+  options.channels_last = true;
+  options.initial_running_mean = RandomValues(kChannels, rng, -1, 3);
+  options.initial_running_var = RandomValues(kChannels, rng, 0.5, 4);
+  const std::vector<double> g = RandomValues(kChannels, rng, 0.5, 2);
+  const std::vector<double> b = RandomValues(kChannels, rng, -1, 1);
+  std::vector<float> gamma(g.begin(), g.end()), beta(b.begin(), b.end());
+  RefAffine affine{LongVec(gamma.begin(), gamma.end()),
+                   LongVec(beta.begin(), beta.end())};
+  const RefStats stats{0,
+                       LongVec(options.initial_running_mean.begin(),
+                               options.initial_running_mean.end()),
+                       LongVec(options.initial_running_var.begin(),
+                               options.initial_running_var.end())};
+
+  std::vector<Shard> shards(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) {
+    shards[w].layout = Layout{batches[w], kChannels, {2, 3}, true};
+    shards[w].x = RandomTensor(shards[w].layout, rng, 1.0, 1.5);
+    shards[w].z = RandomTensor(shards[w].layout, rng, 0.2, 0.8);
+    shards[w].dy = RandomTensor(shards[w].layout, rng, 0.1, 1.0);
+  }
+  FakeService service(kWorkers);
+  std::vector<WorkerStep> got(kWorkers);
+  RunWorkers(kWorkers, [&](int w) {
+    std::unique_ptr<NodeGroup> member = service.node->Member(w);
+    SyncBatchNorm layer(0, options, member.get(), nullptr);
+    layer.weight() = gamma;
+    layer.bias() = beta;
+    Shard& s = shards[w];
+    WorkerStep& out = got[w];
+    out.y = Poisoned(s.layout);
+    out.grad_input = Poisoned(s.layout);
+    out.grad_z = Poisoned(s.layout);
+    TensorRef x = Ref(s.x, s.layout), z = Ref(s.z, s.layout);
+    TensorRef y = Ref(out.y, s.layout), dy = Ref(s.dy, s.layout);
+    TensorRef gi = Ref(out.grad_input, s.layout);
+    TensorRef gz = Ref(out.grad_z, s.layout);
+    out.forward = layer.Forward(x, y, &z);
+    if (out.forward.ok()) out.backward = layer.Backward(dy, gi, &gz);
+    out.grad_weight = layer.grad_weight();
+    out.grad_bias = layer.grad_bias();
+    out.running = layer.running_stats();
+    out.step = layer.step();
+  });
+
+  // grad_input = dy * invstd * gamma (after the ReLU mask): the statistics
+  // are constants.
+  const std::vector<RefOutputs> ref =
+      RefBatchNorm(shards, stats, affine, options.eps, /*residual=*/true,
+                   /*relu=*/true, /*global_backward=*/false);
+  for (int w = 0; w < kWorkers; ++w) {
+    SCOPED_TRACE(testing::Message() << "worker " << w);
+    const WorkerStep& out = got[w];
+    ASSERT_TRUE(out.forward.ok()) << out.forward;
+    ASSERT_TRUE(out.backward.ok()) << out.backward;
+    ExpectClose(out.y, ref[w].y, kOutputTol, "y");
+    ExpectClose(out.grad_input, ref[w].grad_input, kOutputTol, "grad_input");
+    ExpectClose(out.grad_z, ref[w].grad_z, kOutputTol, "grad_z");
+    ExpectClose(out.grad_weight, ref[w].grad_weight, 1e-9, "grad_weight");
+    ExpectClose(out.grad_bias, ref[w].grad_bias, 1e-9, "grad_bias");
+    EXPECT_EQ(out.running.mean, options.initial_running_mean);
+    EXPECT_EQ(out.running.var, options.initial_running_var);
+    EXPECT_EQ(out.running.num_batches_tracked, 0);
+    EXPECT_EQ(out.step, 0);
+  }
+  EXPECT_EQ(service.aggregator->forward_calls(), 0);
+  EXPECT_EQ(service.aggregator->backward_calls(), 0);
+}
+
+// ---- errors
+// ----------------------------------------------------------------------
+
+// A one-worker layer whose group is the fake aggregator itself.
+struct SoloFixture {
+  explicit SoloFixture(int num_features) {
+    options.num_features = num_features;
+    layer = std::make_unique<SyncBatchNorm>(0, options, &aggregator, nullptr);
+  }
+  FakeAggregator aggregator;
+  SyncBatchNormOptions options;
+  std::unique_ptr<SyncBatchNorm> layer;
+};
+
+TEST(SyncBatchNormErrorTest, InferredChannelsThenAWrongCount) {
+  SoloFixture f(/*num_features=*/0);
+  std::mt19937_64 rng(1);
+  Layout l{4, 6, {3}, false};
+  std::vector<float> x = RandomTensor(l, rng, 0, 1), y = Poisoned(l);
+  EXPECT_EQ(f.layer->num_features(), 0);
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_EQ(f.layer->num_features(), 6);
+  EXPECT_EQ(f.layer->weight().size(), 6u);
+  EXPECT_EQ(f.layer->running_stats().mean.size(), 6u);
+
+  Layout wrong{4, 5, {3}, false};
+  std::vector<float> x2 = RandomTensor(wrong, rng, 0, 1), y2 = Poisoned(wrong);
+  absl::Status s = f.layer->Forward(Ref(x2, wrong), Ref(y2, wrong));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("expected 6 channels"));
+  EXPECT_EQ(f.layer->step(), 1);
+  EXPECT_EQ(f.aggregator.forward_calls(), 1);
+}
+
+TEST(SyncBatchNormErrorTest, WrongChannelCountIsInvalidArgument) {
+  SoloFixture f(/*num_features=*/4);
+  std::mt19937_64 rng(2);
+  Layout l{3, 5, {2}, false};
+  std::vector<float> x = RandomTensor(l, rng, 0, 1), y = Poisoned(l);
+  absl::Status s = f.layer->Forward(Ref(x, l), Ref(y, l));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("expected 4 channels"));
+  EXPECT_EQ(f.aggregator.forward_calls(), 0);
+}
+
+TEST(SyncBatchNormErrorTest, OutputOrResidualOfAnotherShape) {
+  SoloFixture f(/*num_features=*/3);
+  std::mt19937_64 rng(3);
+  Layout l{4, 3, {2}, false}, other{4, 3, {3}, false};
+  std::vector<float> x = RandomTensor(l, rng, 0, 1);
+  std::vector<float> y_other = Poisoned(other), y = Poisoned(l);
+  std::vector<float> z_other = RandomTensor(other, rng, 0, 1);
+  absl::Status s = f.layer->Forward(Ref(x, l), Ref(y_other, other));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("output"));
+  TensorRef z = Ref(z_other, other);
+  s = f.layer->Forward(Ref(x, l), Ref(y, l), &z);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(f.layer->step(), 0);
+  EXPECT_EQ(f.aggregator.forward_calls(), 0);
+}
+
+TEST(SyncBatchNormErrorTest, BackwardWithoutForwardIsFailedPrecondition) {
+  SoloFixture f(/*num_features=*/3);
+  std::mt19937_64 rng(4);
+  Layout l{4, 3, {2}, false};
+  std::vector<float> dy = RandomTensor(l, rng, 0, 1), gi = Poisoned(l);
+  absl::Status s = f.layer->Backward(Ref(dy, l), Ref(gi, l));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(f.aggregator.backward_calls(), 0);
+}
+
+TEST(SyncBatchNormErrorTest, BackwardArgumentsOfTheWrongShape) {
+  SoloFixture f(/*num_features=*/3);
+  std::mt19937_64 rng(5);
+  Layout l{4, 3, {2}, false}, other{4, 3, {3}, false};
+  std::vector<float> x = RandomTensor(l, rng, 0, 1), y = Poisoned(l);
+  std::vector<float> z = RandomTensor(l, rng, 0, 1);
+  TensorRef zr = Ref(z, l);
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l), &zr).ok());
+
+  std::vector<float> dy_other = RandomTensor(other, rng, 0, 1);
+  std::vector<float> gi_other = Poisoned(other);
+  std::vector<float> dy = RandomTensor(l, rng, 0, 1), gi = Poisoned(l);
+  std::vector<float> gz = Poisoned(l);
+  absl::Status s =
+      f.layer->Backward(Ref(dy_other, other), Ref(gi_other, other));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("dy of shape"));
+  TensorRef gzr = Ref(gz, l);
+  s = f.layer->Backward(Ref(dy, l), Ref(gi_other, other), &gzr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = f.layer->Backward(Ref(dy, l), Ref(gi, l));  // the forward had z
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("grad_z"));
+  EXPECT_EQ(f.aggregator.backward_calls(), 0);
+
+  // The saved forward is still good for a correct Backward.
+  s = f.layer->Backward(Ref(dy, l), Ref(gi, l), &gzr);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(f.aggregator.backward_calls(), 1);
+  for (float v : gi) EXPECT_FALSE(std::isnan(v));
+}
+
+TEST(SyncBatchNormErrorTest, TrainingWithoutAGroupIsFailedPrecondition) {
+  SyncBatchNormOptions options;
+  options.num_features = 2;
+  SyncBatchNorm layer(0, options, nullptr, nullptr);
+  std::mt19937_64 rng(6);
+  Layout l{3, 2, {}, false};
+  std::vector<float> x = RandomTensor(l, rng, 0, 1), y = Poisoned(l);
+  absl::Status s = layer.Forward(Ref(x, l), Ref(y, l));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(layer.step(), 0);
+}
+
+TEST(SyncBatchNormErrorTest, RoundFailurePropagatesAndKeepsTheStep) {
+  constexpr int64_t kChannels = 2;
+  const int64_t batches[kWorkers] = {3, 0, 2};
+  std::mt19937_64 rng(7);
+  SyncBatchNormOptions options;
+  options.num_features = kChannels;
+  options.initial_running_mean = RandomValues(kChannels, rng, -1, 1);
+  options.initial_running_var = RandomValues(kChannels, rng, 0.5, 2);
+  std::vector<Shard> shards(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) {
+    shards[w].layout = Layout{batches[w], kChannels, {3}, false};
+    shards[w].x = RandomTensor(shards[w].layout, rng, 1, 1);
+    shards[w].dy = RandomTensor(shards[w].layout, rng, 0, 1);
+  }
+  const absl::Status deadline =
+      absl::DeadlineExceededError("ranks [4, 5] did not reach the round");
+  const absl::Status aborted = absl::AbortedError("the job was deleted");
+  FakeService service(kWorkers);
+  service.aggregator->FailForward(deadline);
+
+  struct Result {
+    absl::Status failed_forward, backward_after_failure, retried_forward,
+        failed_backward;
+    int64_t step_after_failure = -1, step_after_retry = -1;
+    RunningStats running_after_failure;
+  };
+  std::vector<Result> got(kWorkers);
+  // Workers wait here between phases so that the test can change the fake.
+  absl::Mutex mu;
+  int phase_done = 0;
+  int phase = 0;
+  auto barrier = [&](int w) {
+    absl::MutexLock lock(&mu);
+    const int my_phase = phase;
+    if (++phase_done == kWorkers) {
+      phase_done = 0;
+      ++phase;
+      if (phase == 1) service.aggregator->FailForward(absl::OkStatus());
+      if (phase == 2) service.aggregator->FailBackward(aborted);
+    }
+    auto next = [&phase, my_phase]() { return phase != my_phase; };
+    mu.Await(absl::Condition(&next));
+  };
+  RunWorkers(kWorkers, [&](int w) {
+    std::unique_ptr<NodeGroup> member = service.node->Member(w);
+    SyncBatchNorm layer(1, options, member.get(), nullptr);
+    Shard& s = shards[w];
+    std::vector<float> y = Poisoned(s.layout), gi = Poisoned(s.layout);
+    TensorRef x = Ref(s.x, s.layout), yr = Ref(y, s.layout);
+    TensorRef dy = Ref(s.dy, s.layout), gir = Ref(gi, s.layout);
+    Result& r = got[w];
+    r.failed_forward = layer.Forward(x, yr);
+    r.step_after_failure = layer.step();
+    r.running_after_failure = layer.running_stats();
+    r.backward_after_failure = layer.Backward(dy, gir);
+    barrier(w);
+    r.retried_forward = layer.Forward(x, yr);
+    r.step_after_retry = layer.step();
+    barrier(w);
+    r.failed_backward = layer.Backward(dy, gir);
+  });
+
+  for (int w = 0; w < kWorkers; ++w) {
+    SCOPED_TRACE(testing::Message() << "worker " << w);
+    const Result& r = got[w];
+    EXPECT_EQ(r.failed_forward, deadline);
+    EXPECT_EQ(r.step_after_failure, 0);
+    EXPECT_EQ(r.running_after_failure.mean, options.initial_running_mean);
+    EXPECT_EQ(r.running_after_failure.var, options.initial_running_var);
+    EXPECT_EQ(r.running_after_failure.num_batches_tracked, 0);
+    EXPECT_EQ(r.backward_after_failure.code(),
+              absl::StatusCode::kFailedPrecondition)
+        << r.backward_after_failure;
+    EXPECT_TRUE(r.retried_forward.ok()) << r.retried_forward;
+    EXPECT_EQ(r.step_after_retry, 1);
+    EXPECT_EQ(r.failed_backward, aborted);
+  }
+  // The retry went out as the same step 0.
+  EXPECT_EQ(service.aggregator->forward_steps(), (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(service.aggregator->backward_calls(), 1);
+}
+
+}  // namespace
+}  // namespace syncnorm

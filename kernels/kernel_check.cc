@@ -1,0 +1,473 @@
+#include "kernels/kernel_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "kernels/half.h"
+
+namespace syncnorm {
+namespace check {
+namespace {
+
+using LD = long double;
+using LongVec = std::vector<LD>;
+
+constexpr size_t kMaxFailures = 40;
+constexpr int kPerCompare = 3;
+
+// Unit roundoff of an element type.
+double Unit(DType d) {
+  switch (d) {
+    case DType::kFloat16:
+      return std::ldexp(1.0, -11);
+    case DType::kBFloat16:
+      return std::ldexp(1.0, -8);
+    default:
+      return std::ldexp(1.0, -24);
+  }
+}
+
+// Smallest positive value of the type's subnormal range (absolute floor of
+// rounding error).
+double Tiny(DType d) {
+  return d == DType::kFloat16 ? std::ldexp(1.0, -24) : 1e-37;
+}
+
+// The inputs of one (dtype, layout) case, as exact values of their types.
+struct Inputs {
+  std::vector<double> x, z, dy, y;
+  std::vector<float> weight, bias;
+  std::vector<double> mean, invstd, mean_dy, mean_dy_xmu;
+};
+
+std::vector<double> RandomTensor(const Layout& l, DType d, uint64_t seed,
+                                 double offset, double spread) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> unit(0.0, 1.0);
+  std::vector<double> t(l.size());
+  for (int64_t b = 0; b < l.n(); ++b) {
+    for (int64_t ch = 0; ch < l.c(); ++ch) {
+      for (int64_t s = 0; s < l.spatial(); ++s) {
+        double v = offset + 0.7 * (ch % 5) - 1.3 +
+                   spread * (0.5 + ch % 3) * unit(rng);
+        if (v == 0) v = 0.25;
+        t[l.At(b, ch, s)] = v;
+      }
+    }
+  }
+  return Decode(d, Encode(d, t));  // exactly representable in d
+}
+
+template <typename T>
+std::vector<T> RandomVector(int64_t n, uint64_t seed, double lo, double hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<T> v(n);
+  for (T& x : v) x = static_cast<T>(dist(rng));
+  return v;
+}
+
+// A tensor where the kernels run; freed on scope exit.
+class Tensor {
+ public:
+  Tensor(KernelRunner& r, const std::vector<uint8_t>& bytes)
+      : r_(r), bytes_(bytes.size()), p_(r.Upload(bytes)) {}
+  ~Tensor() { r_.Free(p_); }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  void* get() const { return p_; }
+  std::vector<uint8_t> Read() const { return r_.Download(p_, bytes_); }
+
+ private:
+  KernelRunner& r_;
+  size_t bytes_;
+  void* p_;
+};
+
+// One (dtype, layout) case and where its failures go.
+class Case {
+ public:
+  Case(KernelRunner& r, DType d, const Layout& l, const Tolerance& tol,
+       std::vector<std::string>* failures)
+      : r_(r), d_(d), l_(l), tol_(tol), failures_(failures) {}
+
+  void Run(uint64_t seed);
+
+ private:
+  void Fail(const std::string& what) {
+    if (failures_->size() < kMaxFailures) {
+      failures_->push_back(std::string(DTypeName(d_)) + " " + l_.Name() +
+                           ": " + what);
+    }
+  }
+  bool CheckCall(const std::string& what, const std::string& error) {
+    if (error.empty()) return true;
+    Fail(what + " failed: " + error);
+    return false;
+  }
+  std::vector<uint8_t> Bytes(const std::vector<double>& v) {
+    return Encode(d_, v);
+  }
+  std::vector<uint8_t> Poison() {
+    return Encode(d_, std::vector<double>(l_.size(), std::nan("")));
+  }
+  void CompareOutput(const std::string& what, const std::vector<uint8_t>& got,
+                     const LongVec& ref);
+
+  void CheckMoments(const Inputs& in);
+  void CheckForward(const Inputs& in);
+  void CheckBackwardReduce(const Inputs& in);
+  void CheckBackwardElementwise(const Inputs& in);
+
+  KernelRunner& r_;
+  const DType d_;
+  const Layout& l_;
+  const Tolerance& tol_;
+  std::vector<std::string>* failures_;
+};
+
+void Case::CompareOutput(const std::string& what,
+                         const std::vector<uint8_t>& got_bytes,
+                         const LongVec& ref) {
+  const std::vector<double> got = Decode(d_, got_bytes);
+  if (got.size() != ref.size()) {
+    Fail(what + ": wrong output size");
+    return;
+  }
+  LD max_ref = 0;
+  for (LD v : ref) max_ref = std::max(max_ref, std::fabs(v));
+  int reported = 0;
+  for (size_t i = 0; i < ref.size() && reported < kPerCompare; ++i) {
+    const LD tol = 2 * Unit(d_) * std::fabs(ref[i]) + tol_.out * max_ref +
+                   Tiny(d_);
+    const LD diff = std::fabs(static_cast<LD>(got[i]) - ref[i]);
+    if (!(diff <= tol)) {  // NaN (an unwritten element) fails too
+      std::ostringstream os;
+      os << what << "[" << i << "] = " << got[i] << ", reference "
+         << static_cast<double>(ref[i]) << ", tolerance "
+         << static_cast<double>(tol);
+      Fail(os.str());
+      ++reported;
+    }
+  }
+}
+
+template <typename Fn>
+void ForEachElement(const Layout& l, Fn&& fn) {
+  for (int64_t b = 0; b < l.n(); ++b) {
+    for (int64_t ch = 0; ch < l.c(); ++ch) {
+      for (int64_t s = 0; s < l.spatial(); ++s) fn(ch, l.At(b, ch, s));
+    }
+  }
+}
+
+void Case::CheckMoments(const Inputs& in) {
+  // Data whose mean is far larger than its spread, too.
+  for (double offset : {0.0, 300.0}) {
+    const std::vector<double> x =
+        offset == 0 ? in.x : RandomTensor(l_, d_, 99, offset, 1.0);
+    const int64_t count = l_.n() * l_.spatial();
+    LongVec mean(l_.c(), 0), m2(l_.c(), 0);
+    if (count > 0) {
+      ForEachElement(l_, [&](int64_t ch, int64_t i) { mean[ch] += x[i]; });
+      for (LD& m : mean) m /= count;
+      ForEachElement(l_, [&](int64_t ch, int64_t i) {
+        const LD dd = x[i] - mean[ch];
+        m2[ch] += dd * dd;
+      });
+    }
+    Tensor tx(r_, Bytes(x));
+    std::vector<double> got_mean(l_.c(), std::nan("")),
+        got_m2(l_.c(), std::nan(""));
+    const std::string what = offset == 0 ? "LocalMoments" : "LocalMoments(offset)";
+    if (!CheckCall(what, r_.Moments(d_, tx.get(), l_.geometry(),
+                                    got_mean.data(), got_m2.data()))) {
+      continue;
+    }
+    for (int64_t c = 0; c < l_.c(); ++c) {
+      const LD std_dev = count > 0 ? std::sqrt(m2[c] / count) : 0;
+      const LD ratio = std_dev > 0 ? std::fabs(mean[c]) / std_dev : 0;
+      const LD tol_mean = tol_.stats * (std::fabs(mean[c]) + std_dev) + 1e-300L;
+      const LD tol_m2 = tol_.stats * m2[c] * (1 + ratio) + 1e-300L;
+      if (!(std::fabs(got_mean[c] - mean[c]) <= tol_mean) ||
+          !(std::fabs(got_m2[c] - m2[c]) <= tol_m2)) {
+        std::ostringstream os;
+        os << what << " channel " << c << ": mean " << got_mean[c] << " m2 "
+           << got_m2[c] << ", reference " << static_cast<double>(mean[c])
+           << " " << static_cast<double>(m2[c]);
+        Fail(os.str());
+        return;
+      }
+    }
+  }
+}
+
+void Case::CheckForward(const Inputs& in) {
+  struct Options {
+    bool z, w, b, relu, in_place;
+  };
+  const Options options[] = {{false, false, false, false, false},
+                             {false, true, true, false, false},
+                             {true, true, true, false, false},
+                             {true, true, true, true, false},
+                             {false, false, false, true, false},
+                             {false, true, true, true, true}};
+  Tensor tx(r_, Bytes(in.x)), tz(r_, Bytes(in.z));
+  for (const Options& o : options) {
+    LongVec ref(l_.size());
+    ForEachElement(l_, [&](int64_t ch, int64_t i) {
+      LD v = (static_cast<LD>(in.x[i]) - in.mean[ch]) * in.invstd[ch] *
+             (o.w ? in.weight[ch] : 1.0L);
+      if (o.b) v += in.bias[ch];
+      if (o.z) v += in.z[i];
+      if (o.relu && v < 0) v = 0;
+      ref[i] = v;
+    });
+    Tensor ty(r_, o.in_place ? Bytes(in.x) : Poison());
+    ForwardArgs a;
+    a.x = o.in_place ? ty.get() : tx.get();
+    a.y = ty.get();
+    a.z = o.z ? tz.get() : nullptr;
+    a.weight = o.w ? in.weight.data() : nullptr;
+    a.bias = o.b ? in.bias.data() : nullptr;
+    a.mean = in.mean.data();
+    a.invstd = in.invstd.data();
+    a.relu = o.relu;
+    std::ostringstream name;
+    name << "Forward(z=" << o.z << " affine=" << o.w << " relu=" << o.relu
+         << " in_place=" << o.in_place << ")";
+    if (CheckCall(name.str(), r_.Forward(d_, l_.geometry(), a))) {
+      CompareOutput(name.str(), ty.Read(), ref);
+    }
+  }
+}
+
+void Case::CheckBackwardReduce(const Inputs& in) {
+  Tensor tdy(r_, Bytes(in.dy)), tx(r_, Bytes(in.x)), ty(r_, Bytes(in.y));
+  for (bool mask : {false, true}) {
+    LongVec sum_dy(l_.c(), 0), sum_dy_xmu(l_.c(), 0), mag_dy(l_.c(), 0),
+        mag_xmu(l_.c(), 0);
+    ForEachElement(l_, [&](int64_t ch, int64_t i) {
+      const LD d = (!mask || in.y[i] > 0) ? static_cast<LD>(in.dy[i]) : 0.0L;
+      const LD t = d * (static_cast<LD>(in.x[i]) - in.mean[ch]);
+      sum_dy[ch] += d;
+      sum_dy_xmu[ch] += t;
+      mag_dy[ch] += std::fabs(d);
+      mag_xmu[ch] += std::fabs(t);
+    });
+    BackwardReduceArgs a;
+    a.dy = tdy.get();
+    a.x = tx.get();
+    a.y = mask ? ty.get() : nullptr;
+    a.mean = in.mean.data();
+    a.invstd = in.invstd.data();
+    std::vector<double> got_dy(l_.c(), std::nan("")),
+        got_xmu(l_.c(), std::nan(""));
+    const std::string name =
+        std::string("BackwardReduce(mask=") + (mask ? "1" : "0") + ")";
+    if (!CheckCall(name, r_.BackwardReduce(d_, l_.geometry(), a, got_dy.data(),
+                                           got_xmu.data()))) {
+      continue;
+    }
+    for (int64_t c = 0; c < l_.c(); ++c) {
+      if (!(std::fabs(got_dy[c] - sum_dy[c]) <= tol_.sums * mag_dy[c]) ||
+          !(std::fabs(got_xmu[c] - sum_dy_xmu[c]) <= tol_.sums * mag_xmu[c])) {
+        std::ostringstream os;
+        os << name << " channel " << c << ": " << got_dy[c] << " "
+           << got_xmu[c] << ", reference " << static_cast<double>(sum_dy[c])
+           << " " << static_cast<double>(sum_dy_xmu[c]);
+        Fail(os.str());
+        break;
+      }
+    }
+  }
+}
+
+void Case::CheckBackwardElementwise(const Inputs& in) {
+  struct Options {
+    bool mask, grad_z, w;
+  };
+  const Options options[] = {{false, false, false},
+                             {false, true, true},
+                             {true, false, true},
+                             {true, true, true}};
+  Tensor tdy(r_, Bytes(in.dy)), tx(r_, Bytes(in.x)), ty(r_, Bytes(in.y));
+  for (const Options& o : options) {
+    LongVec gi(l_.size()), gz(l_.size());
+    ForEachElement(l_, [&](int64_t ch, int64_t i) {
+      const LD invstd = in.invstd[ch];
+      const LD w = o.w ? in.weight[ch] : 1.0L;
+      const LD d = (!o.mask || in.y[i] > 0) ? static_cast<LD>(in.dy[i]) : 0.0L;
+      const LD xmu = static_cast<LD>(in.x[i]) - in.mean[ch];
+      gi[i] = w * invstd *
+              (d - in.mean_dy[ch] - xmu * invstd * invstd * in.mean_dy_xmu[ch]);
+      gz[i] = d;
+    });
+    Tensor tgi(r_, Poison()), tgz(r_, Poison());
+    BackwardElementwiseArgs a;
+    a.dy = tdy.get();
+    a.x = tx.get();
+    a.y = o.mask ? ty.get() : nullptr;
+    a.mean = in.mean.data();
+    a.invstd = in.invstd.data();
+    a.weight = o.w ? in.weight.data() : nullptr;
+    a.mean_dy = in.mean_dy.data();
+    a.mean_dy_xmu = in.mean_dy_xmu.data();
+    a.grad_input = tgi.get();
+    a.grad_z = o.grad_z ? tgz.get() : nullptr;
+    std::ostringstream name;
+    name << "BackwardElementwise(mask=" << o.mask << " grad_z=" << o.grad_z
+         << " weight=" << o.w << ")";
+    if (!CheckCall(name.str(), r_.BackwardElementwise(d_, l_.geometry(), a))) {
+      continue;
+    }
+    CompareOutput(name.str() + " grad_input", tgi.Read(), gi);
+    if (o.grad_z) CompareOutput(name.str() + " grad_z", tgz.Read(), gz);
+  }
+}
+
+void Case::Run(uint64_t seed) {
+  Inputs in;
+  const int64_t c = l_.c();
+  in.x = RandomTensor(l_, d_, seed + 1, 0, 1);
+  in.z = RandomTensor(l_, d_, seed + 2, 0, 1);
+  in.dy = RandomTensor(l_, d_, seed + 3, 0.2, 0.5);
+  in.y = RandomTensor(l_, d_, seed + 4, 0, 1);  // mixed signs: half masked
+  in.weight = RandomVector<float>(c, seed + 5, 0.5, 2.0);
+  in.bias = RandomVector<float>(c, seed + 6, -1.0, 1.0);
+  in.mean = RandomVector<double>(c, seed + 7, -1.5, 1.5);
+  in.invstd = RandomVector<double>(c, seed + 8, 0.3, 3.0);
+  in.mean_dy = RandomVector<double>(c, seed + 9, -0.2, 0.2);
+  in.mean_dy_xmu = RandomVector<double>(c, seed + 10, -0.5, 0.5);
+  CheckMoments(in);
+  CheckForward(in);
+  CheckBackwardReduce(in);
+  CheckBackwardElementwise(in);
+}
+
+}  // namespace
+
+Tolerance CpuTolerance() { return Tolerance{1e-9, 1e-9, 1e-6}; }
+
+// float32 arithmetic: a few roundings per element, float chunks in the
+// reductions.
+Tolerance GpuTolerance() { return Tolerance{2e-5, 2e-5, 4e-6}; }
+
+int64_t Layout::spatial() const {
+  int64_t s = 1;
+  const size_t end = last() ? shape.size() - 1 : shape.size();
+  for (size_t i = last() ? 1 : 2; i < end; ++i) s *= shape[i];
+  return s;
+}
+
+int64_t Layout::At(int64_t b, int64_t ch, int64_t s) const {
+  return last() ? (b * spatial() + s) * c() + ch
+                : (b * c() + ch) * spatial() + s;
+}
+
+Geometry Layout::geometry() const {
+  Geometry g;
+  g.channels = c();
+  g.outer = last() || shape.size() == 2 ? n() * spatial() : n();
+  g.inner = last() || shape.size() == 2 ? 1 : spatial();
+  return g;
+}
+
+std::string Layout::Name() const {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    s += (i ? "x" : "") + std::to_string(shape[i]);
+  }
+  return s + (channels_last ? "_last" : "_first");
+}
+
+std::vector<Layout> StandardLayouts(bool large) {
+  std::vector<Layout> v = {
+      {{7, 3}, false},           {{5, 4, 9}, false},
+      {{5, 9, 4}, true},         {{3, 5, 6, 7}, false},
+      {{3, 6, 7, 5}, true},      {{2, 3, 4, 5, 6}, false},
+      {{2, 4, 5, 6, 3}, true},   {{0, 3, 4}, false},
+      {{0, 4, 3}, true},         {{4, 6, 70, 70}, false},
+      {{64, 40, 37}, true},      {{300, 70}, false},
+      {{2, 1100, 3}, false},     {{3, 1, 9, 2}, false},
+  };
+  if (large) {
+    v.push_back({{32, 64, 56, 56}, false});
+    v.push_back({{32, 28, 28, 256}, true});
+    v.push_back({{4, 32, 16, 32, 32}, false});
+    v.push_back({{4, 16, 32, 32, 32}, true});
+  }
+  return v;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    default:
+      return "unknown";
+  }
+}
+
+size_t ElementSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+std::vector<uint8_t> Encode(DType dtype, const std::vector<double>& values) {
+  std::vector<uint8_t> bytes(values.size() * ElementSize(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint8_t* p = bytes.data() + i * ElementSize(dtype);
+    if (dtype == DType::kFloat32) {
+      const float f = static_cast<float>(values[i]);
+      std::memcpy(p, &f, 4);
+    } else {
+      const uint16_t b = dtype == DType::kFloat16
+                             ? DoubleToHalf(values[i]).bits
+                             : DoubleToBFloat16(values[i]).bits;
+      std::memcpy(p, &b, 2);
+    }
+  }
+  return bytes;
+}
+
+std::vector<double> Decode(DType dtype, const std::vector<uint8_t>& bytes) {
+  std::vector<double> v(bytes.size() / ElementSize(dtype));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint8_t* p = bytes.data() + i * ElementSize(dtype);
+    if (dtype == DType::kFloat32) {
+      float f;
+      std::memcpy(&f, p, 4);
+      v[i] = f;
+    } else {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      v[i] = dtype == DType::kFloat16 ? HalfToDouble(Half{b})
+                                      : BFloat16ToDouble(BFloat16{b});
+    }
+  }
+  return v;
+}
+
+std::vector<std::string> CheckKernels(KernelRunner& runner,
+                                      const std::vector<DType>& dtypes,
+                                      const std::vector<Layout>& layouts,
+                                      const Tolerance& tol, uint64_t seed) {
+  std::vector<std::string> failures;
+  for (DType d : dtypes) {
+    for (const Layout& l : layouts) {
+      Case(runner, d, l, tol, &failures).Run(seed);
+      seed += 101;
+    }
+  }
+  return failures;
+}
+
+}  // namespace check
+}  // namespace syncnorm
