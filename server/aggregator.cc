@@ -1,14 +1,44 @@
 #include "server/aggregator.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/kv_state_store.h"
+#include "server/memory_engine.h"
 
 namespace syncnorm {
 
+Aggregator::Aggregator(AggregatorOptions options, const Clock* clock,
+                       StateStore* store)
+    : options_(std::move(options)), clock_(clock), store_(store) {}
+
 Aggregator::Aggregator(AggregatorOptions options, const Clock* clock)
-    : options_(std::move(options)), clock_(clock) {}
+    : options_(std::move(options)),
+      clock_(clock),
+      own_store_(std::make_unique<KvStateStore>(
+          std::make_unique<MemoryEngine>())),
+      store_(own_store_.get()) {}
+
+JobOptions Aggregator::JobOptionsOf() const {
+  JobOptions o;
+  o.recent_rounds = options_.recent_rounds;
+  o.keep_checkpoints = options_.keep_checkpoints;
+  return o;
+}
+
+absl::Status Aggregator::Load() {
+  absl::StatusOr<std::vector<StoredJob>> stored = store_->LoadAll();
+  if (!stored.ok()) return stored.status();
+  absl::MutexLock lock(&jobs_mu_);
+  for (const StoredJob& s : *stored) {
+    auto job = std::make_shared<Job>(s.spec, JobOptionsOf(), store_, clock_);
+    job->Load(s);
+    jobs_[s.spec.job_id] = std::move(job);
+  }
+  return absl::OkStatus();
+}
 
 Aggregator::~Aggregator() {
   StopReaper();
@@ -80,8 +110,11 @@ absl::StatusOr<JobSnapshot> Aggregator::CreateJob(JobSpec spec) {
       }
       job = it->second;
     } else {
+      // Stored first: a job that cannot be stored is not created.
+      if (absl::Status s = store_->PutJob(*resolved); !s.ok()) return s;
       const std::string id = resolved->job_id;
-      job = std::make_shared<Job>(*std::move(resolved), options_.recent_rounds);
+      job = std::make_shared<Job>(*std::move(resolved), JobOptionsOf(), store_,
+                                  clock_);
       jobs_.emplace(id, job);
     }
   }
@@ -94,12 +127,30 @@ absl::StatusOr<JobSnapshot> Aggregator::GetJob(absl::string_view job_id) const {
   return job->Snapshot();
 }
 
+std::vector<JobSnapshot> Aggregator::ListJobs() const {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::ReaderMutexLock lock(&jobs_mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  std::vector<JobSnapshot> out;
+  for (const auto& job : jobs) out.push_back(job->Snapshot());
+  std::sort(out.begin(), out.end(),
+            [](const JobSnapshot& a, const JobSnapshot& b) {
+              return a.spec.job_id < b.spec.job_id;
+            });
+  return out;
+}
+
 absl::Status Aggregator::DeleteJob(absl::string_view job_id) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&jobs_mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return NotFound(job_id);
+    // Under jobs_mu_, so that a CreateJob of the same id comes after the
+    // removal from the store.
+    if (absl::Status s = it->second->Delete(); !s.ok()) return s;
     job = std::move(it->second);
     jobs_.erase(it);
   }
@@ -111,10 +162,47 @@ absl::Status Aggregator::DeleteJob(absl::string_view job_id) {
 }
 
 absl::StatusOr<RunningStatsSnapshot> Aggregator::GetRunningStats(
-    absl::string_view job_id, absl::Span<const int> layers, int group) const {
+    absl::string_view job_id, absl::Span<const int> layers, int group,
+    std::optional<int64_t> checkpoint_step) const {
   std::shared_ptr<Job> job = FindJob(job_id);
   if (job == nullptr) return NotFound(job_id);
+  if (checkpoint_step.has_value()) {
+    return job->CheckpointStats(*checkpoint_step, layers, group);
+  }
   return job->Stats(layers, group);
+}
+
+absl::StatusOr<std::vector<LayerStatsSnapshot>> Aggregator::SetRunningStats(
+    absl::string_view job_id, std::vector<LayerStatsSnapshot> layers) {
+  std::shared_ptr<Job> job = FindJob(job_id);
+  if (job == nullptr) return NotFound(job_id);
+  return job->SetStats(std::move(layers));
+}
+
+void Aggregator::Checkpoint(absl::string_view job_id, int64_t step,
+                            std::string tag, absl::Time deadline,
+                            CheckpointCallback done) {
+  std::shared_ptr<Job> job = FindJob(job_id);
+  if (job == nullptr) {
+    done(NotFound(job_id));
+    return;
+  }
+  deadline = std::min(deadline, clock_->Now() + options_.max_checkpoint_wait);
+  job->Checkpoint(step, std::move(tag), deadline, std::move(done));
+}
+
+absl::StatusOr<std::vector<CheckpointMeta>> Aggregator::ListCheckpoints(
+    absl::string_view job_id) const {
+  std::shared_ptr<Job> job = FindJob(job_id);
+  if (job == nullptr) return NotFound(job_id);
+  return job->ListCheckpoints();
+}
+
+absl::StatusOr<JobSnapshot> Aggregator::RestoreCheckpoint(
+    absl::string_view job_id, int64_t step) {
+  std::shared_ptr<Job> job = FindJob(job_id);
+  if (job == nullptr) return NotFound(job_id);
+  return job->Restore(step);
 }
 
 void Aggregator::Contribute(Contribution c, RoundCallback done) {

@@ -4,8 +4,10 @@
 #define SYNCNORM_SERVER_AGGREGATOR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -19,6 +21,7 @@
 #include "server/contribution.h"
 #include "server/job.h"
 #include "server/job_spec.h"
+#include "server/state_store.h"
 
 namespace syncnorm {
 
@@ -30,6 +33,12 @@ struct AggregatorOptions {
   // Finished rounds kept per (job, group, layer, phase) so that retries get
   // the same answer. Must be positive. Default 8.
   int recent_rounds = 8;
+  // Untagged checkpoints kept per job (the newest); tagged ones are always
+  // kept. 0 keeps all. Default 5.
+  int keep_checkpoints = 5;
+  // The longest a Checkpoint call waits for its step when the call itself
+  // has no (or a later) deadline. Default 10 min.
+  absl::Duration max_checkpoint_wait = absl::Minutes(10);
 };
 
 // Merges the contributions of every round of every job, keeps running
@@ -37,10 +46,14 @@ struct AggregatorOptions {
 //
 // Thread-safe. The job table is read-locked on the hot path; each (job,
 // layer) has its own mutex (LayerShard). The contributor that completes a
-// round merges it (in rank order) on its own thread.
+// round merges it (in rank order) on its own thread and stores its result
+// (StateStore) before anyone gets it.
 class Aggregator {
  public:
-  // `clock` must outlive the aggregator. The reaper is not started.
+  // `clock` and `store` must outlive the aggregator. The reaper is not
+  // started; call Load() before serving.
+  Aggregator(AggregatorOptions options, const Clock* clock, StateStore* store);
+  // The same with a private in-memory store: nothing is durable.
   Aggregator(AggregatorOptions options, const Clock* clock);
   // Stops the reaper; rounds still waiting fail UNAVAILABLE.
   ~Aggregator();
@@ -54,9 +67,15 @@ class Aggregator {
   // Stops and joins the reaper thread; no-op when not running.
   void StopReaper() ABSL_LOCKS_EXCLUDED(reaper_mu_);
 
-  // Creates a job from `spec` (resolved with ResolveJobSpec). The same id
-  // with an equal resolved spec returns the existing job; a different spec
-  // is ALREADY_EXISTS; an invalid one INVALID_ARGUMENT.
+  // Loads every job, its statistics, retry window and checkpoints from the
+  // store. The store's error (DATA_LOSS naming the record, ...) otherwise.
+  // REQUIRES: called once, before any other call.
+  absl::Status Load() ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // Creates a job from `spec` (resolved with ResolveJobSpec) and stores it.
+  // The same id with an equal resolved spec returns the existing job; a
+  // different spec is ALREADY_EXISTS; an invalid one INVALID_ARGUMENT; the
+  // store's error if it cannot be stored.
   absl::StatusOr<JobSnapshot> CreateJob(JobSpec spec)
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
@@ -64,15 +83,43 @@ class Aggregator {
   absl::StatusOr<JobSnapshot> GetJob(absl::string_view job_id) const
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
-  // Deletes the job; its waiting rounds fail ABORTED ("job deleted").
-  // NOT_FOUND if unknown.
+  // Every job, by id.
+  std::vector<JobSnapshot> ListJobs() const ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // Deletes the job and all of its stored state (statistics, checkpoints);
+  // its waiting rounds fail ABORTED ("job deleted"). NOT_FOUND if unknown;
+  // the store's error (nothing deleted) if the removal fails.
   absl::Status DeleteJob(absl::string_view job_id)
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
-  // The latest running statistics of `layers` (empty: all) of `group`.
-  // NOT_FOUND for an unknown job, INVALID_ARGUMENT for a bad layer/group.
+  // The running statistics of `layers` (empty: all) of `group`: the latest,
+  // or the checkpoint's at `checkpoint_step` when set. NOT_FOUND for an
+  // unknown job or checkpoint, INVALID_ARGUMENT for a bad layer/group.
   absl::StatusOr<RunningStatsSnapshot> GetRunningStats(
-      absl::string_view job_id, absl::Span<const int> layers, int group) const
+      absl::string_view job_id, absl::Span<const int> layers, int group,
+      std::optional<int64_t> checkpoint_step = std::nullopt) const
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // Replaces the running statistics of some (layer, group)s of a job, at
+  // once (an import). See Job::SetStats.
+  absl::StatusOr<std::vector<LayerStatsSnapshot>> SetRunningStats(
+      absl::string_view job_id, std::vector<LayerStatsSnapshot> layers)
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // Waits until `step` is committed (bounded by `deadline` and
+  // max_checkpoint_wait), then stores a checkpoint; see Job::Checkpoint.
+  // `done` is called exactly once, never under a lock.
+  void Checkpoint(absl::string_view job_id, int64_t step, std::string tag,
+                  absl::Time deadline, CheckpointCallback done)
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // A job's checkpoints by step; NOT_FOUND for an unknown job.
+  absl::StatusOr<std::vector<CheckpointMeta>> ListCheckpoints(
+      absl::string_view job_id) const ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
+  // Rolls a job back to its checkpoint at `step`; see Job::Restore.
+  absl::StatusOr<JobSnapshot> RestoreCheckpoint(absl::string_view job_id,
+                                                int64_t step)
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
   // Adds `c` to its round. `done` is called exactly once, never under a
@@ -93,9 +140,14 @@ class Aggregator {
   static absl::Status NotFound(absl::string_view job_id);
   void ReaperLoop() ABSL_LOCKS_EXCLUDED(reaper_mu_);
 
+  JobOptions JobOptionsOf() const;
+
   // Constant after construction.
   const AggregatorOptions options_;
   const Clock* const clock_;
+  // The store of the two-argument constructor; null otherwise.
+  const std::unique_ptr<StateStore> own_store_;
+  StateStore* const store_;
 
   mutable absl::Mutex jobs_mu_;
   // Jobs are shared with in-flight calls so that DeleteJob never pulls a

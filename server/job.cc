@@ -1,6 +1,8 @@
 #include "server/job.h"
 
 #include <algorithm>
+#include <cmath>
+#include <set>
 #include <utility>
 #include <variant>
 
@@ -8,12 +10,25 @@
 
 namespace syncnorm {
 
-Job::Job(JobSpec spec, int recent_capacity) : spec_(std::move(spec)) {
+Job::Job(JobSpec spec, JobOptions options, StateStore* store,
+         const Clock* clock)
+    : spec_(std::move(spec)),
+      options_(options),
+      store_(store),
+      clock_(clock) {
   shards_.reserve(spec_.layers.size());
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
-    shards_.push_back(std::make_unique<LayerShard>(spec_, static_cast<int>(i),
-                                                   recent_capacity));
+    shards_.push_back(std::make_unique<LayerShard>(
+        spec_, static_cast<int>(i), options_.recent_rounds, store_));
   }
+}
+
+void Job::Load(const StoredJob& stored) {
+  for (const StoredLayer& layer : stored.layers) {
+    shards_[layer.slot.layer]->Load(layer);
+  }
+  absl::MutexLock lock(&admin_mu_);
+  for (const CheckpointMeta& c : stored.checkpoints) checkpoints_[c.step] = c;
 }
 
 absl::Status Job::Validate(const Contribution& c) const {
@@ -70,15 +85,50 @@ absl::Status Job::ValidatePayload(const Contribution& c) const {
 
 void Job::Contribute(Contribution c, RoundCallback done, absl::Time now) {
   LayerShard& shard = *shards_[c.layer];
-  shard.Contribute(std::move(c), std::move(done), now);
-}
-
-void Job::Expire(absl::Time now) {
-  for (const auto& shard : shards_) shard->Expire(now);
+  bool applied = false;
+  bool deleted = false;
+  LayerShard::Deliveries out;
+  {
+    absl::ReaderMutexLock lock(&state_mu_);
+    // A deleted job's rounds must not store anything any more.
+    deleted = deleted_;
+    if (!deleted) {
+      applied = shard.Contribute(std::move(c), std::move(done), now, out);
+    }
+  }
+  if (deleted) {
+    RoundOutcome outcome;
+    outcome.status = absl::AbortedError(
+        absl::StrCat("job deleted: '", spec_.job_id,
+                     "' was deleted; create the job again to continue"));
+    done(outcome);
+    return;
+  }
+  LayerShard::Deliver(out);
+  if (applied && has_pending_.load()) ServeReady();
 }
 
 void Job::Abort(const absl::Status& status) {
+  Answers answers;
+  {
+    absl::MutexLock lock(&admin_mu_);
+    for (PendingCheckpoint& p : pending_) {
+      answers.emplace_back(std::move(p.done), status);
+    }
+    pending_.clear();
+    has_pending_.store(false);
+  }
   for (const auto& shard : shards_) shard->Abort(status);
+  Answer(answers);
+}
+
+absl::Status Job::Delete() {
+  absl::MutexLock admin(&admin_mu_);
+  absl::WriterMutexLock lock(&state_mu_);
+  if (absl::Status s = store_->DeleteJob(spec_.job_id); !s.ok()) return s;
+  deleted_ = true;
+  checkpoints_.clear();
+  return absl::OkStatus();
 }
 
 int64_t Job::CommittedStep() const {
@@ -95,8 +145,8 @@ JobSnapshot Job::Snapshot() const {
   return JobSnapshot{spec_, CommittedStep()};
 }
 
-absl::StatusOr<RunningStatsSnapshot> Job::Stats(absl::Span<const int> layers,
-                                                int group) const {
+absl::StatusOr<std::vector<int>> Job::Wanted(absl::Span<const int> layers,
+                                             int group) const {
   const int num_layers = static_cast<int>(spec_.layers.size());
   if (group < 0 || group >= spec_.num_groups()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -107,19 +157,97 @@ absl::StatusOr<RunningStatsSnapshot> Job::Stats(absl::Span<const int> layers,
   if (wanted.empty()) {
     for (int i = 0; i < num_layers; ++i) wanted.push_back(i);
   }
-  RunningStatsSnapshot out;
-  out.job_id = spec_.job_id;
-  out.committed_step = CommittedStep();
   for (int layer : wanted) {
     if (layer < 0 || layer >= num_layers) {
       return absl::InvalidArgumentError(absl::StrCat(
           "layer ", layer, " is out of range: job '", spec_.job_id, "' has ",
           num_layers, " layers (0..", num_layers - 1, ")"));
     }
+  }
+  return wanted;
+}
+
+absl::StatusOr<RunningStatsSnapshot> Job::Stats(absl::Span<const int> layers,
+                                                int group) const {
+  absl::StatusOr<std::vector<int>> wanted = Wanted(layers, group);
+  if (!wanted.ok()) return wanted.status();
+  RunningStatsSnapshot out;
+  out.job_id = spec_.job_id;
+  out.committed_step = CommittedStep();
+  for (int layer : *wanted) {
     out.layers.push_back(LayerStatsSnapshot{
         layer, spec_.layers[layer].name, group, shards_[layer]->Stats(group)});
   }
   return out;
+}
+
+absl::Status Job::ValidateImport(const LayerStatsSnapshot& s) const {
+  absl::StatusOr<std::vector<int>> wanted = Wanted({s.layer}, s.group);
+  if (!wanted.ok()) return wanted.status();
+  const LayerConfig& layer = spec_.layers[s.layer];
+  const std::string where =
+      absl::StrCat("layer ", s.layer, " ('", layer.name, "'), group ", s.group);
+  if (!s.name.empty() && s.name != layer.name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the entry names layer '", s.name, "'; match names to indices"));
+  }
+  if (s.stats.mean.size() != static_cast<size_t>(layer.channels) ||
+      s.stats.var.size() != static_cast<size_t>(layer.channels)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": expected ", layer.channels, " running_mean and running_var "
+        "values, got ", s.stats.mean.size(), " and ", s.stats.var.size()));
+  }
+  if (s.stats.num_batches_tracked < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": num_batches_tracked is negative"));
+  }
+  for (int c = 0; c < layer.channels; ++c) {
+    if (!std::isfinite(s.stats.mean[c]) || !std::isfinite(s.stats.var[c]) ||
+        s.stats.var[c] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": channel ", c, " has a non-finite mean or var, or var < 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LayerStatsSnapshot>> Job::SetStats(
+    std::vector<LayerStatsSnapshot> layers) {
+  if (layers.empty()) {
+    return absl::InvalidArgumentError("no layers to set");
+  }
+  std::set<std::pair<int, int>> seen;
+  for (LayerStatsSnapshot& s : layers) {
+    if (absl::Status v = ValidateImport(s); !v.ok()) return v;
+    if (!seen.emplace(s.layer, s.group).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", s.layer, " of group ", s.group, " is given twice"));
+    }
+    s.name = spec_.layers[s.layer].name;
+  }
+  absl::WriterMutexLock lock(&state_mu_);
+  if (deleted_) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", spec_.job_id, "' was deleted"));
+  }
+  std::vector<LayerSlot> slots;
+  for (const LayerStatsSnapshot& s : layers) {
+    LayerState state = shards_[s.layer]->State(s.group);
+    state.stats = s.stats;
+    slots.push_back(LayerSlot{s.group, s.layer, std::move(state)});
+  }
+  if (absl::Status st = store_->PutLayers(spec_.job_id, slots, false);
+      !st.ok()) {
+    return st;
+  }
+  for (const LayerStatsSnapshot& s : layers) {
+    shards_[s.layer]->SetStats(s.group, s.stats);
+  }
+  return layers;
+}
+
+void Job::Answer(Answers& answers) {
+  for (auto& [done, result] : answers) done(result);
 }
 
 }  // namespace syncnorm

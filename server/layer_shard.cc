@@ -10,15 +10,38 @@ namespace syncnorm {
 
 LayerShard::GroupState::GroupState(const LayerConfig& layer, int capacity)
     : phases{PhaseState(capacity), PhaseState(capacity)} {
-  stats.mean = layer.initial_running_mean;
-  stats.var = layer.initial_running_var;
+  state.stats.mean = layer.initial_running_mean;
+  state.stats.var = layer.initial_running_var;
 }
 
-LayerShard::LayerShard(const JobSpec& spec, int layer, int recent_capacity)
-    : spec_(spec), layer_(layer), config_(spec.layers[layer]) {
+LayerShard::LayerShard(const JobSpec& spec, int layer, int recent_capacity,
+                       StateStore* store)
+    : spec_(spec),
+      layer_(layer),
+      config_(spec.layers[layer]),
+      recent_capacity_(recent_capacity),
+      store_(store) {
   groups_.reserve(spec.num_groups());
   for (int g = 0; g < spec.num_groups(); ++g) {
     groups_.emplace_back(config_, recent_capacity);
+  }
+}
+
+void LayerShard::Load(const StoredLayer& stored) {
+  absl::MutexLock lock(&mu_);
+  GroupState& group = groups_[stored.slot.group];
+  group.state = stored.slot.state;
+  for (const StoredRound& r : stored.rounds) {
+    PhaseState& phase = group.phases[PhaseIndex(r.phase)];
+    if (phase.recent.Find(r.step) != nullptr) continue;
+    RecentRounds::Entry entry{
+        r.step, std::make_shared<const RoundOutcome>(r.outcome),
+        r.fingerprints, nullptr};
+    if (r.stats_after.has_value()) {
+      entry.stats_after = std::make_shared<const RunningStats>(*r.stats_after);
+    }
+    phase.recent.Add(std::move(entry));
+    phase.persisted.push_back(r.step);  // the store lists them by step
   }
 }
 
@@ -59,46 +82,47 @@ absl::Status LayerShard::Conflict(const Contribution& c) const {
       ", rank ", c.rank, "); a retry must resend the identical contribution"));
 }
 
-void LayerShard::Contribute(Contribution c, RoundCallback done,
-                            absl::Time now) {
-  Deliveries out;
-  {
-    absl::MutexLock lock(&mu_);
-    ContributeLocked(std::move(c), std::move(done), now, out);
-  }
-  Deliver(out);
+bool LayerShard::Contribute(Contribution c, RoundCallback done,
+                            absl::Time now, Deliveries& out) {
+  bool applied = false;
+  absl::MutexLock lock(&mu_);
+  ContributeLocked(std::move(c), std::move(done), now, out, applied);
+  return applied;
 }
 
 void LayerShard::ContributeLocked(Contribution c, RoundCallback done,
-                                  absl::Time now, Deliveries& out) {
+                                  absl::Time now, Deliveries& out,
+                                  bool& applied) {
   if (aborted_.has_value()) {
     out.push_back(Failure(std::move(done), *aborted_));
     return;
   }
   const RoundKey key(c.rank / spec_.group_size, c.step, c.phase);
   if (auto it = rounds_.find(key); it != rounds_.end()) {
-    AddToRound(key, *it->second, std::move(c), std::move(done), out);
+    AddToRound(key, *it->second, std::move(c), std::move(done), out, applied);
     return;
   }
+  const int64_t latest = groups_[std::get<0>(key)]
+                             .state.latest_completed[PhaseIndex(c.phase)];
   PhaseState& state = StateOf(key);
   if (const RecentRounds::Entry* e = state.recent.Find(c.step)) {
     AnswerRetry(*e, c, std::move(done), out);
     return;
   }
-  if (c.step <= state.latest_completed) {
-    out.push_back(
-        Failure(std::move(done), Superseded(key, state.latest_completed)));
+  if (c.step <= latest) {
+    out.push_back(Failure(std::move(done), Superseded(key, latest)));
     return;
   }
   auto round =
       std::make_unique<Round>(std::get<0>(key) * spec_.group_size,
                               spec_.group_size, now + spec_.round_timeout);
   Round& r = *rounds_.emplace(key, std::move(round)).first->second;
-  AddToRound(key, r, std::move(c), std::move(done), out);
+  AddToRound(key, r, std::move(c), std::move(done), out, applied);
 }
 
 void LayerShard::AddToRound(const RoundKey& key, Round& round, Contribution c,
-                            RoundCallback done, Deliveries& out) {
+                            RoundCallback done, Deliveries& out,
+                            bool& applied) {
   const Round::AddResult added =
       round.Add(c.rank, std::move(c.payload), std::move(done));
   if (added == Round::AddResult::kConflict) {
@@ -107,7 +131,7 @@ void LayerShard::AddToRound(const RoundKey& key, Round& round, Contribution c,
     return;
   }
   if (added == Round::AddResult::kAdded && round.complete()) {
-    Complete(key, round, out);
+    Complete(key, round, out, applied);
   }
 }
 
@@ -123,32 +147,52 @@ void LayerShard::AnswerRetry(const RecentRounds::Entry& entry,
   out.push_back(Delivery{std::move(done), entry.outcome});
 }
 
-void LayerShard::Complete(const RoundKey& key, Round& round, Deliveries& out) {
-  RoundOutcome outcome;
+void LayerShard::Complete(const RoundKey& key, Round& round, Deliveries& out,
+                          bool& applied) {
+  GroupState& group = groups_[std::get<0>(key)];
   const Phase phase = std::get<2>(key);
+  // The next state is built aside and installed only once it is stored.
+  LayerState next = group.state;
+  RoundOutcome outcome;
+  std::shared_ptr<const RunningStats> after;
   if (phase == Phase::kForward) {
-    ApplyForward(key, round, outcome);
+    ApplyForward(key, round, next, outcome);
+    if (outcome.status.ok()) {
+      after = std::make_shared<const RunningStats>(next.stats);
+    }
   } else {
-    GroupState& group = groups_[std::get<0>(key)];
     outcome.grad_sums = round.SummedGradSums(config_.channels);
     const RecentRounds::Entry* forward =
         group.phases[PhaseIndex(Phase::kForward)].recent.Find(std::get<1>(key));
     outcome.version = forward != nullptr && forward->outcome->status.ok()
                           ? forward->outcome->version
-                          : group.stats.num_batches_tracked;
+                          : group.state.stats.num_batches_tracked;
   }
-  const bool ok = outcome.status.ok();
-  if (ok) {
-    PhaseState& state = StateOf(key);
-    state.latest_completed = std::max(state.latest_completed, std::get<1>(key));
+  if (!outcome.status.ok()) {
+    Finish(key, std::move(outcome), nullptr, out);
+    return;
   }
-  Finish(key, std::move(outcome), out);
-  if (ok) FailSuperseded(key, out);
+  int64_t& latest = next.latest_completed[PhaseIndex(phase)];
+  latest = std::max(latest, std::get<1>(key));
+  const absl::Status stored = Persist(key, next, outcome, round, after);
+  if (!stored.ok()) {
+    Drop(key,
+         absl::Status(stored.code(),
+                      absl::StrCat(RoundLabel(key),
+                                   " failed and was not applied: its result "
+                                   "could not be stored: ",
+                                   stored.message())),
+         out);
+    return;
+  }
+  group.state = std::move(next);
+  Finish(key, std::move(outcome), std::move(after), out);
+  FailSuperseded(key, out);
+  applied = phase == Phase::kForward;
 }
 
 void LayerShard::ApplyForward(const RoundKey& key, Round& round,
-                              RoundOutcome& outcome) {
-  GroupState& group = groups_[std::get<0>(key)];
+                              LayerState& next, RoundOutcome& outcome) {
   const Moments merged = round.MergedMoments(config_.channels);
   const absl::Status updatable = CheckUpdatable(config_.rule, merged.count);
   if (!updatable.ok()) {
@@ -156,10 +200,35 @@ void LayerShard::ApplyForward(const RoundKey& key, Round& round,
         absl::StrCat(RoundLabel(key), ": ", updatable.message()));
     return;
   }
-  ApplyRound(config_.rule, merged, group.stats);
-  group.last_applied = std::get<1>(key);
+  ApplyRound(config_.rule, merged, next.stats);
+  next.last_applied = std::get<1>(key);
   outcome.moments = Finalize(merged);
-  outcome.version = group.stats.num_batches_tracked;
+  outcome.version = next.stats.num_batches_tracked;
+}
+
+absl::Status LayerShard::Persist(
+    const RoundKey& key, const LayerState& next, const RoundOutcome& outcome,
+    const Round& round, const std::shared_ptr<const RunningStats>& after) {
+  PhaseState& phase = StateOf(key);
+  // The store keeps the same window of rounds as memory: the newest ones.
+  std::vector<int64_t> evicted;
+  while (phase.persisted.size() - evicted.size() >=
+         static_cast<size_t>(recent_capacity_)) {
+    evicted.push_back(phase.persisted[evicted.size()]);
+  }
+  StoredRound stored;
+  stored.phase = std::get<2>(key);
+  stored.step = std::get<1>(key);
+  stored.outcome = outcome;
+  stored.fingerprints = round.Fingerprints();
+  if (after != nullptr) stored.stats_after = *after;
+  const absl::Status s = store_->CommitRound(
+      spec_.job_id, LayerSlot{std::get<0>(key), layer_, next}, stored, evicted);
+  if (!s.ok()) return s;
+  phase.persisted.erase(phase.persisted.begin(),
+                        phase.persisted.begin() + evicted.size());
+  phase.persisted.push_back(std::get<1>(key));
+  return absl::OkStatus();
 }
 
 void LayerShard::FailSuperseded(const RoundKey& completed, Deliveries& out) {
@@ -182,14 +251,24 @@ void LayerShard::FailSuperseded(const RoundKey& completed, Deliveries& out) {
 }
 
 void LayerShard::Finish(const RoundKey& key, RoundOutcome outcome,
+                        std::shared_ptr<const RunningStats> after,
                         Deliveries& out) {
   auto it = rounds_.find(key);
   Round& round = *it->second;
   auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
-  StateOf(key).recent.Add(
-      RecentRounds::Entry{std::get<1>(key), shared, round.Fingerprints()});
+  StateOf(key).recent.Add(RecentRounds::Entry{
+      std::get<1>(key), shared, round.Fingerprints(), std::move(after)});
   for (RoundCallback& done : round.TakeWaiters()) {
     out.push_back(Delivery{std::move(done), shared});
+  }
+  rounds_.erase(it);
+}
+
+void LayerShard::Drop(const RoundKey& key, const absl::Status& status,
+                      Deliveries& out) {
+  auto it = rounds_.find(key);
+  for (RoundCallback& done : it->second->TakeWaiters()) {
+    out.push_back(Failure(std::move(done), status));
   }
   rounds_.erase(it);
 }
@@ -210,7 +289,7 @@ void LayerShard::Expire(absl::Time now) {
                        absl::ToInt64Milliseconds(spec_.round_timeout),
                        " ms deadline waiting for ranks [",
                        absl::StrJoin(outcome.missing_ranks, ", "), "]"));
-      Finish(key, std::move(outcome), out);
+      Finish(key, std::move(outcome), nullptr, out);
     }
   }
   Deliver(out);
@@ -233,12 +312,72 @@ void LayerShard::Abort(const absl::Status& status) {
 
 RunningStats LayerShard::Stats(int group) const {
   absl::MutexLock lock(&mu_);
-  return groups_[group].stats;
+  return groups_[group].state.stats;
 }
 
 int64_t LayerShard::LastAppliedStep(int group) const {
   absl::MutexLock lock(&mu_);
-  return groups_[group].last_applied;
+  return groups_[group].state.last_applied;
+}
+
+LayerState LayerShard::State(int group) const {
+  absl::MutexLock lock(&mu_);
+  return groups_[group].state;
+}
+
+absl::StatusOr<LayerState> LayerShard::StateAt(int group,
+                                               int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  const GroupState& g = groups_[group];
+  if (g.state.last_applied <= step) return g.state;
+  // The window holds the newest finished steps, so if it holds any forward
+  // round at or before `step`, it holds every later one too: the newest of
+  // those is the last one applied at or before `step`.
+  const RecentRounds::Entry* best = nullptr;
+  for (const RecentRounds::Entry& e :
+       g.phases[PhaseIndex(Phase::kForward)].recent.entries()) {
+    if (e.step <= step && e.stats_after != nullptr &&
+        (best == nullptr || e.step > best->step)) {
+      best = &e;
+    }
+  }
+  if (best == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layer ", layer_, " ('", config_.name, "') of group ", group,
+        " has applied step ", g.state.last_applied, " and no longer knows its ",
+        "statistics at step ", step, " (the last ", recent_capacity_,
+        " rounds are kept); checkpoint a more recent step"));
+  }
+  LayerState s;
+  s.stats = *best->stats_after;
+  s.last_applied = best->step;
+  s.latest_completed = {best->step, best->step};
+  return s;
+}
+
+std::vector<RoundCallback> LayerShard::Reset(
+    absl::Span<const LayerState> per_group) {
+  std::vector<RoundCallback> dropped;
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, round] : rounds_) {
+    for (RoundCallback& done : round->TakeWaiters()) {
+      dropped.push_back(std::move(done));
+    }
+  }
+  rounds_.clear();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].state = per_group[g];
+    for (PhaseState& phase : groups_[g].phases) {
+      phase.recent = RecentRounds(recent_capacity_);
+      phase.persisted.clear();
+    }
+  }
+  return dropped;
+}
+
+void LayerShard::SetStats(int group, const RunningStats& stats) {
+  absl::MutexLock lock(&mu_);
+  groups_[group].state.stats = stats;
 }
 
 }  // namespace syncnorm

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,35 +15,61 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "kernels/moments.h"
 #include "server/contribution.h"
 #include "server/job_spec.h"
 #include "server/recent_rounds.h"
 #include "server/round.h"
+#include "server/state_store.h"
 
 namespace syncnorm {
 
 // One (job, layer) stripe of the aggregator. Thread-safe. Callbacks are
-// always run after mu_ is released, on the calling thread.
+// always run after mu_ is released, on the calling thread (by Contribute's
+// caller, through Deliver, so that it too can release its locks first).
+//
+// Durability: a completed round's new layer state and outcome are written
+// to the store (one atomic write) before any contributor gets the result;
+// if that write fails, the round fails for all and nothing is applied.
 class LayerShard {
  public:
-  // `spec` (resolved) must outlive the shard. `recent_capacity` finished
-  // rounds are kept per (group, phase) for retries.
+  // `spec` (resolved) and `store` must outlive the shard. `recent_capacity`
+  // finished rounds are kept per (group, phase) for retries.
   // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
-  LayerShard(const JobSpec& spec, int layer, int recent_capacity);
+  LayerShard(const JobSpec& spec, int layer, int recent_capacity,
+             StateStore* store);
 
   LayerShard(const LayerShard&) = delete;
   LayerShard& operator=(const LayerShard&) = delete;
 
-  // Adds `c` to its round, answering `done` exactly once: when the round
+  // Installs a (group, layer)'s stored state and rounds, found at startup.
+  // REQUIRES: before any other call; stored.slot.layer is this layer and
+  // its group in range (the store checks both).
+  void Load(const StoredLayer& stored) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A callback with the outcome it is owed.
+  struct Delivery {
+    RoundCallback done;
+    std::shared_ptr<const RoundOutcome> outcome;
+  };
+  using Deliveries = std::vector<Delivery>;
+
+  // Calls every callback with its outcome. REQUIRES: no aggregator lock held.
+  static void Deliver(Deliveries& deliveries);
+
+  // Adds `c` to its round; `done` is answered exactly once: when the round
   // completes or fails, at once for a retry of a finished round, or at once
   // with ABORTED (conflicting payload), FAILED_PRECONDITION (superseded
-  // step) or the status given to Abort.
+  // step) or the status given to Abort. The answers this call can give are
+  // appended to `out` for the caller to Deliver. Returns true when this
+  // call completed a forward round that was applied.
   // REQUIRES: c is validated against the spec and c.layer is this layer.
-  void Contribute(Contribution c, RoundCallback done, absl::Time now)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  bool Contribute(Contribution c, RoundCallback done, absl::Time now,
+                  Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails every round whose deadline is at or before `now` with
   // DEADLINE_EXCEEDED naming the missing ranks. Running stats untouched.
@@ -58,30 +85,43 @@ class LayerShard {
   // The step of the last forward round `group` applied; -1 before any.
   int64_t LastAppliedStep(int group) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The state of `group` as of `step`: after the last forward round at or
+  // before it. FAILED_PRECONDITION when the layer has moved on beyond the
+  // rounds it remembers. REQUIRES: group in range.
+  absl::StatusOr<LayerState> StateAt(int group, int64_t step) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The latest state of `group`. REQUIRES: group in range.
+  LayerState State(int group) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A restore: drops every pending round and replaces every group's state
+  // (per_group[g]), forgetting the finished rounds. Returns the callbacks of
+  // the dropped rounds, for the caller to fail once it holds no lock. The
+  // caller has stored the new states. REQUIRES: one state per group.
+  std::vector<RoundCallback> Reset(absl::Span<const LayerState> per_group)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Replaces the running statistics of `group` (an import); steps and
+  // finished rounds stay. The caller has stored them.
+  void SetStats(int group, const RunningStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   // (group, step, phase)
   using RoundKey = std::tuple<int, int64_t, Phase>;
 
   struct PhaseState {
     explicit PhaseState(int capacity) : recent(capacity) {}
-    int64_t latest_completed = -1;  // highest step that completed OK
     RecentRounds recent;
+    // Steps of this phase's rounds in the store, ascending.
+    std::deque<int64_t> persisted;
   };
 
   struct GroupState {
     GroupState(const LayerConfig& layer, int capacity);
-    RunningStats stats;
-    int64_t last_applied = -1;
+    LayerState state;
     std::array<PhaseState, 2> phases;  // FORWARD, BACKWARD
   };
 
-  struct Delivery {
-    RoundCallback done;
-    std::shared_ptr<const RoundOutcome> outcome;
-  };
-  using Deliveries = std::vector<Delivery>;
-
-  static void Deliver(Deliveries& deliveries);
   static Delivery Failure(RoundCallback done, absl::Status status);
   static int PhaseIndex(Phase phase) {
     return phase == Phase::kForward ? 0 : 1;
@@ -91,22 +131,33 @@ class LayerShard {
   PhaseState& StateOf(const RoundKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void ContributeLocked(Contribution c, RoundCallback done, absl::Time now,
-                        Deliveries& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                        Deliveries& out, bool& applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddToRound(const RoundKey& key, Round& round, Contribution c,
-                  RoundCallback done, Deliveries& out)
+                  RoundCallback done, Deliveries& out, bool& applied)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerRetry(const RecentRounds::Entry& entry, const Contribution& c,
                    RoundCallback done, Deliveries& out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void Complete(const RoundKey& key, Round& round, Deliveries& out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyForward(const RoundKey& key, Round& round, RoundOutcome& outcome)
+  void Complete(const RoundKey& key, Round& round, Deliveries& out,
+                bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyForward(const RoundKey& key, Round& round, LayerState& next,
+                    RoundOutcome& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the round's result and the layer's next state to the store.
+  absl::Status Persist(const RoundKey& key, const LayerState& next,
+                       const RoundOutcome& outcome, const Round& round,
+                       const std::shared_ptr<const RunningStats>& after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailSuperseded(const RoundKey& completed, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the outcome of a finished round, hands it to its waiters and
   // forgets the round.
-  void Finish(const RoundKey& key, RoundOutcome outcome, Deliveries& out)
+  void Finish(const RoundKey& key, RoundOutcome outcome,
+              std::shared_ptr<const RunningStats> after, Deliveries& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails a round's waiters with `status` and forgets it, remembering
+  // nothing (a retry starts the round afresh).
+  void Drop(const RoundKey& key, const absl::Status& status, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Superseded(const RoundKey& key, int64_t latest) const;
   absl::Status Conflict(const Contribution& c) const;
@@ -115,6 +166,8 @@ class LayerShard {
   const JobSpec& spec_;
   const int layer_;
   const LayerConfig& config_;
+  const int recent_capacity_;
+  StateStore* const store_;
 
   mutable absl::Mutex mu_;
   std::map<RoundKey, std::unique_ptr<Round>> rounds_ ABSL_GUARDED_BY(mu_);

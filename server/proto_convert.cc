@@ -115,19 +115,45 @@ void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
   }
 }
 
+void LayerStatsToProto(const LayerStatsSnapshot& layer, v1::LayerStats& out) {
+  out.set_layer(layer.layer);
+  out.set_name(layer.name);
+  out.set_group(layer.group);
+  out.set_num_batches_tracked(layer.stats.num_batches_tracked);
+  ToRepeated(layer.stats.mean, out.mutable_running_mean());
+  ToRepeated(layer.stats.var, out.mutable_running_var());
+}
+
 void RunningStatsToProto(const RunningStatsSnapshot& stats,
                          v1::RunningStats& proto) {
   proto.set_job_id(stats.job_id);
   proto.set_step(stats.committed_step);
   for (const LayerStatsSnapshot& layer : stats.layers) {
-    v1::LayerStats* out = proto.add_layers();
-    out->set_layer(layer.layer);
-    out->set_name(layer.name);
-    out->set_group(layer.group);
-    out->set_num_batches_tracked(layer.stats.num_batches_tracked);
-    ToRepeated(layer.stats.mean, out->mutable_running_mean());
-    ToRepeated(layer.stats.var, out->mutable_running_var());
+    LayerStatsToProto(layer, *proto.add_layers());
   }
+}
+
+std::vector<LayerStatsSnapshot> LayerStatsFromProto(
+    const v1::SetRunningStatsRequest& request) {
+  std::vector<LayerStatsSnapshot> out;
+  for (const v1::LayerStats& l : request.layers()) {
+    LayerStatsSnapshot s;
+    s.layer = l.layer();
+    s.name = l.name();
+    s.group = l.group();
+    s.stats.num_batches_tracked = l.num_batches_tracked();
+    s.stats.mean = ToVector(l.running_mean());
+    s.stats.var = ToVector(l.running_var());
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void CheckpointToProto(const CheckpointMeta& meta, v1::CheckpointInfo& info) {
+  info.set_job_id(meta.job_id);
+  info.set_step(meta.step);
+  info.set_tag(meta.tag);
+  info.set_created_unix_ms(meta.created_unix_ms);
 }
 
 }  // namespace syncnorm

@@ -3,9 +3,12 @@
 #ifndef SYNCNORM_SERVER_PROTO_CONVERT_H_
 #define SYNCNORM_SERVER_PROTO_CONVERT_H_
 
+#include <vector>
+
 #include "server/contribution.h"
 #include "server/job.h"
 #include "server/job_spec.h"
+#include "server/state_store.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
 namespace syncnorm {
@@ -26,6 +29,13 @@ void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
 
 void RunningStatsToProto(const RunningStatsSnapshot& stats,
                          v1::RunningStats& proto);
+void LayerStatsToProto(const LayerStatsSnapshot& layer, v1::LayerStats& out);
+
+// The entries of an import, as sent (validated by the domain).
+std::vector<LayerStatsSnapshot> LayerStatsFromProto(
+    const v1::SetRunningStatsRequest& request);
+
+void CheckpointToProto(const CheckpointMeta& meta, v1::CheckpointInfo& info);
 
 }  // namespace syncnorm
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/moments.h"
 #include "server/contribution.h"
 
 namespace syncnorm {
@@ -22,6 +23,9 @@ class RecentRounds {
     // Per rank of the group: the fingerprint of what it sent, or nullopt
     // when it had not contributed (a failed round).
     std::vector<std::optional<uint64_t>> fingerprints;
+    // An OK FORWARD round: the layer's running statistics right after it
+    // (what a checkpoint of this step holds). Null otherwise.
+    std::shared_ptr<const RunningStats> stats_after;
   };
 
   // Keeps at most `capacity` entries. REQUIRES: capacity > 0.
@@ -33,6 +37,9 @@ class RecentRounds {
 
   // The entry for `step`, or nullptr when not (or no longer) kept.
   const Entry* Find(int64_t step) const;
+
+  // Every kept entry, in no particular order.
+  const std::vector<Entry>& entries() const { return entries_; }
 
  private:
   size_t capacity_;

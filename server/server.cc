@@ -8,6 +8,9 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/kv_state_store.h"
+#include "server/memory_engine.h"
+#include "server/rocksdb_engine.h"
 
 namespace syncnorm {
 namespace {
@@ -16,17 +19,27 @@ AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
   AggregatorOptions out;
   out.default_round_timeout = options.round_timeout;
   out.reaper_period = options.reaper_period;
+  out.keep_checkpoints = options.keep_checkpoints;
   return out;
+}
+
+absl::StatusOr<std::unique_ptr<StateStore>> OpenStore(
+    const ServerOptions& options) {
+  if (options.data_dir.empty()) {
+    return std::unique_ptr<StateStore>(
+        std::make_unique<KvStateStore>(std::make_unique<MemoryEngine>()));
+  }
+  absl::StatusOr<std::unique_ptr<RocksDbEngine>> engine =
+      RocksDbEngine::Open(options.data_dir, options.sync_writes);
+  if (!engine.ok()) return engine.status();
+  return std::unique_ptr<StateStore>(
+      std::make_unique<KvStateStore>(*std::move(engine)));
 }
 
 }  // namespace
 
 Server::Server(ServerOptions options)
-    : options_(std::move(options)),
-      clock_(std::make_unique<RealClock>()),
-      aggregator_(std::make_unique<Aggregator>(ToAggregatorOptions(options_),
-                                               clock_.get())),
-      service_(std::make_unique<AggregatorService>(aggregator_.get())) {}
+    : options_(std::move(options)), clock_(std::make_unique<RealClock>()) {}
 
 Server::~Server() {
   Shutdown(absl::ZeroDuration());
@@ -39,10 +52,22 @@ absl::Status Server::Start() {
     return absl::InvalidArgumentError(
         "round_timeout and reaper_period must be positive");
   }
+  if (options_.keep_checkpoints < 0) {
+    return absl::InvalidArgumentError(
+        "keep_checkpoints must be >= 0 (0 keeps all)");
+  }
   absl::MutexLock lock(&mu_);
-  if (server_ != nullptr || shut_down_) {
+  if (store_ != nullptr || shut_down_) {
     return absl::FailedPreconditionError("the server was already started");
   }
+  absl::StatusOr<std::unique_ptr<StateStore>> store = OpenStore(options_);
+  if (!store.ok()) return store.status();
+  auto aggregator = std::make_unique<Aggregator>(
+      ToAggregatorOptions(options_), clock_.get(), store->get());
+  if (absl::Status s = aggregator->Load(); !s.ok()) return s;
+  store_ = *std::move(store);
+  aggregator_ = std::move(aggregator);
+  service_ = std::make_unique<AggregatorService>(aggregator_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

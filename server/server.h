@@ -14,11 +14,12 @@
 #include "server/clock.h"
 #include "server/server_options.h"
 #include "server/service.h"
+#include "server/state_store.h"
 
 namespace syncnorm {
 
-// Owns the clock, the Aggregator and the gRPC server. Start() once, then
-// Shutdown() (from any thread) and Wait(). Thread-safe.
+// Owns the clock, the state store, the Aggregator and the gRPC server.
+// Start() once, then Shutdown() (from any thread) and Wait(). Thread-safe.
 class Server {
  public:
   explicit Server(ServerOptions options);
@@ -28,10 +29,12 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Binds options.listen, starts serving Aggregator, grpc.health.v1.Health
-  // (SERVING) and reflection. INVALID_ARGUMENT for bad options,
-  // UNAVAILABLE when the address cannot be bound, FAILED_PRECONDITION when
-  // called twice.
+  // Opens the state store in options.data_dir and loads it, then binds
+  // options.listen and starts serving Aggregator, grpc.health.v1.Health
+  // (SERVING) and reflection. INVALID_ARGUMENT for bad options, the store's
+  // error when data_dir cannot be opened or holds corrupt state (naming the
+  // folder and what to do), UNAVAILABLE when the address cannot be bound,
+  // FAILED_PRECONDITION when called twice.
   absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The bound port (useful with port 0); 0 before Start().
@@ -49,12 +52,14 @@ class Server {
   // Constant after construction.
   const ServerOptions options_;
   const std::unique_ptr<Clock> clock_;
-  // Declared before the gRPC server so that it outlives it: its destructor
-  // answers any round still waiting.
-  const std::unique_ptr<Aggregator> aggregator_;
-  const std::unique_ptr<AggregatorService> service_;
 
   mutable absl::Mutex mu_;
+  // Made by Start(). Declared before the gRPC server so that they outlive
+  // it: the aggregator's destructor answers any round still waiting, and
+  // the store outlives the aggregator.
+  std::unique_ptr<StateStore> store_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Aggregator> aggregator_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<AggregatorService> service_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   int bound_port_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

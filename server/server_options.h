@@ -15,9 +15,18 @@ struct ServerOptions {
   // How long a round waits for missing ranks when its job sets no
   // round_timeout_ms. Must be positive. Default 30 s.
   absl::Duration round_timeout = absl::Seconds(30);
-  // Folder of the state store. Accepted, not used yet (the store is not
-  // built). Default "./syncnorm-data".
+  // Folder of the state store (RocksDB; created with its parents if
+  // missing): job specs, running statistics, the rounds retries may ask
+  // about, checkpoints. Empty keeps state in memory only (nothing survives
+  // a restart; for tests). Default "./syncnorm-data".
   std::string data_dir = "./syncnorm-data";
+  // fsync the write-ahead log on every update, so that an acknowledged
+  // update also survives a machine crash or power loss (a killed process
+  // loses nothing either way). Default false.
+  bool sync_writes = false;
+  // Untagged checkpoints kept per job, newest first; tagged ones are always
+  // kept. 0 keeps all. Default 5.
+  int keep_checkpoints = 5;
   // How often overdue rounds are failed. Default 20 ms.
   absl::Duration reaper_period = absl::Milliseconds(20);
 };

@@ -1,8 +1,10 @@
 #include "server/service.h"
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/checkpoint_reactor.h"
 #include "server/grpc_status.h"
 #include "server/proto_convert.h"
 #include "server/reduce_once_reactor.h"
@@ -16,10 +18,6 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
-}
-
-absl::Status CheckpointsUnimplemented() {
-  return absl::UnimplementedError("checkpoints arrive with the state store");
 }
 
 }  // namespace
@@ -61,37 +59,72 @@ grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(
 grpc::ServerUnaryReactor* AggregatorService::GetRunningStats(
     grpc::CallbackServerContext* context,
     const v1::GetRunningStatsRequest* request, v1::RunningStats* response) {
-  if (request->checkpoint_step() != 0) {
-    return FinishWith(context,
-                      absl::UnimplementedError(
-                          "GetRunningStats of a checkpoint (checkpoint_step "
-                          "!= 0): checkpoints arrive with the state store"));
-  }
   const std::vector<int> layers(request->layers().begin(),
                                 request->layers().end());
-  absl::StatusOr<RunningStatsSnapshot> stats =
-      aggregator_->GetRunningStats(request->job_id(), layers, request->group());
+  std::optional<int64_t> checkpoint;
+  if (request->checkpoint_step() != 0 || request->use_checkpoint()) {
+    checkpoint = request->checkpoint_step();
+  }
+  absl::StatusOr<RunningStatsSnapshot> stats = aggregator_->GetRunningStats(
+      request->job_id(), layers, request->group(), checkpoint);
   if (stats.ok()) RunningStatsToProto(*stats, *response);
   return FinishWith(context, stats.status());
+}
+
+grpc::ServerUnaryReactor* AggregatorService::SetRunningStats(
+    grpc::CallbackServerContext* context,
+    const v1::SetRunningStatsRequest* request, v1::RunningStats* response) {
+  absl::StatusOr<std::vector<LayerStatsSnapshot>> set =
+      aggregator_->SetRunningStats(request->job_id(),
+                                   LayerStatsFromProto(*request));
+  if (set.ok()) {
+    absl::StatusOr<JobSnapshot> job = aggregator_->GetJob(request->job_id());
+    response->set_job_id(request->job_id());
+    response->set_step(job.ok() ? job->committed_step : -1);
+    for (const LayerStatsSnapshot& l : *set) {
+      LayerStatsToProto(l, *response->add_layers());
+    }
+  }
+  return FinishWith(context, set.status());
+}
+
+grpc::ServerUnaryReactor* AggregatorService::ListJobs(
+    grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
+    v1::ListJobsResponse* response) {
+  for (const JobSnapshot& job : aggregator_->ListJobs()) {
+    JobInfoToProto(job, *response->add_jobs());
+  }
+  return FinishWith(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Checkpoint(
     grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
     v1::CheckpointInfo* response) {
-  return FinishWith(context, CheckpointsUnimplemented());
+  return new CheckpointReactor(aggregator_, context, *request,
+                               response);  // deletes itself
 }
 
 grpc::ServerUnaryReactor* AggregatorService::ListCheckpoints(
     grpc::CallbackServerContext* context,
     const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
-  return FinishWith(context, CheckpointsUnimplemented());
+  absl::StatusOr<std::vector<CheckpointMeta>> list =
+      aggregator_->ListCheckpoints(request->job_id());
+  if (list.ok()) {
+    for (const CheckpointMeta& meta : *list) {
+      CheckpointToProto(meta, *response->add_checkpoints());
+    }
+  }
+  return FinishWith(context, list.status());
 }
 
 grpc::ServerUnaryReactor* AggregatorService::RestoreCheckpoint(
     grpc::CallbackServerContext* context,
     const v1::RestoreCheckpointRequest* request, v1::JobInfo* response) {
-  return FinishWith(context, CheckpointsUnimplemented());
+  absl::StatusOr<JobSnapshot> job =
+      aggregator_->RestoreCheckpoint(request->job_id(), request->step());
+  if (job.ok()) JobInfoToProto(*job, *response);
+  return FinishWith(context, job.status());
 }
 
 }  // namespace syncnorm

@@ -10,9 +10,8 @@
 
 namespace syncnorm {
 
-// Thread-safe; no thread per call or stream. Checkpoint, ListCheckpoints,
-// RestoreCheckpoint and GetRunningStats with a checkpoint_step are
-// UNIMPLEMENTED until the state store arrives.
+// Thread-safe; no thread per call or stream (a Checkpoint that waits for
+// its step holds no thread either).
 class AggregatorService final : public v1::Aggregator::CallbackService {
  public:
   // `aggregator` must outlive the service and every call it serves.
@@ -48,6 +47,13 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::RestoreCheckpointRequest* request,
       v1::JobInfo* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* SetRunningStats(
+      grpc::CallbackServerContext* context,
+      const v1::SetRunningStatsRequest* request,
+      v1::RunningStats* response) override;
 
  private:
   Aggregator* const aggregator_;

@@ -82,6 +82,7 @@ class ServiceTest : public ::testing::Test {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     options.round_timeout = absl::Seconds(5);
+    options.data_dir = "";  // in memory; tests/ covers the durable store
     server_ = std::make_unique<Server>(options);
     ASSERT_TRUE(server_->Start().ok());
     ASSERT_GT(server_->bound_port(), 0);
@@ -419,7 +420,7 @@ TEST_F(ServiceTest, BadRequestsGetPreciseStatuses) {
          v1::RunningStats s;
          return stub_->GetRunningStats(&ctx, r, &s);
        },
-       Code::UNIMPLEMENTED},
+       Code::NOT_FOUND},
       {"stats of group 1",
        [this] {
          grpc::ClientContext ctx;
@@ -433,12 +434,32 @@ TEST_F(ServiceTest, BadRequestsGetPreciseStatuses) {
       {"checkpoint",
        [this] {
          grpc::ClientContext ctx;
+         SetDeadline(ctx, absl::Milliseconds(500));
          v1::CheckpointRequest r;
          r.set_job_id("table");
          v1::CheckpointInfo info;
          return stub_->Checkpoint(&ctx, r, &info);
        },
-       Code::UNIMPLEMENTED},
+       Code::DEADLINE_EXCEEDED},
+      {"checkpoint of a negative step",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::CheckpointRequest r;
+         r.set_job_id("table");
+         r.set_step(-1);
+         v1::CheckpointInfo info;
+         return stub_->Checkpoint(&ctx, r, &info);
+       },
+       Code::INVALID_ARGUMENT},
+      {"checkpoint of an unknown job",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::CheckpointRequest r;
+         r.set_job_id("nope");
+         v1::CheckpointInfo info;
+         return stub_->Checkpoint(&ctx, r, &info);
+       },
+       Code::NOT_FOUND},
       {"restore",
        [this] {
          grpc::ClientContext ctx;
@@ -447,7 +468,17 @@ TEST_F(ServiceTest, BadRequestsGetPreciseStatuses) {
          v1::JobInfo info;
          return stub_->RestoreCheckpoint(&ctx, r, &info);
        },
-       Code::UNIMPLEMENTED},
+       Code::NOT_FOUND},
+      {"import of a wrong channel count",
+       [this] {
+         grpc::ClientContext ctx;
+         v1::SetRunningStatsRequest r;
+         r.set_job_id("table");
+         r.add_layers()->add_running_mean(1.0);
+         v1::RunningStats s;
+         return stub_->SetRunningStats(&ctx, r, &s);
+       },
+       Code::INVALID_ARGUMENT},
   };
   for (const Case& c : cases) {
     grpc::Status s = c.call();
@@ -513,6 +544,7 @@ TEST_F(ServiceTest, CancelledAndDeletedCallsDoNotHurtTheServer) {
 TEST(ServerTest, ShutdownEndsWaitingCallsAndReportsNotServing) {
   ServerOptions options;
   options.listen = "127.0.0.1:0";
+  options.data_dir = "";
   Server server(options);
   ASSERT_TRUE(server.Start().ok());
   EXPECT_FALSE(server.Start().ok());
@@ -549,6 +581,7 @@ TEST(ServerTest, ShutdownEndsWaitingCallsAndReportsNotServing) {
 TEST(ServerTest, UnbindableAddressIsUnavailable) {
   ServerOptions options;
   options.listen = "256.1.1.1:99999";
+  options.data_dir = "";
   Server server(options);
   absl::Status s = server.Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;

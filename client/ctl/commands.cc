@@ -1,0 +1,324 @@
+#include "client/ctl/commands.h"
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "client/ctl/state_dict.h"
+
+namespace syncnorm::ctl {
+namespace {
+
+// A usage error is told apart from the server's errors by this payload.
+constexpr char kUsageUrl[] = "syncnormctl/usage";
+
+const char* ModeName(v1::MomentumMode mode) {
+  switch (mode) {
+    case v1::MOMENTUM_DECAY:
+      return "decay";
+    case v1::MOMENTUM_CUMULATIVE:
+      return "cumulative";
+    default:
+      return "torch";
+  }
+}
+
+int Groups(const v1::JobInfo& job) {
+  return job.group_size() > 0 ? job.world_size() / job.group_size() : 1;
+}
+
+absl::Status Need(const Args& args, size_t n, absl::string_view shape) {
+  if (args.positional.size() != n) {
+    return Usage(absl::StrCat("usage: syncnormctl ", args.command, " ", shape));
+  }
+  return absl::OkStatus();
+}
+
+// The statistics request of --group and --step (a checkpoint) for a job.
+absl::StatusOr<v1::GetRunningStatsRequest> StatsRequest(const Args& args,
+                                                        const std::string& job) {
+  v1::GetRunningStatsRequest r;
+  r.set_job_id(job);
+  auto group = args.Int("group");
+  if (!group.ok()) return group.status();
+  r.set_group(static_cast<int>(group->value_or(0)));
+  auto step = args.Int("step");
+  if (!step.ok()) return step.status();
+  if (step->has_value()) {
+    r.set_checkpoint_step(**step);
+    r.set_use_checkpoint(true);
+  }
+  return r;
+}
+
+// The index of LAYER given as a name or an index; NOT_FOUND otherwise.
+absl::StatusOr<int> FindLayer(const v1::JobInfo& job, const std::string& arg) {
+  for (int i = 0; i < job.layers_size(); ++i) {
+    if (job.layers(i).name() == arg) return i;
+  }
+  int index = -1;
+  if (absl::SimpleAtoi(arg, &index) && index >= 0 &&
+      index < job.layers_size()) {
+    return index;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("job '", job.job_id(), "' has no layer '", arg,
+                   "'; `syncnormctl layers ", job.job_id(), "` lists them"));
+}
+
+absl::Status Jobs(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s = Need(args, 0, ""); !s.ok()) return s;
+  auto jobs = client.ListJobs();
+  if (!jobs.ok()) return jobs.status();
+  out << absl::StrFormat("%-32s %6s %6s %6s %10s\n", "JOB", "WORLD", "GROUPS",
+                         "LAYERS", "COMMITTED");
+  for (const v1::JobInfo& j : *jobs) {
+    out << absl::StrFormat("%-32s %6d %6d %6d %10d\n", j.job_id(),
+                           j.world_size(), Groups(j), j.layers_size(),
+                           j.committed_step());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Layers(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s = Need(args, 1, "JOB [--group=G]"); !s.ok()) return s;
+  auto job = client.GetJob(args.positional[0]);
+  if (!job.ok()) return job.status();
+  auto request = StatsRequest(args, job->job_id());
+  if (!request.ok()) return request.status();
+  request->clear_checkpoint_step();
+  request->clear_use_checkpoint();
+  auto stats = client.GetRunningStats(*request);
+  if (!stats.ok()) return stats.status();
+  out << absl::StrFormat(
+      "job %s: world %d, %d group(s), committed step %d; group %d:\n",
+      job->job_id(), job->world_size(), Groups(*job), job->committed_step(),
+      request->group());
+  out << absl::StrFormat("%5s %-28s %8s %-10s %9s %7s %12s\n", "INDEX", "NAME",
+                         "FEATURES", "MOMENTUM", "VALUE", "VAR", "BATCHES");
+  for (int i = 0; i < job->layers_size(); ++i) {
+    const v1::LayerSpec& l = job->layers(i);
+    out << absl::StrFormat(
+        "%5d %-28s %8d %-10s %9g %7s %12d\n", i, l.name(), l.num_features(),
+        l.no_running_stats() ? "none" : ModeName(l.momentum_mode()),
+        l.momentum(), l.biased_running_var() ? "biased" : "unbiased",
+        stats->layers(i).num_batches_tracked());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoints(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s = Need(args, 1, "JOB"); !s.ok()) return s;
+  auto list = client.ListCheckpoints(args.positional[0]);
+  if (!list.ok()) return list.status();
+  out << absl::StrFormat("%12s  %-24s %s\n", "STEP", "CREATED (UTC)", "TAG");
+  for (const v1::CheckpointInfo& c : *list) {
+    out << absl::StrFormat(
+        "%12d  %-24s %s\n", c.step(),
+        absl::FormatTime("%Y-%m-%d %H:%M:%S",
+                         absl::FromUnixMillis(c.created_unix_ms()),
+                         absl::UTCTimeZone()),
+        c.tag());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stats(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s = Need(args, 2, "JOB LAYER [--group=G] [--step=S]");
+      !s.ok()) {
+    return s;
+  }
+  auto job = client.GetJob(args.positional[0]);
+  if (!job.ok()) return job.status();
+  auto layer = FindLayer(*job, args.positional[1]);
+  if (!layer.ok()) return layer.status();
+  auto request = StatsRequest(args, job->job_id());
+  if (!request.ok()) return request.status();
+  request->add_layers(*layer);
+  auto stats = client.GetRunningStats(*request);
+  if (!stats.ok()) return stats.status();
+  const v1::LayerStats& l = stats->layers(0);
+  out << absl::StrFormat(
+      "job %s, layer %d '%s', group %d, %s: num_batches_tracked %d\n",
+      job->job_id(), *layer, l.name(), l.group(),
+      request->use_checkpoint()
+          ? absl::StrCat("checkpoint of step ", stats->step())
+          : absl::StrCat("latest (committed step ", stats->step(), ")"),
+      l.num_batches_tracked());
+  out << absl::StrFormat("%8s %24s %24s\n", "CHANNEL", "RUNNING_MEAN",
+                         "RUNNING_VAR");
+  for (int c = 0; c < l.running_mean_size(); ++c) {
+    out << absl::StrFormat("%8d %24.17g %24.17g\n", c, l.running_mean(c),
+                           l.running_var(c));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Export(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s =
+          Need(args, 1, "JOB [--group=G] [--step=S] [--out=FILE]");
+      !s.ok()) {
+    return s;
+  }
+  auto job = client.GetJob(args.positional[0]);
+  if (!job.ok()) return job.status();
+  auto request = StatsRequest(args, job->job_id());
+  if (!request.ok()) return request.status();
+  auto stats = client.GetRunningStats(*request);
+  if (!stats.ok()) return stats.status();
+  const std::string json = ExportStateDict(*job, *stats);
+  auto file = args.options.find("out");
+  if (file == args.options.end()) {
+    out << json;
+    return absl::OkStatus();
+  }
+  std::ofstream f(file->second, std::ios::trunc);
+  f << json;
+  f.close();
+  if (!f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write '", file->second, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Import(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s = Need(args, 2, "JOB FILE [--group=G]"); !s.ok()) {
+    return s;
+  }
+  std::ifstream f(args.positional[1]);
+  if (!f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read '", args.positional[1], "'"));
+  }
+  std::stringstream text;
+  text << f.rdbuf();
+  auto job = client.GetJob(args.positional[0]);
+  if (!job.ok()) return job.status();
+  auto group = args.Int("group");
+  if (!group.ok()) return group.status();
+  auto request =
+      ImportStateDict(*job, text.str(), static_cast<int>(group->value_or(-1)));
+  if (!request.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        args.positional[1], ": ", request.status().message()));
+  }
+  auto stats = client.SetRunningStats(*request);
+  if (!stats.ok()) return stats.status();
+  out << "imported " << stats->layers_size() << " (layer, group) entries into "
+      << job->job_id() << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status TakeCheckpoint(Client& client, const Args& args,
+                            std::ostream& out) {
+  if (absl::Status s = Need(args, 2, "JOB STEP [--tag=T]"); !s.ok()) return s;
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(args.positional[1], &step)) {
+    return Usage(absl::StrCat("STEP '", args.positional[1],
+                              "' is not an integer"));
+  }
+  auto tag = args.options.find("tag");
+  auto c = client.Checkpoint(args.positional[0], step,
+                             tag == args.options.end() ? "" : tag->second);
+  if (!c.ok()) return c.status();
+  out << "checkpoint of " << c->job_id() << " at step " << c->step()
+      << (c->tag().empty() ? "" : absl::StrCat(" tagged ", c->tag())) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Restore(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s = Need(args, 2, "JOB STEP"); !s.ok()) return s;
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(args.positional[1], &step)) {
+    return Usage(absl::StrCat("STEP '", args.positional[1],
+                              "' is not an integer"));
+  }
+  auto job = client.RestoreCheckpoint(args.positional[0], step);
+  if (!job.ok()) return job.status();
+  out << "restored " << job->job_id() << " to step " << job->committed_step()
+      << "; training resumes with step " << job->committed_step() + 1 << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Delete(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s = Need(args, 1, "JOB"); !s.ok()) return s;
+  if (absl::Status s = client.DeleteJob(args.positional[0]); !s.ok()) return s;
+  out << "deleted " << args.positional[0] << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<int64_t>> Args::Int(const std::string& name) const {
+  auto it = options.find(name);
+  if (it == options.end()) return std::optional<int64_t>();
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(it->second, &v)) {
+    return Usage(absl::StrCat("--", name, "=", it->second,
+                              " is not an integer"));
+  }
+  return std::optional<int64_t>(v);
+}
+
+absl::Status Usage(absl::string_view what) {
+  absl::Status s = absl::InvalidArgumentError(what);
+  s.SetPayload(kUsageUrl, absl::Cord("1"));
+  return s;
+}
+
+absl::Status Run(Client& client, const Args& args, std::ostream& out) {
+  using Command = std::function<absl::Status(Client&, const Args&,
+                                             std::ostream&)>;
+  static const auto* commands = new std::map<std::string, Command>{
+      {"jobs", Jobs},
+      {"layers", Layers},
+      {"checkpoints", Checkpoints},
+      {"stats", Stats},
+      {"export", Export},
+      {"import", Import},
+      {"checkpoint", TakeCheckpoint},
+      {"restore", Restore},
+      {"delete", Delete},
+  };
+  auto it = commands->find(args.command);
+  if (it == commands->end()) {
+    return Usage(args.command.empty()
+                     ? "no command given"
+                     : absl::StrCat("unknown command '", args.command, "'"));
+  }
+  return it->second(client, args, out);
+}
+
+std::string UsageText() {
+  return R"(usage: syncnormctl [--server=HOST:PORT] [--timeout=DURATION] COMMAND ...
+
+Commands:
+  jobs                                   list the jobs
+  layers JOB [--group=G]                 a job's layers with their num_batches_tracked
+  checkpoints JOB                        a job's checkpoints (step, time, tag)
+  stats JOB LAYER [--group=G] [--step=S] a layer's running statistics as a table
+                                         (LAYER: name or index; --step: a checkpoint)
+  export JOB [--group=G] [--step=S] [--out=FILE]
+                                         running statistics as JSON keyed like a torch
+                                         state_dict (<layer>.running_mean, .running_var,
+                                         .num_batches_tracked); stdout unless --out
+  import JOB FILE [--group=G]            seed a job's statistics from such a file (every
+                                         group unless --group)
+  checkpoint JOB STEP [--tag=T]          wait for STEP and checkpoint it
+  restore JOB STEP                       roll the job back to its checkpoint at STEP
+  delete JOB                             delete a job and all of its state
+
+Options: --server (default 127.0.0.1:50051), --timeout (per call, default 10s).
+Exit codes: 0 ok, 1 other error, 2 usage, 3 server unreachable or too slow,
+4 not found, 5 invalid input or request refused (bad file, wrong shape, ...).
+)";
+}
+
+}  // namespace syncnorm::ctl

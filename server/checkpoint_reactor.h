@@ -1,0 +1,51 @@
+// The server side of one Checkpoint call, which may wait for its step.
+#ifndef SYNCNORM_SERVER_CHECKPOINT_REACTOR_H_
+#define SYNCNORM_SERVER_CHECKPOINT_REACTOR_H_
+
+#include <atomic>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/server_callback.h"
+#include "server/aggregator.h"
+#include "syncnorm/v1/aggregator.pb.h"
+
+namespace syncnorm {
+
+// Asks the Aggregator for the checkpoint, bounded by the call's deadline,
+// and finishes the call with it or its error; no thread waits meanwhile. A
+// cancelled call finishes CANCELLED at once; the late answer is dropped.
+//
+// Lifetime: deletes itself after OnDone and the aggregator callback have
+// both happened. Thread-safe.
+class CheckpointReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // `response` is owned by gRPC and valid until Finish; `aggregator` must
+  // outlive the callback.
+  CheckpointReactor(Aggregator* aggregator,
+                    grpc::CallbackServerContext* context,
+                    const v1::CheckpointRequest& request,
+                    v1::CheckpointInfo* response);
+
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  ~CheckpointReactor() override = default;
+
+  void Answer(const absl::StatusOr<CheckpointMeta>& result)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Unref();
+
+  v1::CheckpointInfo* const response_;
+  // Owners: gRPC until OnDone, and the outstanding aggregator callback.
+  std::atomic<int> refs_{2};
+
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_CHECKPOINT_REACTOR_H_

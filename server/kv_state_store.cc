@@ -1,0 +1,245 @@
+#include "server/kv_state_store.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "server/state_codec.h"
+
+namespace syncnorm {
+namespace {
+
+std::string Step(int64_t step) { return absl::StrFormat("%020d", step); }
+
+std::string JobKey(absl::string_view job) { return absl::StrCat("j/", job); }
+
+std::string LayerKey(absl::string_view job, int group, int layer) {
+  return absl::StrCat("l/", job, "/", group, "/", layer);
+}
+
+std::string RoundKey(absl::string_view job, int group, int layer, Phase phase,
+                     int64_t step) {
+  return absl::StrCat("r/", job, "/", group, "/", layer, "/",
+                      static_cast<int>(phase), "/", Step(step));
+}
+
+std::string CheckpointKey(absl::string_view job, int64_t step) {
+  return absl::StrCat("c/", job, "/", Step(step));
+}
+
+// Every key of `kind` ("l", "r", "c") of a job: [begin, end).
+void DeleteAllOf(KvBatch& batch, absl::string_view kind, absl::string_view job) {
+  // '0' follows '/' in ASCII, so the range ends right after the prefix.
+  batch.DeleteRange(absl::StrCat(kind, "/", job, "/"),
+                    absl::StrCat(kind, "/", job, "0"));
+}
+
+// The numeric fields of a key after its kind and job: "l/job/1/2" -> {1, 2}.
+bool ParseKey(absl::string_view key, size_t fields, std::string& job,
+              std::vector<int64_t>& numbers) {
+  std::vector<absl::string_view> parts = absl::StrSplit(key, '/');
+  if (parts.size() != fields + 2) return false;
+  job = std::string(parts[1]);
+  numbers.clear();
+  for (size_t i = 2; i < parts.size(); ++i) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(parts[i], &v) || v < 0) return false;
+    numbers.push_back(v);
+  }
+  return true;
+}
+
+}  // namespace
+
+KvStateStore::KvStateStore(std::unique_ptr<KvEngine> engine)
+    : engine_(std::move(engine)) {}
+
+absl::Status KvStateStore::Corrupt(absl::string_view key,
+                                   const absl::Status& cause) const {
+  return absl::DataLossError(absl::StrCat(
+      Describe(), ": record '", key, "' is corrupt: ", cause.message(),
+      "; restore the folder from a backup, or move it away to start empty"));
+}
+
+absl::StatusOr<std::vector<StoredJob>> KvStateStore::LoadAll() {
+  std::vector<StoredJob> jobs;
+  absl::Status s = LoadJobs(jobs);
+  if (s.ok()) s = LoadLayers(jobs);
+  if (s.ok()) s = LoadRounds(jobs);
+  if (s.ok()) s = LoadCheckpoints(jobs);
+  if (!s.ok()) return s;
+  return jobs;
+}
+
+absl::Status KvStateStore::LoadJobs(std::vector<StoredJob>& jobs) {
+  return engine_->Scan("j/", [&](absl::string_view key,
+                                 absl::string_view value) -> absl::Status {
+    absl::StatusOr<JobSpec> spec = DecodeJob(value);
+    if (!spec.ok()) return Corrupt(key, spec.status());
+    if (JobKey(spec->job_id) != key) {
+      return Corrupt(key, absl::DataLossError("it names another job"));
+    }
+    jobs.push_back(StoredJob{*std::move(spec), {}, {}});
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+
+StoredJob* FindJob(std::vector<StoredJob>& jobs, const std::string& id) {
+  for (StoredJob& j : jobs) {
+    if (j.spec.job_id == id) return &j;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+absl::Status KvStateStore::LoadLayers(std::vector<StoredJob>& jobs) {
+  return engine_->Scan("l/", [&](absl::string_view key,
+                                 absl::string_view value) -> absl::Status {
+    std::string id;
+    std::vector<int64_t> n;
+    if (!ParseKey(key, 2, id, n)) {
+      return Corrupt(key, absl::DataLossError("malformed key"));
+    }
+    StoredJob* job = FindJob(jobs, id);
+    if (job == nullptr) return absl::OkStatus();  // unreachable leftovers
+    if (n[0] >= job->spec.num_groups() ||
+        n[1] >= static_cast<int64_t>(job->spec.layers.size())) {
+      return Corrupt(key, absl::DataLossError("group or layer out of range"));
+    }
+    absl::StatusOr<LayerState> state = DecodeLayer(value, job->spec.layers[n[1]]);
+    if (!state.ok()) return Corrupt(key, state.status());
+    job->layers.push_back(StoredLayer{
+        LayerSlot{static_cast<int>(n[0]), static_cast<int>(n[1]),
+                  *std::move(state)},
+        {}});
+    return absl::OkStatus();
+  });
+}
+
+absl::Status KvStateStore::LoadRounds(std::vector<StoredJob>& jobs) {
+  return engine_->Scan("r/", [&](absl::string_view key,
+                                 absl::string_view value) -> absl::Status {
+    std::string id;
+    std::vector<int64_t> n;
+    if (!ParseKey(key, 4, id, n)) {
+      return Corrupt(key, absl::DataLossError("malformed key"));
+    }
+    StoredJob* job = FindJob(jobs, id);
+    if (job == nullptr) return absl::OkStatus();
+    StoredLayer* layer = nullptr;
+    for (StoredLayer& l : job->layers) {
+      if (l.slot.group == n[0] && l.slot.layer == n[1]) layer = &l;
+    }
+    if (layer == nullptr) {
+      return Corrupt(key, absl::DataLossError("a round without its layer"));
+    }
+    absl::StatusOr<StoredRound> round =
+        DecodeRound(value, job->spec, layer->slot.layer);
+    if (!round.ok()) return Corrupt(key, round.status());
+    if (static_cast<int64_t>(round->phase) != n[2] || round->step != n[3]) {
+      return Corrupt(key, absl::DataLossError("the key and value disagree"));
+    }
+    layer->rounds.push_back(*std::move(round));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status KvStateStore::LoadCheckpoints(std::vector<StoredJob>& jobs) {
+  return engine_->Scan("c/", [&](absl::string_view key,
+                                 absl::string_view value) -> absl::Status {
+    std::string id;
+    std::vector<int64_t> n;
+    if (!ParseKey(key, 1, id, n)) {
+      return Corrupt(key, absl::DataLossError("malformed key"));
+    }
+    StoredJob* job = FindJob(jobs, id);
+    if (job == nullptr) return absl::OkStatus();
+    absl::StatusOr<CheckpointData> c = DecodeCheckpoint(value, job->spec);
+    if (!c.ok()) return Corrupt(key, c.status());
+    if (c->meta.step != n[0] || c->meta.job_id != id) {
+      return Corrupt(key, absl::DataLossError("the key and value disagree"));
+    }
+    job->checkpoints.push_back(std::move(c->meta));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status KvStateStore::PutJob(const JobSpec& spec) {
+  KvBatch batch;
+  batch.Put(JobKey(spec.job_id), EncodeJob(spec));
+  return engine_->Write(batch);
+}
+
+absl::Status KvStateStore::DeleteJob(const std::string& job_id) {
+  KvBatch batch;
+  batch.Delete(JobKey(job_id));
+  for (const char* kind : {"l", "r", "c"}) DeleteAllOf(batch, kind, job_id);
+  return engine_->Write(batch);
+}
+
+absl::Status KvStateStore::CommitRound(const std::string& job_id,
+                                       const LayerSlot& slot,
+                                       const StoredRound& round,
+                                       absl::Span<const int64_t> evicted) {
+  KvBatch batch;
+  batch.Put(LayerKey(job_id, slot.group, slot.layer), EncodeLayer(slot.state));
+  batch.Put(RoundKey(job_id, slot.group, slot.layer, round.phase, round.step),
+            EncodeRound(round));
+  for (int64_t step : evicted) {
+    batch.Delete(RoundKey(job_id, slot.group, slot.layer, round.phase, step));
+  }
+  return engine_->Write(batch);
+}
+
+absl::Status KvStateStore::PutLayers(const std::string& job_id,
+                                     absl::Span<const LayerSlot> layers,
+                                     bool drop_rounds) {
+  KvBatch batch;
+  if (drop_rounds) DeleteAllOf(batch, "r", job_id);
+  for (const LayerSlot& slot : layers) {
+    batch.Put(LayerKey(job_id, slot.group, slot.layer),
+              EncodeLayer(slot.state));
+  }
+  return engine_->Write(batch);
+}
+
+absl::Status KvStateStore::PutCheckpoint(const CheckpointData& checkpoint,
+                                         absl::Span<const int64_t> drop) {
+  KvBatch batch;
+  batch.Put(CheckpointKey(checkpoint.meta.job_id, checkpoint.meta.step),
+            EncodeCheckpoint(checkpoint));
+  for (int64_t step : drop) {
+    batch.Delete(CheckpointKey(checkpoint.meta.job_id, step));
+  }
+  return engine_->Write(batch);
+}
+
+absl::StatusOr<CheckpointData> KvStateStore::GetCheckpoint(
+    const std::string& job_id, int64_t step) {
+  const std::string key = CheckpointKey(job_id, step);
+  absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
+  if (!value.ok()) return value.status();
+  if (!value->has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        "job '", job_id, "' has no checkpoint at step ", step,
+        "; ListCheckpoints shows the steps it has"));
+  }
+  absl::StatusOr<std::optional<std::string>> job = engine_->Get(JobKey(job_id));
+  if (!job.ok()) return job.status();
+  if (!job->has_value()) {
+    return Corrupt(key, absl::DataLossError("its job record is missing"));
+  }
+  absl::StatusOr<JobSpec> spec = DecodeJob(**job);
+  if (!spec.ok()) return Corrupt(JobKey(job_id), spec.status());
+  absl::StatusOr<CheckpointData> c = DecodeCheckpoint(**value, *spec);
+  if (!c.ok()) return Corrupt(key, c.status());
+  return c;
+}
+
+}  // namespace syncnorm

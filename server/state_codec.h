@@ -1,0 +1,36 @@
+// Encoding of the state store's values (server/state.proto) and their
+// checks on the way back in.
+#ifndef SYNCNORM_SERVER_STATE_CODEC_H_
+#define SYNCNORM_SERVER_STATE_CODEC_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/job_spec.h"
+#include "server/state_store.h"
+
+namespace syncnorm {
+
+// The record format this build writes; newer ones are refused.
+inline constexpr uint32_t kStateFormat = 1;
+
+std::string EncodeJob(const JobSpec& spec);
+std::string EncodeLayer(const LayerState& state);
+std::string EncodeRound(const StoredRound& round);
+std::string EncodeCheckpoint(const CheckpointData& checkpoint);
+
+// Each decoder returns DATA_LOSS saying what is wrong when the bytes do not
+// parse, carry a newer format, or do not fit the job's spec (channel
+// counts, group and layer ranges, rank counts).
+absl::StatusOr<JobSpec> DecodeJob(absl::string_view value);
+absl::StatusOr<LayerState> DecodeLayer(absl::string_view value,
+                                       const LayerConfig& layer);
+absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
+                                        const JobSpec& spec, int layer);
+absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
+                                                const JobSpec& spec);
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_STATE_CODEC_H_
