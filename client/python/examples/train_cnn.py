@@ -1,0 +1,248 @@
+#!/usr/bin/python3
+"""W processes train a small CNN (7 BN layers) on synthetic data with
+syncnorm's SyncBatchNorm; gradients are averaged by torch DDP over gloo.
+
+    /usr/bin/python3 client/python/examples/train_cnn.py --workers=4 \
+        --steps=300
+
+or, without installing the package,
+
+    bazel run //client/python:train_cnn -- --workers=4 --steps=300
+
+Without --address it starts the aggregator itself (--aggregator,
+$SYNCNORM_AGGREGATOR, Bazel's runfiles or bazel-bin) on a free loopback
+port. Each worker
+draws its own, uneven batch (batch + rank % 3 - 1 images) from the same
+10-class synthetic distribution; rank 0 logs the loss, accuracy, step time
+and the time spent in syncnorm's forward and backward syncs, and at the end
+the eval accuracy and how far its running statistics are from the
+aggregator's.
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the worker -----------------------------------------------------------
+
+
+def make_model():
+    import torch.nn as nn
+
+    def conv_bn(cin, cout, stride):
+        return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+
+    return nn.Sequential(
+        *conv_bn(3, 16, 1), *conv_bn(16, 16, 1),
+        *conv_bn(16, 32, 2), *conv_bn(32, 32, 1),
+        *conv_bn(32, 64, 2), *conv_bn(64, 64, 1),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(64, 64, bias=False), nn.BatchNorm1d(64),
+        nn.ReLU(inplace=True), nn.Linear(64, 10))
+
+
+class Synthetic:
+    """10 classes, each a fixed smooth 3x16x16 template plus noise and a
+    random brightness shift."""
+
+    def __init__(self, seed=0):
+        import torch
+        import torch.nn.functional as F
+        g = torch.Generator().manual_seed(seed)
+        coarse = torch.randn(10, 3, 4, 4, generator=g)
+        self.templates = F.interpolate(coarse, size=(16, 16),
+                                       mode="bilinear", align_corners=False)
+
+    def batch(self, n, generator):
+        import torch
+        labels = torch.randint(0, 10, (n,), generator=generator)
+        x = self.templates[labels] * 0.3 + torch.randn(
+            n, 3, 16, 16, generator=generator)
+        x = x + torch.randn(n, 1, 1, 1, generator=generator)
+        return x, labels
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import syncnorm
+    import syncnorm.torch as snt
+
+    torch.set_num_threads(1)
+    rank, world = args.rank, args.workers
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" %
+                            args.dist_port, rank=rank, world_size=world)
+    torch.manual_seed(0)  # every rank starts from the same weights
+    model = snt.convert_sync_batchnorm(make_model())   # the one-line swap
+    client = syncnorm.Client(args.address)
+    session = snt.attach(model, client, args.job_id, rank, world)
+    # syncnorm keeps the buffers equal on every rank: no buffer broadcast.
+    ddp = DDP(model, broadcast_buffers=False)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9,
+                                weight_decay=1e-4)
+    data = Synthetic()
+    g = torch.Generator().manual_seed(1000 + rank)
+    local_batch = max(1, args.batch + rank % 3 - 1)
+    log = rank == 0
+    if log:
+        print("%d workers, %d BN layers synced through %s (job %s), "
+              "batch %s" % (world, len(session.layers), args.address,
+                            args.job_id,
+                            [max(1, args.batch + r % 3 - 1)
+                             for r in range(world)]), flush=True)
+    window = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0,
+              "sync": 0.0, "steps": 0}
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        x, labels = data.batch(local_batch, g)
+        t0 = time.perf_counter()
+        sync0 = session.sync_seconds
+        logits = ddp(x)
+        loss = F.cross_entropy(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        window["time"] += time.perf_counter() - t0
+        window["sync"] += session.sync_seconds - sync0
+        window["loss"] += loss.item()
+        window["correct"] += int((logits.argmax(1) == labels).sum())
+        window["seen"] += len(labels)
+        window["steps"] += 1
+        if log and (step % args.log_every == 0 or step == args.steps):
+            n = window["steps"]
+            print("step %4d  loss %.4f  acc %.3f  step %.1f ms  "
+                  "sync %.1f ms/step (%d rounds)" % (
+                      step, window["loss"] / n,
+                      window["correct"] / window["seen"],
+                      1e3 * window["time"] / n, 1e3 * window["sync"] / n,
+                      2 * len(session.layers)), flush=True)
+            window = dict.fromkeys(window, 0)
+            window["loss"] = 0.0
+    elapsed = time.perf_counter() - start
+    model.eval()
+    eval_g = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        x, labels = data.batch(512, eval_g)
+        acc = float((model(x).argmax(1) == labels).float().mean())
+    stats = client.get_running_stats(args.job_id)
+    drift = 0.0
+    for entry in stats["layers"]:
+        bn = session.layers[entry["layer"]]
+        drift = max(drift, (bn.running_mean.double() - torch.tensor(
+            entry["running_mean"])).abs().max().item(),
+            (bn.running_var.double() - torch.tensor(
+                entry["running_var"])).abs().max().item())
+    if log:
+        print("done: %d steps in %.1f s; eval accuracy %.3f (plain BN on "
+              "the running statistics, no rounds); running statistics vs "
+              "the aggregator: max |diff| %.1e" % (
+                  args.steps, elapsed, acc, drift), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+# ---- the launcher ---------------------------------------------------------
+
+
+def find_aggregator(args):
+    runfiles = [os.path.join(os.environ[v], "syncnorm", "server",
+                             "syncnorm-aggregator")
+                for v in ("RUNFILES_DIR", "PYTHON_RUNFILES")
+                if os.environ.get(v)]
+    for path in [args.aggregator, os.environ.get("SYNCNORM_AGGREGATOR")] + \
+            runfiles + [os.path.join(REPO, "server", "syncnorm-aggregator"),
+                        os.path.join(REPO, "bazel-bin", "server",
+                                     "syncnorm-aggregator")]:
+        if path and os.access(path, os.X_OK):
+            return path
+    sys.exit("no aggregator binary: run `bazel build "
+             "//server:syncnorm-aggregator`, or pass --aggregator or "
+             "--address")
+
+
+def start_aggregator(args):
+    scratch = tempfile.mkdtemp(prefix="train-cnn-")
+    port_file = os.path.join(scratch, "port")
+    proc = subprocess.Popen([find_aggregator(args), "--listen=127.0.0.1:0",
+                             "--port_file=" + port_file],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(port_file):
+            with open(port_file) as f:
+                port = f.read().strip()
+            if port:
+                return proc, "127.0.0.1:" + port
+        time.sleep(0.05)
+    proc.kill()
+    sys.exit("the aggregator did not start")
+
+
+def launch(args):
+    aggregator = None
+    if not args.address:
+        aggregator, args.address = start_aggregator(args)
+    job_id = args.job_id or "train-cnn-" + uuid.uuid4().hex[:8]
+    dist_port = free_port()
+    procs = []
+    for rank in range(args.workers):
+        cmd = [sys.executable, os.path.abspath(__file__),
+               "--rank=%d" % rank, "--workers=%d" % args.workers,
+               "--steps=%d" % args.steps, "--batch=%d" % args.batch,
+               "--lr=%g" % args.lr, "--log_every=%d" % args.log_every,
+               "--address=" + args.address, "--job_id=" + job_id,
+               "--dist_port=%d" % dist_port]
+        procs.append(subprocess.Popen(cmd))
+    codes = [p.wait() for p in procs]
+    if aggregator is not None:
+        aggregator.terminate()
+        aggregator.wait()
+    if any(codes):
+        sys.exit("workers exited with %s" % codes)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=16,
+                        help="images per worker (rank r takes "
+                             "batch + r %% 3 - 1)")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--log_every", type=int, default=25)
+    parser.add_argument("--address", default="",
+                        help="a running aggregator; default: start one")
+    parser.add_argument("--aggregator", default="",
+                        help="the aggregator binary to start")
+    parser.add_argument("--job_id", default="")
+    parser.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--dist_port", type=int, default=0,
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank >= 0:
+        sys.exit(worker(args))
+    launch(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+// Client, NodeGroup and ThreadNode for Python. Requests and replies cross as
+// JSON text of the syncnorm.v1 messages; the syncnorm package turns them
+// into dicts.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "client/node_group.h"
+#include "client/python/src/bindings.h"
+#include "client/python/src/json_proto.h"
+#include "client/python/src/py_status.h"
+#include "client/thread_node.h"
+#include "pybind11/numpy.h"
+#include "pybind11/stl.h"
+
+namespace py = pybind11;
+
+namespace syncnorm::python {
+namespace {
+
+using DoubleArray =
+    py::array_t<double, py::array::c_style | py::array::forcecast>;
+
+// The binding's handle of a Client (which is neither copyable nor movable).
+struct PyClient {
+  explicit PyClient(const ClientOptions& options) : client(options) {}
+  Client client;
+};
+
+ClientOptions MakeOptions(const std::string& address, double rpc_timeout_s,
+                          double round_timeout_s) {
+  if (rpc_timeout_s <= 0 || round_timeout_s <= 0) {
+    throw py::value_error(absl::StrCat(
+        "expected positive timeouts, got rpc_timeout=", rpc_timeout_s,
+        " s and round_timeout=", round_timeout_s, " s"));
+  }
+  ClientOptions options;
+  options.address = address;
+  options.rpc_timeout = absl::Seconds(rpc_timeout_s);
+  options.round_timeout = absl::Seconds(round_timeout_s);
+  return options;
+}
+
+// Runs call() without the GIL, then returns its value as JSON or raises
+// ServiceError.
+template <typename Call>
+std::string JsonCall(Call call) {
+  decltype(call()) result = absl::UnknownError("not run");
+  {
+    py::gil_scoped_release release;
+    result = call();
+  }
+  ThrowIfServiceError(result.status());
+  return ToJson(*result);
+}
+
+template <typename M>
+M Parse(const std::string& json, const char* what) {
+  absl::StatusOr<M> m = FromJson<M>(json, what);
+  ThrowIfError(m.status());
+  return *std::move(m);
+}
+
+std::vector<double> ToVector(const DoubleArray& a, size_t channels,
+                             const char* what) {
+  if (a.ndim() != 1 || static_cast<size_t>(a.size()) != channels) {
+    throw py::value_error(absl::StrCat("expected ", what, " of ", channels,
+                                       " values (one per channel), got ",
+                                       a.size()));
+  }
+  return std::vector<double>(a.data(), a.data() + a.size());
+}
+
+DoubleArray ToArray(const std::vector<double>& v) {
+  DoubleArray a(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+py::tuple SyncForward(NodeGroup& group, int layer, int64_t step, int64_t count,
+                      const DoubleArray& mean, const DoubleArray& m2) {
+  Moments local;
+  local.count = count;
+  local.mean = ToVector(mean, mean.size(), "mean");
+  local.m2 = ToVector(m2, local.mean.size(), "m2");
+  absl::StatusOr<ForwardReply> reply = absl::UnknownError("not run");
+  {
+    py::gil_scoped_release release;
+    reply = group.SyncForward(layer, step, local);
+  }
+  ThrowIfServiceError(reply.status());
+  return py::make_tuple(reply->global.count, ToArray(reply->global.mean),
+                        ToArray(reply->global.var), reply->version);
+}
+
+py::tuple SyncBackward(NodeGroup& group, int layer, int64_t step,
+                       const DoubleArray& sum_dy,
+                       const DoubleArray& sum_dy_xmu) {
+  GradSums local;
+  local.sum_dy = ToVector(sum_dy, sum_dy.size(), "sum_dy");
+  local.sum_dy_xmu = ToVector(sum_dy_xmu, local.sum_dy.size(), "sum_dy_xmu");
+  absl::StatusOr<GradSums> global = absl::UnknownError("not run");
+  {
+    py::gil_scoped_release release;
+    global = group.SyncBackward(layer, step, local);
+  }
+  ThrowIfServiceError(global.status());
+  return py::make_tuple(ToArray(global->sum_dy), ToArray(global->sum_dy_xmu));
+}
+
+void BindNodeGroups(py::module_& m) {
+  py::class_<NodeGroup>(m, "NodeGroup",
+                        "One worker's way to the group's global statistics.")
+      .def("sync_forward", &SyncForward, py::arg("layer"), py::arg("step"),
+           py::arg("count"), py::arg("mean"), py::arg("m2"),
+           "Sends local moments; returns (count, mean, var, version) of the "
+           "group (var biased). Raises ServiceError.")
+      .def("sync_backward", &SyncBackward, py::arg("layer"), py::arg("step"),
+           py::arg("sum_dy"), py::arg("sum_dy_xmu"),
+           "Sends local gradient sums; returns the group's (sum_dy, "
+           "sum_dy_xmu). Raises ServiceError.");
+
+  py::class_<ThreadNode>(m, "ThreadNode",
+                         "local_size workers (threads) of one process that "
+                         "merge first and send one contribution as `rank`.")
+      .def(py::init([](PyClient& client, const std::string& job_id, int rank,
+                       int local_size, double timeout_s) {
+             if (local_size < 1) {
+               throw py::value_error(
+                   absl::StrCat("expected local_size >= 1, got ", local_size));
+             }
+             return std::make_unique<ThreadNode>(
+                 local_size,
+                 std::make_unique<SoloNodeGroup>(
+                     client.client.NewContributor(job_id, rank)),
+                 absl::Seconds(timeout_s));
+           }),
+           py::arg("client"), py::arg("job_id"), py::arg("rank"),
+           py::arg("local_size"), py::arg("timeout_s") = 60.0)
+      .def_property_readonly("local_size", &ThreadNode::local_size)
+      .def(
+          "member",
+          [](ThreadNode& node, int local_rank) {
+            if (local_rank < 0 || local_rank >= node.local_size()) {
+              throw py::value_error(
+                  absl::StrCat("expected a local rank in [0, ",
+                               node.local_size(), "), got ", local_rank));
+            }
+            return node.Member(local_rank);
+          },
+          py::arg("local_rank"), py::keep_alive<0, 1>());
+}
+
+void BindClientClass(py::module_& m) {
+  py::class_<PyClient>(m, "Client",
+                       "A connection to one aggregator; thread-safe.")
+      .def(py::init([](const std::string& address, double rpc_timeout_s,
+                       double round_timeout_s) {
+             return std::make_unique<PyClient>(
+                 MakeOptions(address, rpc_timeout_s, round_timeout_s));
+           }),
+           py::arg("address"), py::arg("rpc_timeout_s") = 30.0,
+           py::arg("round_timeout_s") = 60.0)
+      .def_property_readonly(
+          "address", [](PyClient& c) { return c.client.options().address; })
+      .def("create_job_json",
+           [](PyClient& c, const std::string& json) {
+             auto request = Parse<v1::CreateJobRequest>(json, "CreateJob");
+             return JsonCall([&] { return c.client.CreateJob(request); });
+           })
+      .def("get_job_json",
+           [](PyClient& c, const std::string& job_id) {
+             return JsonCall([&] { return c.client.GetJob(job_id); });
+           })
+      .def("delete_job",
+           [](PyClient& c, const std::string& job_id) {
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.client.DeleteJob(job_id);
+             }
+             ThrowIfServiceError(s);
+           })
+      .def("get_running_stats_json",
+           [](PyClient& c, const std::string& json) {
+             auto request =
+                 Parse<v1::GetRunningStatsRequest>(json, "GetRunningStats");
+             return JsonCall([&] { return c.client.GetRunningStats(request); });
+           })
+      .def(
+          "checkpoint_json",
+          [](PyClient& c, const std::string& json,
+             std::optional<double> timeout_s) {
+            auto request = Parse<v1::CheckpointRequest>(json, "Checkpoint");
+            std::optional<absl::Duration> timeout;
+            if (timeout_s) timeout = absl::Seconds(*timeout_s);
+            return JsonCall([&] {
+              return c.client.Checkpoint(request.job_id(), request.step(),
+                                         request.tag(), timeout);
+            });
+          },
+          py::arg("request"), py::arg("timeout_s") = py::none())
+      .def("list_checkpoints_json",
+           [](PyClient& c, const std::string& job_id) {
+             return JsonCall(
+                 [&]() -> absl::StatusOr<v1::ListCheckpointsResponse> {
+                   auto list = c.client.ListCheckpoints(job_id);
+                   if (!list.ok()) return list.status();
+                   v1::ListCheckpointsResponse response;
+                   for (auto& info : *list) {
+                     *response.add_checkpoints() = std::move(info);
+                   }
+                   return response;
+                 });
+           })
+      .def("restore_checkpoint_json",
+           [](PyClient& c, const std::string& json) {
+             auto request =
+                 Parse<v1::RestoreCheckpointRequest>(json, "RestoreCheckpoint");
+             return JsonCall([&] {
+               return c.client.RestoreCheckpoint(request.job_id(),
+                                                 request.step());
+             });
+           })
+      .def("list_jobs_json",
+           [](PyClient& c) {
+             return JsonCall([&]() -> absl::StatusOr<v1::ListJobsResponse> {
+               auto jobs = c.client.ListJobs();
+               if (!jobs.ok()) return jobs.status();
+               v1::ListJobsResponse response;
+               for (auto& job : *jobs) *response.add_jobs() = std::move(job);
+               return response;
+             });
+           })
+      .def("set_running_stats_json",
+           [](PyClient& c, const std::string& json) {
+             auto request =
+                 Parse<v1::SetRunningStatsRequest>(json, "SetRunningStats");
+             return JsonCall([&] { return c.client.SetRunningStats(request); });
+           })
+      .def(
+          "solo_group",
+          [](PyClient& c, const std::string& job_id,
+             int rank) -> std::unique_ptr<NodeGroup> {
+            return std::make_unique<SoloNodeGroup>(
+                c.client.NewContributor(job_id, rank));
+          },
+          py::arg("job_id"), py::arg("rank"),
+          "The NodeGroup of a worker that is its node's only member.");
+}
+
+}  // namespace
+
+void BindClient(py::module_& m) {
+  BindNodeGroups(m);
+  BindClientClass(m);
+}
+
+}  // namespace syncnorm::python

@@ -1,0 +1,199 @@
+"""The syncnorm client: jobs, running statistics and checkpoints as dicts.
+
+Messages are those of proto/syncnorm/v1/aggregator.proto with their proto
+field names (``job_id``, ``world_size``, ``layers``, ...). Every call has a
+deadline (``rpc_timeout``) and raises :class:`ServiceError` (a RuntimeError
+whose ``code`` is the gRPC status name) when the aggregator says no.
+"""
+
+import json
+
+from . import _syncnorm
+
+ServiceError = _syncnorm.ServiceError
+
+# Wire names of the running-statistics rules and their aliases.
+MOMENTUM_MODES = {
+    "torch": 1,
+    "apex": 1,
+    "decay": 2,
+    "megengine": 2,
+    "mxnet": 2,
+    "cumulative": 3,
+}
+_MODE_WIRE = {1: "MOMENTUM_TORCH", 2: "MOMENTUM_DECAY",
+              3: "MOMENTUM_CUMULATIVE"}
+
+# int64 fields, which proto3 JSON writes as strings.
+_INT64_FIELDS = frozenset(
+    ["committed_step", "step", "num_batches_tracked", "round_timeout_ms",
+     "created_unix_ms", "count", "checkpoint_step"])
+
+
+def momentum_mode_code(mode):
+    """1 (torch), 2 (decay) or 3 (cumulative) from a name, a wire name or
+    a code."""
+    if isinstance(mode, int) and mode in _MODE_WIRE:
+        return mode
+    if isinstance(mode, str):
+        key = mode.lower()
+        if key in MOMENTUM_MODES:
+            return MOMENTUM_MODES[key]
+        for code, wire in _MODE_WIRE.items():
+            if mode.upper() == wire:
+                return code
+    raise ValueError(
+        "expected momentum_mode 'torch', 'decay' (MegEngine, MXNet) or "
+        "'cumulative' (torch momentum=None), got %r" % (mode,))
+
+
+def _ints(value, key=None):
+    if isinstance(value, dict):
+        return {k: _ints(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_ints(v, key) for v in value]
+    if key in _INT64_FIELDS and isinstance(value, str):
+        return int(value)
+    return value
+
+
+def _wire_layer(spec):
+    spec = dict(spec)
+    if "momentum_mode" in spec:
+        code = momentum_mode_code(spec["momentum_mode"])
+        spec["momentum_mode"] = _MODE_WIRE[code]
+    return spec
+
+
+def layer_spec(name, num_features, momentum_mode="torch", momentum=-1.0,
+               track_running_stats=True, biased_running_var=False,
+               initial_running_mean=(), initial_running_var=()):
+    """The LayerSpec dict of one BN layer, resolved as the C++ client does.
+
+    momentum < 0 takes the rule's default (0.1 torch, 0.9 decay); torch's
+    momentum 0 becomes the equivalent decay rule (the wire reads 0 as "the
+    default").
+    """
+    options = {
+        "num_features": int(num_features),
+        "momentum_mode": momentum_mode_code(momentum_mode),
+        "momentum": float(momentum),
+        "track_running_stats": bool(track_running_stats),
+        "biased_running_var": bool(biased_running_var),
+        "initial_running_mean": [float(v) for v in initial_running_mean],
+        "initial_running_var": [float(v) for v in initial_running_var],
+    }
+    return json.loads(_syncnorm.layer_spec_json(options, name))
+
+
+class Client:
+    """A connection to one aggregator ("host:port"). Thread-safe.
+
+    rpc_timeout: seconds each admin call may take (it waits for the server
+    to become reachable within it). round_timeout: seconds one forward or
+    backward sync may take end to end, reconnects included; keep it above
+    the job's round_timeout_ms so the server's DEADLINE_EXCEEDED naming the
+    missing ranks arrives first.
+    """
+
+    def __init__(self, address="127.0.0.1:50051", rpc_timeout=30.0,
+                 round_timeout=60.0):
+        self._raw = _syncnorm.Client(address, float(rpc_timeout),
+                                     float(round_timeout))
+
+    @property
+    def address(self):
+        return self._raw.address
+
+    def create_job(self, job_id, world_size, layers, group_size=0,
+                   round_timeout_ms=0):
+        """Creates the job (idempotent: the same spec again returns it).
+
+        layers: LayerSpec dicts, e.g. from :func:`layer_spec`. group_size 0:
+        one group of world_size ranks; k: ranks [g*k, (g+1)*k) form group g.
+        Returns the JobInfo dict. ServiceError ALREADY_EXISTS when the job
+        exists with another spec.
+        """
+        request = {
+            "job_id": job_id,
+            "world_size": int(world_size),
+            "layers": [_wire_layer(s) for s in layers],
+            "group_size": int(group_size),
+            "round_timeout_ms": str(int(round_timeout_ms)),
+        }
+        return _ints(json.loads(
+            self._raw.create_job_json(json.dumps(request))))
+
+    def get_job(self, job_id):
+        """The JobInfo dict (committed_step is -1 before any step)."""
+        return _ints(json.loads(self._raw.get_job_json(job_id)))
+
+    def delete_job(self, job_id):
+        self._raw.delete_job(job_id)
+
+    def get_running_stats(self, job_id, layers=None, checkpoint_step=0,
+                          group=0):
+        """The RunningStats dict: {"job_id", "step", "layers": [{"layer",
+        "name", "num_batches_tracked", "running_mean", "running_var",
+        "group"}]}. layers None: all."""
+        request = {
+            "job_id": job_id,
+            "layers": [int(i) for i in (layers or [])],
+            "checkpoint_step": str(int(checkpoint_step)),
+            "group": int(group),
+        }
+        return _ints(json.loads(
+            self._raw.get_running_stats_json(json.dumps(request))))
+
+    def list_jobs(self):
+        """JobInfo dicts of every job on the server, by job_id."""
+        reply = json.loads(self._raw.list_jobs_json())
+        return _ints(reply.get("jobs", []), "jobs")
+
+    def set_running_stats(self, job_id, layers):
+        """Replaces the running statistics of some (layer, group)s: layers
+        are LayerStats dicts {"layer", "group", "running_mean",
+        "running_var", "num_batches_tracked"[, "name"]}. Returns the
+        RunningStats dict."""
+        entries = []
+        for entry in layers:
+            entry = dict(entry)
+            if "num_batches_tracked" in entry:
+                entry["num_batches_tracked"] = str(int(
+                    entry["num_batches_tracked"]))
+            entries.append(entry)
+        request = {"job_id": job_id, "layers": entries}
+        return _ints(json.loads(
+            self._raw.set_running_stats_json(json.dumps(request))))
+
+    def checkpoint(self, job_id, step, tag="", timeout=None):
+        """Waits (at most `timeout` seconds, default rpc_timeout) until
+        `step` is committed by every layer of every group, then snapshots
+        the job; returns the CheckpointInfo dict."""
+        request = {"job_id": job_id, "step": str(int(step)), "tag": tag}
+        return _ints(json.loads(self._raw.checkpoint_json(
+            json.dumps(request),
+            None if timeout is None else float(timeout))))
+
+    def list_checkpoints(self, job_id):
+        """CheckpointInfo dicts of the job, oldest first."""
+        reply = json.loads(self._raw.list_checkpoints_json(job_id))
+        return _ints(reply.get("checkpoints", []), "checkpoints")
+
+    def restore(self, job_id, step):
+        """Rolls the job back to its checkpoint of `step`; returns JobInfo."""
+        request = {"job_id": job_id, "step": str(int(step))}
+        return _ints(json.loads(
+            self._raw.restore_checkpoint_json(json.dumps(request))))
+
+    def node_group(self, job_id, rank):
+        """The NodeGroup of a worker that is alone on its node (its own
+        Reduce stream as contributor `rank`)."""
+        return self._raw.solo_group(job_id, int(rank))
+
+    def thread_node(self, job_id, rank, local_size, timeout=60.0):
+        """A node of local_size threads of this process that merge their
+        moments and send one contribution as `rank`; each thread takes its
+        NodeGroup with .member(local_rank)."""
+        return _syncnorm.ThreadNode(self._raw, job_id, int(rank),
+                                    int(local_size), float(timeout))

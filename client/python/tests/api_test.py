@@ -1,0 +1,287 @@
+"""syncnorm's Python API in one process against a real aggregator: errors,
+eval without the service, state_dict interchange with torch BatchNorm,
+convert_sync_batchnorm, in_channels=0, the client calls, checkpoints, round
+deadlines and in-process node groups (threads, which needs the GIL released
+while a round waits)."""
+
+import threading
+import unittest
+import uuid
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import harness
+import syncnorm
+import syncnorm.torch as snt
+from syncnorm import _syncnorm
+
+
+def job_name(tag):
+    return "%s-%s" % (tag, uuid.uuid4().hex[:8])
+
+
+class ApiTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        torch.set_num_threads(1)
+        cls.aggregator = harness.Aggregator()
+        cls.client = syncnorm.Client(cls.aggregator.address, rpc_timeout=10,
+                                     round_timeout=20)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.aggregator.stop()
+
+    # ---- errors say what was expected --------------------------------------
+
+    def test_wrong_rank_raises_value_error(self):
+        bn = snt.SyncBatchNorm(4).eval()
+        for shape in [(4,), (2, 4, 1, 1, 1, 1)]:
+            with self.assertRaisesRegex(ValueError, "expected 2-D to 5-D"):
+                bn(torch.randn(shape))
+
+    def test_wrong_channels_raises_value_error(self):
+        bn = snt.SyncBatchNorm(4).eval()
+        with self.assertRaisesRegex(ValueError,
+                                    "expected input with 4 channels"):
+            bn(torch.randn(2, 3, 5))
+        last = snt.SyncBatchNorm(4, channel_last=True).eval()
+        with self.assertRaisesRegex(ValueError, "last dimension"):
+            last(torch.randn(2, 4, 5))
+
+    def test_wrong_dtype_raises_type_error(self):
+        bn = snt.SyncBatchNorm(4).eval()
+        for dtype in (torch.float64, torch.int32):
+            with self.assertRaisesRegex(
+                    TypeError, "expected float32, float16 or bfloat16"):
+                bn(torch.zeros(2, 4, dtype=dtype))
+        with self.assertRaisesRegex(TypeError, "torch.Tensor"):
+            bn([[1.0] * 4])
+
+    def test_wrong_device_raises_runtime_error(self):
+        bn = snt.SyncBatchNorm(4).eval()
+        with self.assertRaisesRegex(RuntimeError,
+                                    "expected input on cpu"):
+            bn(torch.empty(2, 4, device="meta"))
+
+    def test_wrong_residual_raises_value_error(self):
+        bn = snt.SyncBatchNorm(4, fuse_relu=True).eval()
+        with self.assertRaisesRegex(ValueError, "expected z with"):
+            bn(torch.randn(2, 4), torch.randn(3, 4))
+
+    def test_training_unattached_says_attach(self):
+        bn = snt.SyncBatchNorm(4)
+        with self.assertRaisesRegex(RuntimeError, "attach"):
+            bn(torch.randn(2, 4))
+
+    def test_extension_checks_layout_and_codes(self):
+        x = torch.randn(2, 3, 4, 5).transpose(2, 3)
+        desc = (x.data_ptr(), tuple(x.shape), tuple(x.stride()), 0, 0)
+        with self.assertRaisesRegex(ValueError, "channels_last memory format"):
+            _syncnorm.local_moments(desc)
+        with self.assertRaisesRegex(TypeError, "dtype code"):
+            _syncnorm.local_moments((x.data_ptr(), (2, 3), (3, 1), 7, 0))
+        with self.assertRaisesRegex(ValueError, "2-D to 5-D"):
+            _syncnorm.local_moments((x.data_ptr(), (6,), (1,), 0, 0))
+
+    # ---- eval, state_dict, conversion ---------------------------------------
+
+    def test_eval_is_plain_batch_norm_without_service(self):
+        bn = snt.SyncBatchNorm(3, running_mean_initializer=[0.5, -1, 2],
+                               running_variance_initializer=[2, 0.5, 1],
+                               gamma_initializer=1.5, beta_initializer=0.25)
+        bn.eval()
+        x = torch.randn(4, 3, 6)
+        want = F.batch_norm(x.double(), bn.running_mean.double(),
+                            bn.running_var.double(),
+                            bn.weight.double(), bn.bias.double(), False, 0.1,
+                            1e-5)
+        self.assertLess(harness.rel_error(bn(x), want), 1e-6)
+
+    def test_state_dict_round_trip_with_torch_batchnorm2d(self):
+        torch.manual_seed(0)
+        ref = nn.BatchNorm2d(5)
+        with torch.no_grad():
+            ref.weight.uniform_(0.5, 1.5)
+            ref.bias.normal_()
+        for _ in range(3):
+            ref(torch.randn(6, 5, 3, 3) * 2 + 1)
+        ours = snt.SyncBatchNorm(5)
+        ours.load_state_dict(ref.state_dict())
+        self.assertEqual(list(ours.state_dict()), list(ref.state_dict()))
+        x = torch.randn(4, 5, 3, 3)
+        ref.eval()
+        ours.eval()
+        self.assertLess(harness.rel_error(ours(x), ref(x).double()), 1e-6)
+        # ... and back, after training steps synced through a job.
+        ours.train()
+        attach = snt.attach(ours, self.client, job_name("roundtrip"), 0, 1)
+        self.assertEqual(attach.layers, [ours])
+        for _ in range(2):
+            ours(torch.randn(6, 5, 3, 3)).sum().backward()
+        back = nn.BatchNorm2d(5)
+        back.load_state_dict(ours.state_dict())  # strict
+        for key, value in ours.state_dict().items():
+            self.assertTrue(torch.equal(back.state_dict()[key], value), key)
+        # The job started from the loaded num_batches_tracked (3).
+        self.assertEqual(int(back.num_batches_tracked), 5)
+
+    def test_lazy_module_loads_torch_state_dict(self):
+        ref = nn.BatchNorm1d(7)
+        lazy = snt.SyncBatchNorm(in_channels=0)
+        lazy.load_state_dict(ref.state_dict())
+        self.assertEqual(lazy.num_features, 7)
+        self.assertEqual(tuple(lazy.weight.shape), (7,))
+
+    def test_convert_keeps_parameters_buffers_and_flags(self):
+        model = nn.Sequential(
+            nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4),
+            nn.Sequential(nn.Flatten(), nn.Linear(4 * 2 * 2, 6),
+                          nn.BatchNorm1d(6, momentum=None)),
+            nn.Unflatten(1, (6, 1, 1, 1)), nn.BatchNorm3d(6, affine=False),
+            nn.Flatten(), nn.SyncBatchNorm(6, eps=1e-3,
+                                           track_running_stats=False))
+        model[2][2].eval()
+        before = {n: p for n, p in model.named_parameters()}
+        buffers = {n: b for n, b in model.named_buffers()}
+        converted = snt.convert_sync_batchnorm(model)
+        self.assertIs(converted, model)
+        bns = [m for m in model.modules() if isinstance(m, snt.SyncBatchNorm)]
+        self.assertEqual(len(bns), 4)
+        for name, p in converted.named_parameters():
+            self.assertIs(p, before[name], name)
+        for name, b in converted.named_buffers():
+            self.assertIs(b, buffers[name], name)
+        self.assertFalse(model[2][2].training)
+        self.assertTrue(model[1].training)
+        self.assertIsNone(model[2][2].momentum)
+        self.assertEqual(model[2][2].momentum_mode, 3)
+        self.assertFalse(model[4].affine)
+        self.assertEqual(model[6].eps, 1e-3)
+        self.assertIsNone(model[6].running_mean)
+        one = snt.convert_sync_batchnorm(nn.BatchNorm2d(3), channel_last=True)
+        self.assertIsInstance(one, snt.SyncBatchNorm)
+        self.assertTrue(one.channel_last)
+        self.assertIs(snt.SyncBatchNorm.convert_sync_batchnorm,
+                      snt.convert_sync_batchnorm)
+
+    def test_in_channels_zero_inferred_by_example_input(self):
+        model = nn.Sequential(nn.Conv2d(2, 5, 1),
+                              snt.SyncBatchNorm(in_channels=0),
+                              nn.ReLU(),
+                              snt.SyncBatchNorm(in_channels=0))
+        optimizer_params = list(model[1].parameters())
+        job = job_name("lazy")
+        x = torch.randn(3, 2, 4, 4)
+        snt.attach(model, self.client, job, 0, 1, example_input=x)
+        self.assertEqual(model[1].num_features, 5)
+        self.assertIs(list(model[1].parameters())[0], optimizer_params[0])
+        self.assertTrue(model.training)
+        model(x).sum().backward()
+        info = self.client.get_job(job)
+        self.assertEqual([l["num_features"] for l in info["layers"]], [5, 5])
+        self.assertEqual(tuple(model[1].weight.grad.shape), (5,))
+
+    def test_attach_without_channels_says_what_to_do(self):
+        model = nn.Sequential(snt.SyncBatchNorm(in_channels=0))
+        with self.assertRaisesRegex(ValueError, "example_input"):
+            snt.attach(model, self.client, job_name("nolazy"), 0, 1)
+
+    # ---- client, checkpoints, deadlines ------------------------------------
+
+    def test_client_jobs(self):
+        job = job_name("client")
+        layers = [syncnorm.layer_spec("a", 3),
+                  syncnorm.layer_spec("b", 2, "megengine", 0.9,
+                                      initial_running_var=[2.0, 3.0])]
+        info = self.client.create_job(job, 2, layers)
+        self.assertEqual(info["world_size"], 2)
+        self.assertEqual(info["committed_step"], -1)
+        self.assertEqual(info["layers"][1]["momentum_mode"], "MOMENTUM_DECAY")
+        self.assertEqual(self.client.create_job(job, 2, layers)["job_id"], job)
+        with self.assertRaises(syncnorm.ServiceError) as e:
+            self.client.create_job(job, 3, layers)
+        self.assertEqual(e.exception.code, "ALREADY_EXISTS")
+        stats = self.client.get_running_stats(job)
+        self.assertEqual(stats["layers"][1]["running_var"], [2.0, 3.0])
+        self.assertEqual(self.client.get_job(job)["layers"][0]["name"], "a")
+        self.assertIn(job, [j["job_id"] for j in self.client.list_jobs()])
+        seeded = self.client.set_running_stats(job, [{
+            "layer": 0, "group": 0, "running_mean": [1.0, 2.0, 3.0],
+            "running_var": [4.0, 5.0, 6.0], "num_batches_tracked": 7}])
+        self.assertEqual(seeded["layers"][0]["num_batches_tracked"], 7)
+        self.client.delete_job(job)
+        with self.assertRaises(syncnorm.ServiceError) as e:
+            self.client.get_job(job)
+        self.assertEqual(e.exception.code, "NOT_FOUND")
+        self.assertIsInstance(e.exception, RuntimeError)
+
+    def test_missing_rank_fails_the_round_naming_it(self):
+        model = nn.Sequential(snt.SyncBatchNorm(3))
+        snt.attach(model, self.client, job_name("deadline"), 0, 2,
+                   round_timeout_ms=300)
+        with self.assertRaises(syncnorm.ServiceError) as e:
+            model(torch.randn(4, 3))
+        self.assertEqual(e.exception.code, "DEADLINE_EXCEEDED")
+        self.assertIn("1", str(e.exception))
+
+    def test_checkpoint_and_restore(self):
+        model = nn.Sequential(snt.SyncBatchNorm(3), snt.SyncBatchNorm(3))
+        job = job_name("ckpt")
+        session = snt.attach(model, self.client, job, 0, 1)
+        torch.manual_seed(1)
+        model(torch.randn(5, 3)).sum().backward()
+        model(torch.randn(5, 3)).sum().backward()
+        try:
+            session.checkpoint(tag="two")
+        except syncnorm.ServiceError as e:
+            if e.code == "UNIMPLEMENTED":
+                self.skipTest("this aggregator has no checkpoints yet: %s"
+                              % e)
+            raise
+        saved = [b.clone() for b in model.buffers()]
+        self.assertEqual([c["step"] for c in
+                          self.client.list_checkpoints(job)], [1])
+        model(torch.randn(5, 3) + 4).sum().backward()
+        session.restore(1)
+        # The buffers mirror the service in float32, so equal to rounding.
+        for b, want in zip(model.buffers(), saved):
+            self.assertLess(harness.rel_error(b, want), 1e-6, (b, want))
+        self.assertEqual(session.steps(), [2, 2])
+        model(torch.randn(5, 3)).sum().backward()
+
+    def test_threads_of_one_process_as_one_node(self):
+        """Two threads (local ranks) of one contributor: each blocks in a
+        round until the other arrives, so the GIL must be free meanwhile."""
+        job = job_name("threads")
+        node = self.client.thread_node(job, 0, 2, timeout=20)
+        torch.manual_seed(2)
+        x = torch.randn(7, 4, 3) * 3 + 1
+        shards = [x[:3], x[3:]]
+        outs = [None, None]
+        errors = []
+        models = [nn.Sequential(snt.SyncBatchNorm(4)) for _ in range(2)]
+        for i, m in enumerate(models):
+            snt.attach(m, self.client, job, 0, 1, node_group=node.member(i))
+
+        def run(i):
+            try:
+                outs[i] = models[i](shards[i]).detach()
+            except Exception as e:  # surfaced below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertFalse(errors, errors)
+        want = F.batch_norm(x.double(), None, None, training=True)
+        self.assertLess(harness.rel_error(torch.cat(outs), want), 1e-6)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,105 @@
+"""Test harness: the real aggregator on loopback, worker processes, the
+cases' data, and the error metric. Used by the tests and by worker.py."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+PYTHON = "/usr/bin/python3"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def aggregator_binary():
+    """The aggregator: $SYNCNORM_AGGREGATOR, the test's runfiles, or the
+    checkout's bazel-bin."""
+    candidates = [os.environ.get("SYNCNORM_AGGREGATOR", "")]
+    for root in (os.environ.get("TEST_SRCDIR"),
+                 os.environ.get("RUNFILES_DIR")):
+        if root:
+            candidates.append(os.path.join(root, "syncnorm", "server",
+                                           "syncnorm-aggregator"))
+    repo = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+    candidates.append(os.path.join(repo, "bazel-bin", "server",
+                                   "syncnorm-aggregator"))
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise RuntimeError("the aggregator binary was not found; build "
+                       "//server:syncnorm-aggregator or set "
+                       "SYNCNORM_AGGREGATOR (looked at %s)" % candidates)
+
+
+class Aggregator:
+    """The aggregator binary on a free loopback port; a context manager."""
+
+    def __init__(self, flags=()):
+        self.dir = tempfile.mkdtemp(prefix="syncnorm-py-",
+                                    dir=os.environ.get("TEST_TMPDIR"))
+        port_file = os.path.join(self.dir, "port")
+        self.log_path = os.path.join(self.dir, "aggregator.log")
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [aggregator_binary(), "--listen=127.0.0.1:0",
+             "--port_file=" + port_file] + list(flags),
+            stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while True:
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    text = f.read().strip()
+                if text:
+                    self.address = "127.0.0.1:" + text
+                    return
+            if self.process.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError("the aggregator did not start: " +
+                                   open(self.log_path).read())
+            time.sleep(0.02)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def child_env():
+    """The environment of worker processes: this process's import path
+    (where the built syncnorm package is) plus this folder."""
+    import syncnorm
+    package_root = os.path.dirname(os.path.dirname(
+        os.path.abspath(syncnorm.__file__)))
+    env = dict(os.environ)
+    paths = [package_root, HERE] + [p for p in sys.path if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def rel_error(actual, expected, floor=0.0):
+    """max |actual - expected| / max(max |expected|, floor) in float64 (the
+    absolute error when both are zero)."""
+    import torch
+    a = torch.as_tensor(actual).double()
+    e = torch.as_tensor(expected).double()
+    if a.shape != e.shape:
+        raise AssertionError("shape %s != %s" % (tuple(a.shape),
+                                                 tuple(e.shape)))
+    if e.numel() == 0:
+        return 0.0
+    scale = max(e.abs().max().item(), floor)
+    if scale == 0:
+        scale = 1.0
+    return (a - e).abs().max().item() / scale
