@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# deploy/local-cluster starts 2 shards with the StatefulSet's args, each
+# answers SERVING on its own port, one shard survives a kill -9 and comes
+# back on its folder, and stop ends both within the grace period.
+set -euo pipefail
+
+binary="$PWD/server/syncnorm-aggregator"
+cluster="$PWD/deploy/local-cluster"
+dir="${TEST_TMPDIR:?}/cluster"
+trap '"$cluster" stop --dir="$dir" >/dev/null 2>&1 || true' EXIT
+
+addresses=$("$cluster" start --dir="$dir" --shards=2 --base_port=0 \
+  --binary="$binary")
+echo "shards: $addresses"
+[ "$(tr ',' '\n' <<<"$addresses" | sort -u | wc -l)" -eq 2 ]
+
+"$cluster" status --dir="$dir" | tee "$TEST_TMPDIR/status"
+[ "$(grep -c ' running SERVING$' "$TEST_TMPDIR/status")" -eq 2 ]
+
+# Each shard runs with the StatefulSet's args, its paths under its folder.
+for i in 0 1; do
+  pid=$(node -e 'console.log(require(process.argv[1]).shards[process.argv[2]].pid)' \
+    "$dir/cluster.json" "$i")
+  args=$(tr '\0' ' ' <"/proc/$pid/cmdline")
+  echo "shard $i: $args"
+  grep -q -- "--flagfile=$dir/shard-$i/etc/syncnorm/config/aggregator.flags " <<<"$args"
+  grep -q -- "--data_dir=$dir/shard-$i/var/lib/syncnorm/data" <<<"$args"
+  grep -q -- "--listen=127.0.0.1:" <<<"$args"
+  [ "$(wc -w <<<"$args")" -eq 4 ]  # the binary and the three args
+done
+# The flags (not the comments, whose example paths are localized too).
+diff <(grep -v "^\s*#" "$dir/shard-0/etc/syncnorm/config/aggregator.flags") \
+  <(grep -v "^\s*#" deploy/base/aggregator.flags)
+
+"$cluster" restart --dir="$dir" --shard=1
+"$cluster" status --dir="$dir" | tee "$TEST_TMPDIR/status"
+[ "$(grep -c ' running SERVING$' "$TEST_TMPDIR/status")" -eq 2 ]
+
+"$cluster" stop --dir="$dir"
+trap - EXIT
+if "$cluster" status --dir="$dir"; then
+  echo "FAIL: shards still serving after stop" >&2
+  exit 1
+fi
+echo "local-cluster: 2 shards started, restarted one, stopped"

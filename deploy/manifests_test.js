@@ -1,0 +1,322 @@
+// Every manifest under deploy/ is a valid Kubernetes object
+// (kubernetes-models), has no field the API does not know (validate() alone
+// lets those through, and the API server would drop or refuse them), and the
+// rendered kustomizations (the base and each overlay) hold together: names,
+// selectors, ports, probes, volumes, the shutdown budget, and the container
+// recipe. Run by //deploy:manifests_test from the workspace's runfiles.
+'use strict';
+
+const assert = require('node:assert/strict');
+const childProcess = require('node:child_process');
+const fs = require('node:fs');
+const path = require('node:path');
+const test = require('node:test');
+const YAML = require('yaml');
+
+const {render, readYamlDocuments} = require('./tools/kustomize.js');
+const {aggregatorContainer, aggregatorStatefulSet} = require('./tools/pod.js');
+
+const KUSTOMIZATIONS = ['deploy/base', ...fs.readdirSync('deploy/overlays')
+    .map((o) => `deploy/overlays/${o}`)];
+const SCHEMAS = path.join(
+    path.dirname(require.resolve('kubernetes-models/package.json')),
+    '_schemas');
+
+// ---- schema validation and the unknown-field walk -------------------------
+
+// The kubernetes-models class of an object, e.g. apps/v1 StatefulSet.
+function modelOf({apiVersion, kind}) {
+  const module = apiVersion.includes('/') ?
+    `kubernetes-models/${apiVersion}/${kind}` :
+    `kubernetes-models/v1/${kind}`;
+  return require(module)[kind];
+}
+
+// The JSON-schema validator behind that class (same schema, called on our
+// object so that we can watch what it reads).
+function validatorOf({apiVersion, kind}) {
+  const [group, version] = apiVersion.includes('/') ?
+    apiVersion.split('/') : ['core', apiVersion];
+  const cap = (s) => s.split('.')[0].replace(/^./, (c) => c.toUpperCase());
+  return require(path.join(SCHEMAS,
+      `IoK8sApi${cap(group)}${cap(version)}${kind}.js`)).validate;
+}
+
+// Fields of `object` that its schema does not define. The schema's compiled
+// validator reads every property it knows on every object it visits; a
+// proxy records those reads, and any own key never read is unknown. Objects
+// the validator enumerates (maps such as labels, data, resources.limits)
+// accept any key.
+function unknownFields(object) {
+  const nodes = [];
+  const wrap = (value, where) => {
+    if (value === null || typeof value !== 'object') return value;
+    const node = {value, where, read: new Set(), isMap: false};
+    nodes.push(node);
+    const children = new Map();
+    return new Proxy(value, {
+      get(target, key) {
+        const v = target[key];
+        if (typeof key !== 'string') return v;
+        node.read.add(key);
+        if (v === null || typeof v !== 'object') return v;
+        if (!children.has(key)) children.set(key, wrap(v, `${where}/${key}`));
+        return children.get(key);
+      },
+      ownKeys(target) {
+        node.isMap = true;
+        return Reflect.ownKeys(target);
+      },
+    });
+  };
+  validatorOf(object)(wrap(object, ''));
+  return nodes.filter((n) => !Array.isArray(n.value) && !n.isMap)
+      .flatMap((n) => Object.keys(n.value).filter((k) => !n.read.has(k))
+          .map((k) => `${n.where}/${k}`));
+}
+
+function assertValidObject(object, where) {
+  const model = new (modelOf(object))(object);
+  assert.doesNotThrow(() => model.validate(), `${where}: ${idOf(object)}`);
+  assert.deepEqual(unknownFields(object), [],
+                   `${where}: ${idOf(object)} has fields the API lacks`);
+}
+
+function idOf(o) {
+  return `${o.kind}/${o.metadata?.name}`;
+}
+
+// ---- the files -------------------------------------------------------------
+
+function manifestFiles(dir) {
+  return fs.readdirSync(dir, {withFileTypes: true}).flatMap((e) => {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) return manifestFiles(p);
+    return /\.ya?ml$/.test(e.name) && e.name !== 'kustomization.yaml' ?
+      [p] : [];
+  });
+}
+
+function patchFiles() {
+  return KUSTOMIZATIONS.flatMap((k) => {
+    const [kustomization] = readYamlDocuments(`${k}/kustomization.yaml`);
+    return (kustomization.patches ?? []).map((p) => path.join(k, p.path));
+  });
+}
+
+test('every manifest file is a valid object with known fields only', () => {
+  const patches = new Set(patchFiles());
+  const files = manifestFiles('deploy').filter((f) => !patches.has(f));
+  assert.ok(files.length >= 5, files.join(' '));
+  for (const file of files) {
+    for (const object of readYamlDocuments(file)) {
+      assertValidObject(object, file);
+    }
+  }
+});
+
+test('patches name only fields the API knows', () => {
+  for (const file of patchFiles()) {
+    for (const patch of readYamlDocuments(file)) {
+      // A patch is a partial object: required fields may be missing, so
+      // only the walk applies; the rendered result is validated below.
+      assert.deepEqual(unknownFields(patch), [], file);
+    }
+  }
+});
+
+test('the unknown-field walk catches what validate() lets through', () => {
+  const [statefulSet] = readYamlDocuments('deploy/base/statefulset.yaml');
+  const spoiled = structuredClone(statefulSet);
+  spoiled.spec.template.spec.containers[0].livenessProbe.grpc.prot = 1;
+  spoiled.spec.podManagmentPolicy = 'Parallel';
+  const model = new (modelOf(spoiled))(spoiled);
+  assert.doesNotThrow(() => model.validate());
+  assert.deepEqual(unknownFields(spoiled).sort(), [
+    '/spec/podManagmentPolicy',
+    '/spec/template/spec/containers/0/livenessProbe/grpc/prot',
+  ]);
+});
+
+for (const k of KUSTOMIZATIONS) {
+  test(`${k} renders to valid objects that hold together`, () => {
+    const objects = render(k);
+    for (const object of objects) assertValidObject(object, k);
+    checkCoherent(objects, k);
+  });
+}
+
+// ---- what the rendered objects must agree on ------------------------------
+
+function labelsMatch(selector, labels) {
+  return Object.entries(selector.matchLabels ?? {})
+      .every(([key, value]) => labels[key] === value);
+}
+
+function flagValue(args, name) {
+  const values = args.filter((a) => a.startsWith(`--${name}=`))
+      .map((a) => a.slice(name.length + 3));
+  assert.equal(values.length, 1, `--${name} once in ${args.join(' ')}`);
+  return values[0];
+}
+
+// A quantity ("500m", "2", "512Mi", "2Gi") in base units.
+function quantity(text) {
+  const m = String(text).match(/^([0-9.]+)(m|Ki|Mi|Gi|Ti)?$/);
+  assert.ok(m, `quantity ${text}`);
+  const unit = {m: 1e-3, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40};
+  return Number(m[1]) * (unit[m[2]] ?? 1);
+}
+
+function checkCoherent(objects, where) {
+  const statefulSet = aggregatorStatefulSet(objects);
+  const spec = statefulSet.spec;
+  const pod = spec.template.spec;
+  const podLabels = spec.template.metadata.labels;
+  const container = aggregatorContainer(statefulSet);
+  const ofKind = (kind) => objects.filter((o) => o.kind === kind);
+
+  assert.equal(spec.podManagementPolicy, 'Parallel', where);
+  assert.ok(labelsMatch(spec.selector, podLabels), `${where}: selector`);
+  const [service] = ofKind('Service');
+  assert.equal(service.metadata.name, spec.serviceName, where);
+  assert.equal(service.spec.clusterIP, 'None', `${where}: headless`);
+  assert.ok(labelsMatch({matchLabels: service.spec.selector}, podLabels));
+  const [pdb] = ofKind('PodDisruptionBudget');
+  assert.ok(labelsMatch(pdb.spec.selector, podLabels), `${where}: PDB`);
+  assert.ok(pdb.spec.maxUnavailable >= 1, `${where}: PDB lets drains go on`);
+
+  // One port: --listen, containerPort, probes, Service, image all agree.
+  const listen = flagValue(container.args, 'listen');
+  assert.match(listen, /^0\.0\.0\.0:\d+$/, `${where}: listen on the pod IP`);
+  const port = Number(listen.split(':')[1]);
+  assert.deepEqual(container.ports.map((p) => p.containerPort), [port]);
+  for (const probe of ['startupProbe', 'readinessProbe', 'livenessProbe']) {
+    assert.equal(typeof container[probe].grpc.port, 'number',
+                 `${where}: ${probe} is a native gRPC probe, numeric port`);
+    assert.equal(container[probe].grpc.port, port, `${where}: ${probe}`);
+  }
+  const servicePort = service.spec.ports[0];
+  assert.ok(servicePort.targetPort === port ||
+            servicePort.targetPort === container.ports[0].name);
+
+  // Resources: requests and limits, requests within limits.
+  for (const r of ['cpu', 'memory']) {
+    const {requests, limits} = container.resources;
+    assert.ok(quantity(requests[r]) <= quantity(limits[r]), `${where}: ${r}`);
+  }
+
+  // Volumes: every mount has a source; the data dir is on the claim; the
+  // flag file is a key of the ConfigMap; the secret exists.
+  const mountOf = (name) => container.volumeMounts.find((m) => m.name === name);
+  for (const m of container.volumeMounts) {
+    const volume = (pod.volumes ?? []).find((v) => v.name === m.name);
+    const claim = spec.volumeClaimTemplates.find(
+        (c) => c.metadata.name === m.name);
+    assert.ok(volume || claim, `${where}: mount ${m.name}`);
+    if (volume?.configMap) {
+      assert.ok(objects.some((o) => o.kind === 'ConfigMap' &&
+                             o.metadata.name === volume.configMap.name));
+    }
+    if (volume?.secret) {
+      assert.ok(objects.some((o) => o.kind === 'Secret' &&
+                             o.metadata.name === volume.secret.secretName));
+    }
+  }
+  const dataDir = flagValue(container.args, 'data_dir');
+  assert.ok(dataDir.startsWith(mountOf('data').mountPath + '/'),
+            `${where}: --data_dir on the volume claim`);
+  const flagfile = flagValue(container.args, 'flagfile');
+  const configMount = mountOf('config');
+  assert.equal(path.dirname(flagfile), configMount.mountPath);
+  const configVolume = pod.volumes.find((v) => v.name === 'config');
+  const configMap = objects.find((o) => o.kind === 'ConfigMap' &&
+      o.metadata.name === configVolume.configMap.name);
+  const flags = configMap.data[path.basename(flagfile)];
+  assert.ok(flags, `${where}: the ConfigMap holds ${flagfile}`);
+
+  // The args hold only what the pod spec fixes; the rest is in the file.
+  assert.deepEqual(container.args.map((a) => a.split('=')[0]).sort(),
+                   ['--data_dir', '--flagfile', '--listen'], where);
+  for (const line of flags.split('\n')) {
+    assert.doesNotMatch(line, /^\s*--(listen|data_dir|port_file|flagfile)=/,
+                        `${where}: pod-specific flag in the flag file`);
+  }
+
+  // Shutdown: preStop, then the server's grace (see statefulset_args_test
+  // for the value the binary reports), inside terminationGracePeriodSeconds.
+  const preStop = container.lifecycle.preStop.exec.command;
+  assert.equal(preStop[0], '/bin/sleep');
+  assert.ok(pod.terminationGracePeriodSeconds >= Number(preStop[1]) + 15,
+            `${where}: grace period leaves room after preStop`);
+
+  // Non-root, as the image's USER.
+  assert.equal(pod.securityContext.runAsNonRoot, true);
+  assert.equal(container.securityContext.allowPrivilegeEscalation, false);
+  assert.equal(container.securityContext.readOnlyRootFilesystem, true);
+}
+
+// ---- the container recipe --------------------------------------------------
+
+test('the container recipe matches the manifests', () => {
+  const dockerfile = fs.readFileSync('deploy/Dockerfile', 'utf8')
+      .replace(/\\\n/g, ' ');
+  const lines = dockerfile.split('\n').filter((l) => !/^\s*(#|$)/.test(l));
+  const froms = lines.filter((l) => l.startsWith('FROM '));
+  assert.deepEqual(froms, ['FROM debian:bookworm AS build',
+    'FROM debian:bookworm-slim']);
+  // The build stage runs only scripts that the test suite runs too:
+  // scripts/deps.sh (the README's test command) and scripts/build-release.sh
+  // (deploy:release_test).
+  const buildStage = lines.slice(0, lines.indexOf(froms[1]));
+  const scripts = buildStage.filter((l) => l.startsWith('RUN '))
+      .flatMap((l) => l.slice(4).split('&&').map((c) => c.trim()));
+  assert.deepEqual(scripts, ['bash scripts/deps.sh --build-only',
+    'bash scripts/build-release.sh /out']);
+
+  const statefulSet = aggregatorStatefulSet(render('deploy/base'));
+  const pod = statefulSet.spec.template.spec;
+  const container = aggregatorContainer(statefulSet);
+  const user = lines.find((l) => l.startsWith('USER ')).slice(5);
+  assert.equal(user, `${pod.securityContext.runAsUser}:` +
+                     `${pod.securityContext.runAsGroup}`);
+  assert.notEqual(pod.securityContext.runAsUser, 0);
+  const expose = lines.find((l) => l.startsWith('EXPOSE ')).slice(7);
+  assert.equal(Number(expose), container.ports[0].containerPort);
+  const entrypoint = JSON.parse(
+      lines.find((l) => l.startsWith('ENTRYPOINT ')).slice(11));
+  assert.deepEqual(entrypoint, ['/usr/local/bin/syncnorm-aggregator']);
+  assert.equal(container.command, undefined, 'the image\'s ENTRYPOINT runs');
+  assert.match(dockerfile, /runtime-packages\.txt/);
+});
+
+// ---- the renderer against real kustomize, where kubectl is installed -------
+
+test('kubectl kustomize renders the same objects', (t) => {
+  let version = '';
+  try {
+    version = childProcess.execFileSync('kubectl', ['version', '--client'],
+        {encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore']});
+  } catch (e) {
+    t.skip('no kubectl here; deploy/tools/kustomize.js alone renders');
+    return;
+  }
+  const kustomize = version.match(/Kustomize Version: v(\d+)/);
+  if (!kustomize || Number(kustomize[1]) < 4) {
+    t.skip(`kubectl's kustomize is too old: ${version.trim()}`);
+    return;
+  }
+  // Generated names carry a content hash in kustomize's output only.
+  const byId = (objects) => Object.fromEntries(JSON.parse(
+      JSON.stringify(objects).replace(/(-flags|-secrets)-[a-z0-9]{10}"/g,
+          '$1"')).map((o) => [idOf(o), o]));
+  for (const k of KUSTOMIZATIONS) {
+    // kustomize refuses files outside the kustomization root, and the
+    // runfiles are symlinks into the checkout; render the checkout's.
+    const dir = path.join(process.env.SYNCNORM_CHECKOUT ?? '.', k);
+    const output = childProcess.execFileSync('kubectl', ['kustomize', dir],
+        {encoding: 'utf8'});
+    const real = YAML.parseAllDocuments(output).map((d) => d.toJS());
+    assert.deepEqual(byId(render(k)), byId(real), k);
+  }
+});
