@@ -1,0 +1,96 @@
+"""Round latency (issue 8, item 1): forward-round p50/p99 of syncnorm with W
+worker processes and C channels against, in the same run,
+  gloo  - what torch.nn.SyncBatchNorm sends per forward (all_gather of
+          [mean, invstd, count] over torch.distributed gloo, W processes),
+  ping  - one gRPC bidirectional-stream ping-pong of the same payload
+          (bench Echo; the floor of any gRPC round),
+  star  - a naive aggregator: sync-API gRPC server, a thread per stream,
+          gathers W contributions and answers all (bench Star).
+Every worker times every round; percentiles are over all ranks' rounds.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+
+
+def worker_argvs(mode, address, world, channels, rounds, warmup, job):
+    return [[common.runfile("bench/bench-round-worker"), "--mode=" + mode,
+             "--address=" + address, "--job=" + job, "--rank=%d" % r,
+             "--world=%d" % world, "--channels=" + channels,
+             "--rounds=%d" % rounds, "--warmup=%d" % warmup]
+            for r in range(world if mode != "pingpong" else 1)]
+
+
+def gloo_argvs(world, channels, rounds, warmup):
+    port = common.free_port()
+    return [[common.PYTHON, os.path.join(common.HERE, "gloo_worker.py"),
+             "--mode=allgather", "--rank=%d" % r, "--world=%d" % world,
+             "--port=%d" % port, "--channels=" + channels,
+             "--rounds=%d" % rounds, "--warmup=%d" % warmup]
+            for r in range(world)]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--worlds", default="2,4,8")
+    p.add_argument("--channels", default="64,512,2048,8192")
+    p.add_argument("--rounds", type=int, default=400)
+    p.add_argument("--warmup", type=int, default=40)
+    a = p.parse_args()
+    if a.smoke:
+        a.worlds, a.channels, a.rounds, a.warmup = "2", "64,2048", 10, 3
+    worlds = [int(w) for w in a.worlds.split(",")]
+    tmp = common.scratch_dir("round-latency")
+    aggregator = common.Server("server/syncnorm-aggregator", tmp, "aggregator")
+    refs = common.Server("bench/bench-server", tmp, "bench-server")
+    rows, results = [], {}
+    try:
+        for w in worlds:
+            lat = {}
+            # Interleaved per W so that each comparison shares its minute of
+            # machine noise.
+            lat["syncnorm"] = common.parse_lines(common.run_group(worker_argvs(
+                "syncnorm", aggregator.address, w, a.channels, a.rounds,
+                a.warmup, "lat-w%d" % w)), "LAT")
+            lat["gloo"] = common.parse_lines(common.run_group(
+                gloo_argvs(w, a.channels, a.rounds, a.warmup)), "LAT")
+            lat["star"] = common.parse_lines(common.run_group(worker_argvs(
+                "star", refs.address, w, a.channels, a.rounds, a.warmup, "")), "LAT")
+            lat["ping"] = common.parse_lines(common.run_group(worker_argvs(
+                "pingpong", refs.address, w, a.channels, a.rounds, a.warmup, "")), "LAT")
+            for c in a.channels.split(","):
+                q = {k: (common.percentile(v[c], 50), common.percentile(v[c], 99))
+                     for k, v in lat.items()}
+                results[(w, int(c))] = q
+                rows.append([w, c] + ["%.0f / %.0f" % q[k] for k in
+                                      ("syncnorm", "gloo", "ping", "star")] +
+                            ["%.2fx" % (q["syncnorm"][0] / q[k][0])
+                             for k in ("gloo", "ping", "star")])
+        print("\n### Round latency (us, p50 / p99 over all ranks' rounds)\n")
+        common.table(["W", "C", "syncnorm", "gloo all_gather", "gRPC ping-pong",
+                      "gRPC star (thread/stream)", "p50 vs gloo", "p50 vs ping",
+                      "p50 vs star"], rows)
+        print()
+        for (w, c), q in sorted(results.items()):
+            tag = "round_p50[W=%d,C=%d]" % (w, c)
+            pinned_gloo = (w, c) == (2, 2048)
+            common.ratio(tag, q["syncnorm"][0], "gloo_allgather_p50", q["gloo"][0],
+                         "us", 0.5 if pinned_gloo else None)
+            common.ratio(tag, q["syncnorm"][0], "grpc_pingpong_p50", q["ping"][0],
+                         "us", 2.0 if pinned_gloo else None)
+            common.ratio(tag, q["syncnorm"][0], "grpc_star_p50", q["star"][0],
+                         "us", 0.5 if w == 8 else None)
+    finally:
+        aggregator.stop()
+        refs.stop()
+
+
+if __name__ == "__main__":
+    main()
+    common.require_ratios()

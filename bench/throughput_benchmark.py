@@ -1,0 +1,100 @@
+"""Throughput (issue 8, item 2): contributions merged per second at
+saturation, many concurrent jobs and layers, C = 256.
+  in-process: the Aggregator with one driver thread per core, against the
+              bare Chan merge of the same contributions (arithmetic floor);
+  gRPC:       the real aggregator binary driven by J jobs x W Reduce streams
+              with several layers in flight each, against bench Echo driven
+              the same way with the same payload (this machine's gRPC
+              ceiling). Client and server share the 2 cores, so the server's
+              CPU time per contribution is reported too.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+
+
+def drive(server, mode, a):
+    """Runs the load client against `server`; (answers/s, server CPU us per
+    answer)."""
+    argv = [common.runfile("bench/bench-throughput-client"), "--mode=" + mode,
+            "--address=" + server.address, "--jobs=%d" % a.jobs,
+            "--world=%d" % a.world, "--layers=%d" % a.layers,
+            "--channels=%d" % a.channels, "--window=%d" % a.window,
+            "--warmup_s=%g" % a.warmup_s, "--seconds=%g" % a.seconds]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    cpu0 = None
+    answers = errors = secs = None
+    for line in proc.stdout:
+        parts = line.split()
+        if parts and parts[0] == "WINDOW_BEGIN":
+            cpu0 = server.cpu_seconds()
+        elif parts and parts[0] == "THROUGHPUT":
+            cpu1 = server.cpu_seconds()
+            answers, errors, secs = int(parts[1]), int(parts[2]), float(parts[3])
+    if proc.wait() != 0 or answers is None:
+        sys.exit("bench: throughput client failed (%s)" % mode)
+    if errors:
+        # Reported, not fatal: failed rounds at saturation are a finding.
+        print("bench: %d of %d %s answers were errors (see stderr)" %
+              (errors, answers + errors, mode), flush=True)
+    if answers == 0:
+        sys.exit("bench: no %s answer succeeded" % mode)
+    return answers / secs, (cpu1 - cpu0) / max(answers, 1) * 1e6
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--jobs", type=int, default=8)
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--channels", type=int, default=256)
+    p.add_argument("--window", type=int, default=8)
+    p.add_argument("--warmup_s", type=float, default=1.0)
+    p.add_argument("--seconds", type=float, default=4.0)
+    a = p.parse_args()
+    if a.smoke:
+        a.jobs, a.layers, a.warmup_s, a.seconds = 2, 4, 0.2, 0.5
+        a.window = min(a.window, a.layers)
+    inproc_out = common.run_group([[
+        common.runfile("bench/bench-throughput-inproc"), "--jobs=%d" % a.jobs,
+        "--world=%d" % a.world, "--layers=%d" % a.layers,
+        "--channels=%d" % a.channels, "--threads=2",
+        "--seconds=%g" % (a.seconds / 2)]])[0]
+    vals = dict(line.split() for line in inproc_out.splitlines() if line.strip())
+    inproc, merge = float(vals["INPROC"]), float(vals["MERGE"])
+    tmp = common.scratch_dir("throughput")
+    aggregator = common.Server("server/syncnorm-aggregator", tmp, "aggregator")
+    refs = common.Server("bench/bench-server", tmp, "bench-server")
+    try:
+        echo, echo_cpu = drive(refs, "echo", a)
+        grpc, grpc_cpu = drive(aggregator, "syncnorm", a)
+    finally:
+        aggregator.stop()
+        refs.stop()
+    print("\n### Throughput, C = %d: %d jobs x %d ranks x %d layers, %d in flight "
+          "per stream\n" % (a.channels, a.jobs, a.world, a.layers, a.window))
+    common.table(["path", "contributions/s", "server CPU us per message"], [
+        ["syncnorm Aggregator in-process (2 threads)", "%.0f" % inproc, "-"],
+        ["bare Chan merge + finalize (2 threads)", "%.0f" % merge, "-"],
+        ["syncnorm aggregator over gRPC", "%.0f" % grpc, "%.1f" % grpc_cpu],
+        ["gRPC echo, same streams and payload", "%.0f" % echo, "%.1f" % echo_cpu],
+    ])
+    print()
+    common.ratio("inproc_contributions_per_s", inproc, "bare_merge_per_s", merge, "/s")
+    common.ratio("grpc_contributions_per_s", grpc, "grpc_echo_per_s", echo, "/s")
+    common.ratio("grpc_contributions_per_s", grpc, "target", 50000.0, "/s", 1.0,
+                 higher_is_better=True)
+    common.ratio("server_cpu_us_per_contribution", grpc_cpu,
+                 "echo_server_cpu_us_per_message", echo_cpu, "us")
+
+
+if __name__ == "__main__":
+    main()
+    common.require_ratios()
