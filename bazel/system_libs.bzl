@@ -28,9 +28,11 @@ _LIBS = {
     "benchmark": (["benchmark"], []),
     # The aggregator's state store (librocksdb-dev).
     "rocksdb": (["rocksdb"], ["-lpthread"]),
+    # The aggregator's /metrics endpoint (prometheus-cpp-dev).
+    "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], []),
 }
 
-_OPTIONAL = ["prometheus-cpp-core", "prometheus-cpp-pull"]
+_OPTIONAL = []
 
 def _pkg_config(ctx, modules):
     res = ctx.execute(["pkg-config", "--libs"] + modules)

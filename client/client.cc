@@ -1,14 +1,65 @@
+// Client: its channels and contributors. The calls, which fan out over the
+// shards, are in sharded_client.cc.
 #include "client/client.h"
 
-#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
 
-#include "client/proto_convert.h"
-#include "grpcpp/client_context.h"
+#include "client/shard_router.h"
+#include "client/sharded_node_group.h"
 #include "grpcpp/create_channel.h"
+#include "absl/strings/str_cat.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace syncnorm {
 namespace {
+
+// Adds `authorization: Bearer <token>` to every call of the channel.
+class BearerInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const header_;
+};
+
+class BearerInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token)
+      : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* info) override {
+    return new BearerInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+std::shared_ptr<grpc::ChannelCredentials> MakeCredentials(
+    const ClientOptions& options) {
+  if (!options.tls && options.tls_root_ca.empty() &&
+      options.tls_client_cert.empty() && options.tls_client_key.empty()) {
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = options.tls_root_ca;
+  ssl.pem_cert_chain = options.tls_client_cert;
+  ssl.pem_private_key = options.tls_client_key;
+  return grpc::SslCredentials(ssl);
+}
 
 std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& options) {
   grpc::ChannelArguments args;
@@ -20,107 +71,79 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& options) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-  return grpc::CreateCustomChannel(
-      options.address, grpc::InsecureChannelCredentials(), args);
+  // A large round's message (C = 8192: 128 KiB each way) fits the HTTP/2
+  // stream window and a few frames: no window-update round trip per round.
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
+  if (options.token.empty()) {
+    return grpc::CreateCustomChannel(options.address, MakeCredentials(options),
+                                     args);
+  }
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  // gRPC keeps the factory as long as the channel.
+  interceptors.push_back(
+      std::make_unique<BearerInterceptorFactory>(options.token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      options.address, MakeCredentials(options), args,
+      std::move(interceptors));
 }
 
 }  // namespace
 
-Client::Client(const ClientOptions& options)
-    : options_(options),
-      channel_(MakeChannel(options)),
-      stub_(v1::Aggregator::NewStub(channel_)) {}
-
-template <typename Request, typename Response, typename Call>
-absl::StatusOr<Response> Client::Unary(const Request& request, Call call,
-                                       absl::Duration timeout) {
-  grpc::ClientContext context;
-  context.set_wait_for_ready(true);
-  context.set_deadline(std::chrono::system_clock::now() +
-                       absl::ToChronoMilliseconds(timeout));
-  Response response;
-  grpc::Status status = (stub_.get()->*call)(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response;
+absl::StatusOr<std::string> ReadPemFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  if (in) s << in.rdbuf();
+  if (!in || in.bad()) {
+    return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  }
+  return s.str();
 }
 
-absl::StatusOr<v1::JobInfo> Client::CreateJob(
-    const v1::CreateJobRequest& request) {
-  return Unary<v1::CreateJobRequest, v1::JobInfo>(
-      request, &v1::Aggregator::Stub::CreateJob);
+Client::Client(const ClientOptions& options) : options_(options) {
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ParseShardList(options_.address);
+  if (!addresses.ok()) {
+    address_status_ = addresses.status();
+    addresses = std::vector<std::string>{options_.address};
+  }
+  for (std::string& address : *addresses) {
+    ClientOptions one = options_;
+    one.address = address;
+    std::shared_ptr<grpc::Channel> channel = MakeChannel(one);
+    auto stub = v1::Aggregator::NewStub(channel);
+    shards_.push_back(
+        Shard{std::move(address), std::move(channel), std::move(stub)});
+  }
 }
 
-absl::StatusOr<v1::JobInfo> Client::GetJob(const std::string& job_id) {
-  v1::GetJobRequest request;
-  request.set_job_id(job_id);
-  return Unary<v1::GetJobRequest, v1::JobInfo>(request,
-                                               &v1::Aggregator::Stub::GetJob);
+std::vector<std::string> Client::shards() const {
+  std::vector<std::string> out;
+  for (const Shard& s : shards_) out.push_back(s.address);
+  return out;
 }
 
-absl::Status Client::DeleteJob(const std::string& job_id) {
-  v1::DeleteJobRequest request;
-  request.set_job_id(job_id);
-  return Unary<v1::DeleteJobRequest, v1::DeleteJobResponse>(
-             request, &v1::Aggregator::Stub::DeleteJob)
-      .status();
-}
-
-absl::StatusOr<v1::RunningStats> Client::GetRunningStats(
-    const v1::GetRunningStatsRequest& request) {
-  return Unary<v1::GetRunningStatsRequest, v1::RunningStats>(
-      request, &v1::Aggregator::Stub::GetRunningStats);
-}
-
-absl::StatusOr<std::vector<v1::JobInfo>> Client::ListJobs() {
-  absl::StatusOr<v1::ListJobsResponse> r =
-      Unary<v1::ListJobsRequest, v1::ListJobsResponse>(
-          v1::ListJobsRequest(), &v1::Aggregator::Stub::ListJobs);
-  if (!r.ok()) return r.status();
-  return std::vector<v1::JobInfo>(r->jobs().begin(), r->jobs().end());
-}
-
-absl::StatusOr<v1::CheckpointInfo> Client::Checkpoint(
-    const std::string& job_id, int64_t step, const std::string& tag,
-    std::optional<absl::Duration> timeout) {
-  v1::CheckpointRequest request;
-  request.set_job_id(job_id);
-  request.set_step(step);
-  request.set_tag(tag);
-  return Unary<v1::CheckpointRequest, v1::CheckpointInfo>(
-      request, &v1::Aggregator::Stub::Checkpoint,
-      timeout.value_or(options_.rpc_timeout));
-}
-
-absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::ListCheckpoints(
-    const std::string& job_id) {
-  v1::ListCheckpointsRequest request;
-  request.set_job_id(job_id);
-  absl::StatusOr<v1::ListCheckpointsResponse> r =
-      Unary<v1::ListCheckpointsRequest, v1::ListCheckpointsResponse>(
-          request, &v1::Aggregator::Stub::ListCheckpoints);
-  if (!r.ok()) return r.status();
-  return std::vector<v1::CheckpointInfo>(r->checkpoints().begin(),
-                                         r->checkpoints().end());
-}
-
-absl::StatusOr<v1::JobInfo> Client::RestoreCheckpoint(const std::string& job_id,
-                                                      int64_t step) {
-  v1::RestoreCheckpointRequest request;
-  request.set_job_id(job_id);
-  request.set_step(step);
-  return Unary<v1::RestoreCheckpointRequest, v1::JobInfo>(
-      request, &v1::Aggregator::Stub::RestoreCheckpoint);
-}
-
-absl::StatusOr<v1::RunningStats> Client::SetRunningStats(
-    const v1::SetRunningStatsRequest& request) {
-  return Unary<v1::SetRunningStatsRequest, v1::RunningStats>(
-      request, &v1::Aggregator::Stub::SetRunningStats);
+int Client::ShardOf(const std::string& job_id, int layer) const {
+  return syncnorm::ShardOf(job_id, layer, static_cast<int>(shards_.size()));
 }
 
 std::unique_ptr<Contributor> Client::NewContributor(const std::string& job_id,
                                                     int rank) const {
-  return std::make_unique<Contributor>(channel_, job_id, rank, options_);
+  return std::make_unique<Contributor>(shards_[0].channel, job_id, rank,
+                                       options_);
+}
+
+std::unique_ptr<NodeGroup> Client::NewNodeGroup(const std::string& job_id,
+                                                int rank) const {
+  if (shards_.size() == 1) {
+    return std::make_unique<SoloNodeGroup>(NewContributor(job_id, rank));
+  }
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (const Shard& s : shards_) channels.push_back(s.channel);
+  return std::make_unique<ShardedNodeGroup>(std::move(channels), job_id, rank,
+                                            options_);
 }
 
 }  // namespace syncnorm

@@ -3,6 +3,7 @@
 #define SYNCNORM_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,13 +14,31 @@
 #include "absl/time/time.h"
 #include "client/client_options.h"
 #include "client/contributor.h"
+#include "client/node_group.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
 namespace syncnorm {
 
-// A connection to one aggregator. Every call carries a deadline
-// (ClientOptions::rpc_timeout) and waits for the server to become reachable
-// within it, so a restarting server is ridden out. Thread-safe.
+// The content of a PEM file (a certificate or key for ClientOptions);
+// NOT_FOUND naming the path when it cannot be read.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path);
+
+// A connection to the aggregator: one server, or several shards
+// (ClientOptions::address lists them) over which each job's layers are
+// spread by rendezvous hashing of (job_id, layer) (client/shard_router.h).
+// Every call carries a deadline (ClientOptions::rpc_timeout) and waits for
+// the server to become reachable within it, so a restarting server is
+// ridden out; a server still unreachable then is UNAVAILABLE naming it.
+//
+// With several shards, CreateJob, DeleteJob, Checkpoint and
+// RestoreCheckpoint go to every shard (in parallel) and succeed only when
+// every shard does; an error names the shard ("shard 1 (host:port): ...").
+// They are not atomic across shards: after a failure some shards may have
+// done the call; repeating it is safe (each is idempotent). GetJob and
+// ListJobs merge the shards' answers (committed_step: the minimum over the
+// shards holding layers); GetRunningStats and SetRunningStats ask the shards
+// that hold the layers and answer in the caller's layer order. The shard
+// list must stay the same for the life of a job. Thread-safe.
 class Client {
  public:
   explicit Client(const ClientOptions& options);
@@ -27,6 +46,13 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   const ClientOptions& options() const { return options_; }
+
+  // The shards parsed from options().address, in ordinal order (one entry
+  // for a single aggregator, also when the address does not parse: then
+  // every call fails with INVALID_ARGUMENT saying why).
+  std::vector<std::string> shards() const;
+  // The ordinal of the shard that holds `layer` of `job_id`.
+  int ShardOf(const std::string& job_id, int layer) const;
 
   // Creates the job, or returns it if it exists with the same spec.
   // ALREADY_EXISTS when it exists with a different spec.
@@ -57,22 +83,51 @@ class Client {
       const v1::SetRunningStatsRequest& request);
 
   // A contributor for `rank` of the job, with its own Reduce stream on this
-  // client's channel.
+  // client's channel. With several shards it reaches shard 0 only (rounds
+  // of layers held elsewhere fail FAILED_PRECONDITION): use NewNodeGroup.
   std::unique_ptr<Contributor> NewContributor(const std::string& job_id,
                                               int rank) const;
 
- private:
-  template <typename Request, typename Response, typename Call>
-  absl::StatusOr<Response> Unary(const Request& request, Call call,
-                                 absl::Duration timeout);
-  template <typename Request, typename Response, typename Call>
-  absl::StatusOr<Response> Unary(const Request& request, Call call) {
-    return Unary<Request, Response>(request, call, options_.rpc_timeout);
-  }
+  // The node group of a node with one worker, `rank` of the job: its rounds
+  // go to the shard of each layer (a SoloNodeGroup with one shard). Also
+  // the upstream of a ThreadNode or an NCCL node's leader.
+  std::unique_ptr<NodeGroup> NewNodeGroup(const std::string& job_id,
+                                          int rank) const;
 
+ private:
+  struct Shard {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Aggregator::Stub> stub;
+  };
+
+  // One call to shard `shard`. Errors name the shard when there are
+  // several; a server unreachable for the whole call is UNAVAILABLE.
+  template <typename Request, typename Response, typename Call>
+  absl::StatusOr<Response> UnaryOn(size_t shard, const Request& request,
+                                   Call call, absl::Duration timeout) const;
+  template <typename Request, typename Response, typename Call>
+  absl::StatusOr<Response> UnaryOn(size_t shard, const Request& request,
+                                   Call call) const {
+    return UnaryOn<Request, Response>(shard, request, call,
+                                      options_.rpc_timeout);
+  }
+  // call(i) for every shard i, in parallel; the answers by shard.
+  template <typename Response>
+  std::vector<absl::StatusOr<Response>> OnEveryShard(
+      const std::function<absl::StatusOr<Response>(size_t)>& call) const;
+  // The CreateJob request for shard `shard`: the job's spec and, with
+  // several shards, the layers it holds.
+  v1::CreateJobRequest ForShard(const v1::CreateJobRequest& request,
+                                size_t shard) const;
+  absl::StatusOr<v1::RunningStats> GetRunningStatsSharded(
+      const v1::GetRunningStatsRequest& request);
+
+  // Constant after construction.
   const ClientOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::Aggregator::Stub> stub_;
+  // Why options_.address does not parse; OK when it does.
+  absl::Status address_status_;
+  std::vector<Shard> shards_;  // at least one
 };
 
 }  // namespace syncnorm

@@ -9,8 +9,14 @@
 namespace syncnorm {
 
 struct ClientOptions {
-  // The aggregator, "host:port". Default: the aggregator's default listen
-  // address.
+  // The aggregator, "host:port"; or its shards in ordinal order, as
+  // "host0:port,host1:port,..." or one name with a "{A..B}" range, e.g. a
+  // StatefulSet's pods
+  // "syncnorm-aggregator-{0..2}.syncnorm-aggregator.<namespace>.svc:50051"
+  // (see client/shard_router.h). Each (job, layer) is held by one shard,
+  // chosen from the shard's ordinal, so the list (its length and order)
+  // must stay the same for the life of a job; the names behind the
+  // ordinals may change. Default: the aggregator's default listen address.
   std::string address = "127.0.0.1:50051";
 
   // Deadline of each unary call (CreateJob, GetJob, ...). Calls wait for the
@@ -27,6 +33,20 @@ struct ClientOptions {
   // the initial value and doubles up to the maximum. Defaults 20 ms / 1 s.
   absl::Duration reconnect_backoff_initial = absl::Milliseconds(20);
   absl::Duration reconnect_backoff_max = absl::Seconds(1);
+
+  // ---- Credentials (see README.md, "Security") ----
+  // TLS: on when `tls` is set or any PEM below is given. tls_root_ca: the
+  // CA that signed the server's certificate (PEM text; empty: the system's
+  // roots). tls_client_cert / tls_client_key: this client's certificate
+  // and key (PEM text), for servers that require mutual TLS.
+  // ReadPemFile (client.h) reads them from files.
+  bool tls = false;
+  std::string tls_root_ca;
+  std::string tls_client_cert;
+  std::string tls_client_key;
+  // Bearer token, sent as `authorization: Bearer <token>` on every call
+  // (Reduce streams included). Empty: none.
+  std::string token;
 };
 
 }  // namespace syncnorm

@@ -3,20 +3,23 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "client/proto_convert.h"
 #include "grpcpp/client_context.h"
 
 namespace syncnorm {
 
-// One Reduce stream and the thread that reads its results.
+// One Reduce stream. Whoever finds no reader reads it (see Contributor).
 struct Contributor::Stream {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriter<v1::Contribution, v1::RoundResult>>
       rw;
-  std::thread reader;
-  bool broken = false;  // guarded by Contributor::mu_
-  absl::Status status;  // why it broke; guarded by Contributor::mu_
+  bool reading = false;  // a caller is in rw->Read; guarded by mu_
+  bool broken = false;   // Read failed and Finish ran; guarded by mu_
+  bool finished = false;  // Finish ran; guarded by write_mu_
+  absl::Status status;   // why it broke; guarded by mu_
+  v1::RoundResult incoming;  // only the reading caller touches it
 };
 
 namespace {
@@ -49,65 +52,133 @@ Contributor::Contributor(std::shared_ptr<grpc::Channel> channel,
     : stub_(v1::Aggregator::NewStub(std::move(channel))),
       job_id_(std::move(job_id)),
       rank_(rank),
-      options_(options) {}
+      options_(options) {
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
 
 Contributor::~Contributor() {
   std::shared_ptr<Stream> stream;
+  bool unfinished = false;
   {
     absl::MutexLock lock(&mu_);
+    stopping_ = true;
     stream = std::move(stream_);
+    // No round is in flight, so nobody reads the stream.
+    unfinished = stream != nullptr && !stream->broken;
   }
-  if (stream != nullptr) {
+  watchdog_.join();
+  if (unfinished) {
     stream->context.TryCancel();
-    stream->reader.join();
+    while (stream->rw->Read(&stream->incoming)) {
+    }
+    stream->rw->Finish();
   }
 }
 
 std::shared_ptr<Contributor::Stream> Contributor::CurrentStream() {
-  std::shared_ptr<Stream> old;
-  std::shared_ptr<Stream> current;
+  absl::MutexLock lock(&mu_);
+  if (stream_ != nullptr && !stream_->broken) return stream_;
+  // The broken one was finished by the caller that saw its read fail.
+  // Fail fast while the server is unreachable: the caller's backoff loop,
+  // not gRPC's wait-for-ready, bounds how long a round waits.
+  auto fresh = std::make_shared<Stream>();
+  fresh->context.set_wait_for_ready(false);
+  fresh->rw = stub_->Reduce(&fresh->context);
+  stream_ = fresh;
+  return fresh;
+}
+
+void Contributor::ReadOne(Stream& stream, absl::Time deadline) {
+  stream.reading = true;
+  read_stream_ = &stream;
+  read_deadline_ = deadline;
+  mu_.Unlock();
+  const bool ok = stream.rw->Read(&stream.incoming);
+  grpc::Status status;
+  if (!ok) {
+    absl::MutexLock write_lock(&write_mu_);  // no Write during Finish
+    status = stream.rw->Finish();
+    stream.finished = true;
+  }
+  mu_.Lock();
+  stream.reading = false;
+  read_stream_ = nullptr;
+  if (!ok) {
+    stream.broken = true;
+    stream.status =
+        status.ok() ? absl::UnavailableError("the server closed the stream")
+                    : FromGrpcStatus(status);
+    return;
+  }
+  const v1::RoundResult& r = stream.incoming;
+  auto it = slots_.find(Key(r.layer(), r.step(), r.phase()));
+  if (it != slots_.end() && !it->second->done) {
+    it->second->result.Swap(&stream.incoming);
+    it->second->done = true;
+  }
+  stream.incoming.Clear();  // a result nobody waits for any more
+}
+
+void Contributor::AwaitSlot(const Slot& slot,
+                            const std::shared_ptr<Stream>& stream,
+                            absl::Time deadline) {
+  const Stream& s = *stream;
+  auto ready = [&slot, &s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return slot.done || s.broken || !s.reading;
+  };
+  while (!slot.done && !s.broken && absl::Now() < deadline) {
+    if (!s.reading) {
+      ReadOne(*stream, deadline);
+    } else {
+      mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    }
+  }
+}
+
+void Contributor::Watchdog() {
+  absl::MutexLock lock(&mu_);
+  // Sleeps until watch_until_, or until a read starts whose deadline is
+  // earlier; rounds that start one after another have later and later
+  // deadlines, so it wakes about once per round timeout, not per round.
+  auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || (read_stream_ != nullptr && read_deadline_ < watch_until_);
+  };
+  while (!stopping_) {
+    mu_.AwaitWithDeadline(absl::Condition(&wake), watch_until_);
+    if (stopping_) break;
+    const absl::Time now = absl::Now();
+    if (read_stream_ == nullptr) {
+      watch_until_ = absl::InfiniteFuture();
+    } else if (read_deadline_ > now) {
+      watch_until_ = read_deadline_;
+    } else {
+      // The reader's round is out of time and the server is silent: break
+      // the stream; the reader returns, the other rounds resend.
+      read_stream_->context.TryCancel();
+      watch_until_ = now + absl::Milliseconds(10);
+    }
+  }
+}
+
+std::unique_ptr<v1::Contribution> Contributor::TakeMessage(v1::Phase phase) {
   {
     absl::MutexLock lock(&mu_);
-    if (stream_ != nullptr && !stream_->broken) return stream_;
-    old = std::move(stream_);
-    // Fail fast while the server is unreachable: the caller's backoff loop,
-    // not gRPC's wait-for-ready, bounds how long a round waits.
-    auto fresh = std::make_shared<Stream>();
-    fresh->context.set_wait_for_ready(false);
-    fresh->rw = stub_->Reduce(&fresh->context);
-    fresh->reader = std::thread([this, fresh] { ReadLoop(fresh); });
-    stream_ = fresh;
-    current = fresh;
-  }
-  if (old != nullptr) old->reader.join();  // it has already seen the break
-  return current;
-}
-
-void Contributor::ReadLoop(std::shared_ptr<Stream> stream) {
-  v1::RoundResult result;
-  while (stream->rw->Read(&result)) {
-    absl::MutexLock lock(&mu_);
-    auto it = slots_.find(Key(result.layer(), result.step(), result.phase()));
-    if (it != slots_.end() && !it->second->done) {
-      it->second->result = std::move(result);
-      it->second->done = true;
+    auto& spare = spare_[phase == v1::FORWARD ? 0 : 1];
+    if (!spare.empty()) {
+      std::unique_ptr<v1::Contribution> m = std::move(spare.back());
+      spare.pop_back();
+      return m;
     }
-    result.Clear();
   }
-  grpc::Status status = stream->rw->Finish();
-  absl::MutexLock lock(&mu_);
-  stream->broken = true;
-  stream->status = status.ok()
-                       ? absl::UnavailableError("the server closed the stream")
-                       : FromGrpcStatus(status);
+  auto m = std::make_unique<v1::Contribution>(
+      MakeContribution(job_id_, 0, 0, rank_));
+  m->set_phase(phase);
+  return m;
 }
 
-void Contributor::AwaitSlot(const Slot& slot, const Stream& stream,
-                            absl::Time deadline) {
-  auto ready = [&slot, &stream]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return slot.done || stream.broken;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+void Contributor::ReturnMessage(std::unique_ptr<v1::Contribution> m) {
+  absl::MutexLock lock(&mu_);
+  spare_[m->phase() == v1::FORWARD ? 0 : 1].push_back(std::move(m));
 }
 
 absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
@@ -128,12 +199,22 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
     std::shared_ptr<Stream> stream = CurrentStream();
     {
       absl::MutexLock write_lock(&write_mu_);
-      stream->rw->Write(c);  // a failed write shows as a broken stream
+      // A failed write shows as a failed read, hence a broken stream.
+      if (!stream->finished) stream->rw->Write(c);
     }
     {
       absl::MutexLock lock(&mu_);
-      AwaitSlot(slot, *stream, deadline);
+      AwaitSlot(slot, stream, deadline);
       done = slot.done;
+      // A server that shuts down refuses new rounds in-band (UNAVAILABLE):
+      // resend after the backoff, on a new stream once it closed this one.
+      if (done && slot.result.has_error() &&
+          slot.result.error().code() == grpc::StatusCode::UNAVAILABLE &&
+          absl::Now() < deadline) {
+        last = absl::UnavailableError(slot.result.error().message());
+        slot.result.Clear();
+        slot.done = done = false;
+      }
       if (!done && stream->broken) last = stream->status;
       if (done || absl::Now() >= deadline || (!last.ok() && !Retryable(last))) {
         slots_.erase(key);
@@ -153,15 +234,18 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
 
 absl::StatusOr<ForwardReply> Contributor::ReduceForward(int layer, int64_t step,
                                                         const Moments& local) {
-  v1::Contribution c = MakeContribution(job_id_, layer, step, rank_);
-  ToProto(local, c.mutable_moments());
-  absl::StatusOr<v1::RoundResult> r = Round(c);
+  std::unique_ptr<v1::Contribution> c = TakeMessage(v1::FORWARD);
+  c->set_layer(layer);
+  c->set_step(step);
+  ToProto(local, c->mutable_moments());
+  absl::StatusOr<v1::RoundResult> r = Round(*c);
+  auto give_back = absl::MakeCleanup([&] { ReturnMessage(std::move(c)); });
   if (!r.ok()) return r.status();
   if (!r->has_moments() ||
       r->moments().mean_size() != local.channels() ||
       r->moments().var_size() != local.channels()) {
     return absl::InternalError(absl::StrCat(
-        "the server answered round ", Describe(c),
+        "the server answered round ", Describe(*c),
         " without global moments of ", local.channels(), " channels"));
   }
   ForwardReply reply;
@@ -172,16 +256,18 @@ absl::StatusOr<ForwardReply> Contributor::ReduceForward(int layer, int64_t step,
 
 absl::StatusOr<GradSums> Contributor::ReduceBackward(int layer, int64_t step,
                                                      const GradSums& local) {
-  v1::Contribution c = MakeContribution(job_id_, layer, step, rank_);
-  c.set_phase(v1::BACKWARD);
-  ToProto(local, c.mutable_grad_sums());
-  absl::StatusOr<v1::RoundResult> r = Round(c);
+  std::unique_ptr<v1::Contribution> c = TakeMessage(v1::BACKWARD);
+  c->set_layer(layer);
+  c->set_step(step);
+  ToProto(local, c->mutable_grad_sums());
+  absl::StatusOr<v1::RoundResult> r = Round(*c);
+  auto give_back = absl::MakeCleanup([&] { ReturnMessage(std::move(c)); });
   if (!r.ok()) return r.status();
   if (!r->has_grad_sums() ||
       r->grad_sums().sum_dy_size() != local.channels() ||
       r->grad_sums().sum_dy_xmu_size() != local.channels()) {
     return absl::InternalError(absl::StrCat(
-        "the server answered round ", Describe(c), " without gradient sums of ",
+        "the server answered round ", Describe(*c), " without gradient sums of ",
         local.channels(), " channels"));
   }
   return FromProto(r->grad_sums());

@@ -8,9 +8,11 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/client_options.h"
 #include "grpcpp/channel.h"
 #include "kernels/moments.h"
@@ -32,6 +34,13 @@ struct ForwardReply {
 // until ClientOptions::round_timeout; the server's idempotency makes the
 // resend safe. A failed round (DEADLINE_EXCEEDED naming missing ranks, a bad
 // contribution, ...) is returned as its status.
+//
+// No thread reads the stream on its own: a caller waiting for a result reads
+// it itself (one reader at a time; a result for another caller is handed
+// over), so the usual one-round-at-a-time caller pays no thread hand-off per
+// round. A watchdog thread, which sleeps while every read is within its
+// deadline, cancels the stream when the reading caller's round timeout
+// passes; the other callers then resend on a new stream.
 //
 // Thread-safe: several threads may run rounds at once (say, different
 // layers); each waits for its own result.
@@ -68,10 +77,23 @@ class Contributor {
 
   // The current stream, opening one if there is none or it broke.
   std::shared_ptr<Stream> CurrentStream() ABSL_LOCKS_EXCLUDED(mu_);
-  void ReadLoop(std::shared_ptr<Stream> stream);
-  // Waits until the slot is done, the stream breaks, or the deadline.
-  void AwaitSlot(const Slot& slot, const Stream& stream, absl::Time deadline)
+  // Waits until the slot is done, the stream breaks, or the deadline; reads
+  // the stream meanwhile whenever no other caller does.
+  void AwaitSlot(const Slot& slot, const std::shared_ptr<Stream>& stream,
+                 absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads one result (mu_ released meanwhile) and hands it to its slot;
+  // marks the stream broken when the read fails.
+  void ReadOne(Stream& stream, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels the stream of a read that outlived its caller's deadline.
+  void Watchdog() ABSL_LOCKS_EXCLUDED(mu_);
+  // A message of `phase` (FORWARD or BACKWARD) for the next round: a used
+  // one when there is one (its repeated fields keep their capacity, so a
+  // round allocates nothing to build it), else a new one.
+  std::unique_ptr<v1::Contribution> TakeMessage(v1::Phase phase)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void ReturnMessage(std::unique_ptr<v1::Contribution> m)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const std::unique_ptr<v1::Aggregator::Stub> stub_;
@@ -83,6 +105,16 @@ class Contributor {
   absl::Mutex mu_;
   std::shared_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Slot*> slots_ ABSL_GUARDED_BY(mu_);
+  // The read in progress (at most one, on the current stream): its stream
+  // and its caller's deadline; null when none.
+  Stream* read_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Time read_deadline_ ABSL_GUARDED_BY(mu_);
+  // When the watchdog wakes next by itself.
+  absl::Time watch_until_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Used messages, FORWARD and BACKWARD.
+  std::vector<std::unique_ptr<v1::Contribution>> spare_[2] ABSL_GUARDED_BY(mu_);
+  std::thread watchdog_;
 };
 
 }  // namespace syncnorm

@@ -56,8 +56,9 @@ class SyncBatchNorm {
   bool training() const { return training_; }
 
   // y = BN(x) (+ z) (ReLU). In training (not frozen) this is one forward
-  // round of the layer; the layer's step counter then advances. y may alias
-  // x. x, y and z must stay alive and unchanged until Backward.
+  // round of the layer; the layer's step counter then advances. x, y and z
+  // must stay alive and unchanged until Backward, which reads x (and y for
+  // the ReLU mask); so y may alias x only when no Backward follows (eval).
   // INVALID_ARGUMENT for a wrong rank, channel count, dtype or shape; the
   // round's status (DEADLINE_EXCEEDED naming missing ranks, ...) on failure.
   absl::Status Forward(const TensorRef& x, const TensorRef& y,

@@ -26,7 +26,15 @@ for i in 0 1; do
   grep -q -- "--flagfile=$dir/shard-$i/etc/syncnorm/config/aggregator.flags " <<<"$args"
   grep -q -- "--data_dir=$dir/shard-$i/var/lib/syncnorm/data" <<<"$args"
   grep -q -- "--listen=127.0.0.1:" <<<"$args"
-  [ "$(wc -w <<<"$args")" -eq 4 ]  # the binary and the three args
+  grep -q -- "--metrics_listen=127.0.0.1:" <<<"$args"
+  [ "$(wc -w <<<"$args")" -eq 5 ]  # the binary and the four args
+  # Each shard serves its Prometheus metrics on a loopback port of its own.
+  metrics=$(node -e 'console.log(require(process.argv[1]).shards[process.argv[2]].metrics)' \
+    "$dir/cluster.json" "$i")
+  exec 3<>"/dev/tcp/${metrics%:*}/${metrics#*:}"
+  printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+  grep -q '^grpc_server_handled_total{' <&3
+  exec 3<&-
 done
 # The flags (not the comments, whose example paths are localized too).
 diff <(grep -v "^\s*#" "$dir/shard-0/etc/syncnorm/config/aggregator.flags") \

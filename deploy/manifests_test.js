@@ -186,11 +186,22 @@ function checkCoherent(objects, where) {
   assert.ok(labelsMatch(pdb.spec.selector, podLabels), `${where}: PDB`);
   assert.ok(pdb.spec.maxUnavailable >= 1, `${where}: PDB lets drains go on`);
 
-  // One port: --listen, containerPort, probes, Service, image all agree.
+  // The gRPC port: --listen, containerPort, probes, Service, image all
+  // agree; and the metrics port: --metrics_listen, containerPort, Service,
+  // the scrape annotations.
   const listen = flagValue(container.args, 'listen');
   assert.match(listen, /^0\.0\.0\.0:\d+$/, `${where}: listen on the pod IP`);
   const port = Number(listen.split(':')[1]);
-  assert.deepEqual(container.ports.map((p) => p.containerPort), [port]);
+  const metricsListen = flagValue(container.args, 'metrics_listen');
+  assert.match(metricsListen, /^0\.0\.0\.0:\d+$/, `${where}: metrics`);
+  const metricsPort = Number(metricsListen.split(':')[1]);
+  assert.notEqual(metricsPort, port, `${where}: two ports`);
+  assert.deepEqual(container.ports.map((p) => [p.name, p.containerPort]),
+                   [['grpc', port], ['metrics', metricsPort]], where);
+  const annotations = spec.template.metadata.annotations ?? {};
+  assert.equal(annotations['prometheus.io/scrape'], 'true', where);
+  assert.equal(annotations['prometheus.io/port'], String(metricsPort), where);
+  assert.equal(annotations['prometheus.io/path'], '/metrics', where);
   for (const probe of ['startupProbe', 'readinessProbe', 'livenessProbe']) {
     assert.equal(typeof container[probe].grpc.port, 'number',
                  `${where}: ${probe} is a native gRPC probe, numeric port`);
@@ -199,6 +210,10 @@ function checkCoherent(objects, where) {
   const servicePort = service.spec.ports[0];
   assert.ok(servicePort.targetPort === port ||
             servicePort.targetPort === container.ports[0].name);
+  const serviceMetrics = service.spec.ports.find((p) => p.name === 'metrics');
+  assert.ok(serviceMetrics && (serviceMetrics.targetPort === metricsPort ||
+                               serviceMetrics.targetPort === 'metrics'),
+            `${where}: the Service exposes the metrics port`);
 
   // Resources: requests and limits, requests within limits.
   for (const r of ['cpu', 'memory']) {
@@ -237,9 +252,11 @@ function checkCoherent(objects, where) {
 
   // The args hold only what the pod spec fixes; the rest is in the file.
   assert.deepEqual(container.args.map((a) => a.split('=')[0]).sort(),
-                   ['--data_dir', '--flagfile', '--listen'], where);
+                   ['--data_dir', '--flagfile', '--listen', '--metrics_listen'],
+                   where);
   for (const line of flags.split('\n')) {
-    assert.doesNotMatch(line, /^\s*--(listen|data_dir|port_file|flagfile)=/,
+    assert.doesNotMatch(line,
+        /^\s*--(listen|data_dir|port_file|flagfile|metrics_listen)=/,
                         `${where}: pod-specific flag in the flag file`);
   }
 

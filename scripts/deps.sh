@@ -23,6 +23,7 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev libgtest-dev libgmock-dev
   librocksdb-dev nlohmann-json3-dev
+  prometheus-cpp-dev
 )
 if ((!build_only)) && ! command -v node >/dev/null; then
   PACKAGES+=(nodejs npm)
@@ -37,6 +38,21 @@ fi
 # use python3-torch and python3-numpy (above).
 if ((!build_only)); then
   PACKAGES+=(python3-dev pybind11-dev python3-pip python3-setuptools)
+fi
+# The metrics test (tests/metrics_test.sh) scrapes the aggregator with a
+# real Prometheus server and asks its HTTP API with curl.
+if ((!build_only)); then
+  PACKAGES+=(prometheus curl)
+fi
+# The security tests (tests/security_test.cc) make their CA and
+# certificates at test time with the openssl CLI; no key is committed.
+if ((!build_only)); then
+  PACKAGES+=(openssl)
+fi
+
+# The fuzz test (tests/fuzz/run_fuzz.sh): Debian's clang with libFuzzer.
+if ((!build_only)); then
+  PACKAGES+=(clang libclang-rt-14-dev)
 fi
 
 missing=()

@@ -6,17 +6,41 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/kv_state_store.h"
+#include "server/log.h"
 #include "server/memory_engine.h"
 
 namespace syncnorm {
+namespace {
+
+void LogJobCreated(const JobSpec& spec) {
+  LogLine line("job_created");
+  line.Add("job", spec.job_id)
+      .Add("world_size", spec.world_size)
+      .Add("group_size", spec.group_size)
+      .Add("layers", spec.layers.size())
+      .Add("round_timeout_ms", absl::ToInt64Milliseconds(spec.round_timeout));
+  if (spec.shard.sharded()) {
+    line.Add("shard", spec.shard.shard)
+        .Add("num_shards", spec.shard.num_shards)
+        .Add("owned_layers", spec.shard.owned_layers.size());
+  }
+}
+
+}  // namespace
 
 Aggregator::Aggregator(AggregatorOptions options, const Clock* clock,
                        StateStore* store)
-    : options_(std::move(options)), clock_(clock), store_(store) {}
+    : options_(std::move(options)),
+      clock_(clock),
+      observer_(options_.observer != nullptr ? options_.observer
+                                             : &default_observer_),
+      store_(store) {}
 
 Aggregator::Aggregator(AggregatorOptions options, const Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
+      observer_(options_.observer != nullptr ? options_.observer
+                                             : &default_observer_),
       own_store_(std::make_unique<KvStateStore>(
           std::make_unique<MemoryEngine>())),
       store_(own_store_.get()) {}
@@ -25,6 +49,8 @@ JobOptions Aggregator::JobOptionsOf() const {
   JobOptions o;
   o.recent_rounds = options_.recent_rounds;
   o.keep_checkpoints = options_.keep_checkpoints;
+  o.observer = observer_;
+  o.straggler_threshold = options_.straggler_threshold;
   return o;
 }
 
@@ -110,12 +136,23 @@ absl::StatusOr<JobSnapshot> Aggregator::CreateJob(JobSpec spec) {
       }
       job = it->second;
     } else {
+      if (options_.limits.max_jobs > 0 &&
+          jobs_.size() >= static_cast<size_t>(options_.limits.max_jobs)) {
+        return LimitExceeded(absl::StrCat("a new job: ", jobs_.size(),
+                                          " jobs on this server"),
+                             "max_jobs", options_.limits.max_jobs);
+      }
+      if (absl::Status s = CheckJobLimits(*resolved, options_.limits);
+          !s.ok()) {
+        return s;
+      }
       // Stored first: a job that cannot be stored is not created.
       if (absl::Status s = store_->PutJob(*resolved); !s.ok()) return s;
       const std::string id = resolved->job_id;
       job = std::make_shared<Job>(*std::move(resolved), JobOptionsOf(), store_,
                                   clock_);
       jobs_.emplace(id, job);
+      LogJobCreated(job->spec());
     }
   }
   return job->Snapshot();
@@ -158,6 +195,7 @@ absl::Status Aggregator::DeleteJob(absl::string_view job_id) {
       absl::StrCat("job deleted: '", job_id,
                    "' was deleted while the round was waiting; "
                    "create the job again to continue")));
+  LogLine("job_deleted").Add("job", job_id);
   return absl::OkStatus();
 }
 
@@ -202,7 +240,9 @@ absl::StatusOr<JobSnapshot> Aggregator::RestoreCheckpoint(
     absl::string_view job_id, int64_t step) {
   std::shared_ptr<Job> job = FindJob(job_id);
   if (job == nullptr) return NotFound(job_id);
-  return job->Restore(step);
+  absl::StatusOr<JobSnapshot> restored = job->Restore(step);
+  if (restored.ok()) LogLine("job_restored").Add("job", job_id).Add("step", step);
+  return restored;
 }
 
 void Aggregator::Contribute(Contribution c, RoundCallback done) {
@@ -214,7 +254,26 @@ void Aggregator::Contribute(Contribution c, RoundCallback done) {
     done(outcome);
     return;
   }
-  job->Contribute(std::move(c), std::move(done), clock_->Now());
+  RoundAdmission::Key key;
+  key.job_id = c.job_id;
+  key.group = c.rank / std::max(1, job->spec().group_size);
+  key.layer = c.layer;
+  key.step = c.step;
+  key.phase = static_cast<int>(c.phase);
+  if (absl::Status admitted = admission_.Enter(key); !admitted.ok()) {
+    RoundOutcome outcome;
+    outcome.status = std::move(admitted);
+    done(outcome);
+    return;
+  }
+  job->Contribute(
+      std::move(c),
+      [this, key = std::move(key),
+       done = std::move(done)](const RoundOutcome& outcome) {
+        done(outcome);
+        admission_.Leave(key);
+      },
+      clock_->Now());
 }
 
 void Aggregator::ExpireRounds(absl::Time now) {

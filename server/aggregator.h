@@ -21,6 +21,8 @@
 #include "server/contribution.h"
 #include "server/job.h"
 #include "server/job_spec.h"
+#include "server/limits.h"
+#include "server/round_observer.h"
 #include "server/state_store.h"
 
 namespace syncnorm {
@@ -39,6 +41,17 @@ struct AggregatorOptions {
   // The longest a Checkpoint call waits for its step when the call itself
   // has no (or a later) deadline. Default 10 min.
   absl::Duration max_checkpoint_wait = absl::Minutes(10);
+  // Jobs, their sizes and the rounds in flight (see limits.h); exceeding
+  // one is RESOURCE_EXHAUSTED naming it. Stored jobs load whatever their
+  // number and size.
+  Limits limits;
+  // Told about every round that ends (latency, stragglers, quorum rounds,
+  // deadlines); must outlive the aggregator. Null: a LoggingRoundObserver
+  // (a line on stderr for each straggling, quorum, failed or expired round).
+  RoundObserver* observer = nullptr;
+  // A contributor that arrives more than this after its round's first one
+  // is a straggler (RoundReport::stragglers). Default 1 s.
+  absl::Duration straggler_threshold = absl::Seconds(1);
 };
 
 // Merges the contributions of every round of every job, keeps running
@@ -134,6 +147,16 @@ class Aggregator {
   // Fails every round whose deadline is at or before `now`.
   void ExpireRounds(absl::Time now) ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
+  // Shutdown: from now on a contribution that would start a round fails
+  // UNAVAILABLE ("shutting down"); rounds already in flight go on.
+  void StartDraining() { admission_.StartDraining(); }
+  // Waits until no round is in flight or `deadline`; true when none is.
+  bool AwaitRoundsDone(absl::Time deadline) const {
+    return admission_.AwaitIdle(deadline);
+  }
+  // Rounds waiting for contributions now.
+  int64_t rounds_in_flight() const { return admission_.in_flight(); }
+
  private:
   std::shared_ptr<Job> FindJob(absl::string_view job_id) const
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
@@ -145,6 +168,9 @@ class Aggregator {
   // Constant after construction.
   const AggregatorOptions options_;
   const Clock* const clock_;
+  // Used when options_.observer is null.
+  LoggingRoundObserver default_observer_;
+  RoundObserver* const observer_;
   // The store of the two-argument constructor; null otherwise.
   const std::unique_ptr<StateStore> own_store_;
   StateStore* const store_;
@@ -158,6 +184,9 @@ class Aggregator {
   absl::Mutex reaper_mu_;
   bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::unique_ptr<std::thread> reaper_ ABSL_GUARDED_BY(reaper_mu_);
+
+  // The rounds in flight (max_pending_rounds, draining).
+  RoundAdmission admission_{options_.limits.max_pending_rounds};
 };
 
 }  // namespace syncnorm

@@ -11,8 +11,25 @@ bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
           std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
 }
 
-// FNV-1a over 64-bit words; the exact bits matter, so -0.0 != 0.0.
-class Hasher {
+// The words a fingerprint covers, in order: payload kind, count (moments),
+// then each vector's size followed by its doubles' bits.
+template <typename Hasher>
+uint64_t Fingerprint(const Payload& payload) {
+  Hasher h;
+  h.Add(static_cast<uint64_t>(payload.index()));
+  if (const auto* m = std::get_if<Moments>(&payload)) {
+    h.Add(static_cast<uint64_t>(m->count));
+    h.Add(m->mean);
+    h.Add(m->m2);
+  } else if (const auto* g = std::get_if<GradSums>(&payload)) {
+    h.Add(g->sum_dy);
+    h.Add(g->sum_dy_xmu);
+  }
+  return h.value();
+}
+
+// FingerprintKind::kFnv1a: FNV-1a over the bytes of each 64-bit word.
+class Fnv1aHasher {
  public:
   void Add(uint64_t word) {
     for (int i = 0; i < 8; ++i) {
@@ -32,6 +49,59 @@ class Hasher {
 
  private:
   uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+// FingerprintKind::kWordLanes. Word i goes to lane i mod 4 by a step that is
+// a bijection of the lane's state for a fixed word and of the word for a
+// fixed state, so payloads that differ in one word always differ in that
+// lane; the lanes' chains are independent, so the CPU overlaps them.
+class WordLaneHasher {
+ public:
+  void Add(uint64_t word) {
+    Step(lane_[n_ % kLanes], word);
+    ++n_;
+  }
+  void Add(const std::vector<double>& v) {
+    Add(static_cast<uint64_t>(v.size()));
+    const size_t size = v.size();
+    size_t i = 0;
+    // Lane-aligned bulk: four words per iteration, one per lane.
+    for (; i < size && n_ % kLanes != 0; ++i) Add(Bits(v[i]));
+    for (; i + kLanes <= size; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) Step(lane_[l], Bits(v[i + l]));
+      n_ += kLanes;
+    }
+    for (; i < size; ++i) Add(Bits(v[i]));
+  }
+  uint64_t value() const {
+    uint64_t h = Mix(n_);
+    for (uint64_t lane : lane_) h = Mix(h ^ lane);
+    return h;
+  }
+
+ private:
+  static constexpr int kLanes = 4;
+  static constexpr uint64_t kOdd = 0x9e3779b97f4a7c15ULL;
+
+  static uint64_t Bits(double d) {
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    return bits;
+  }
+  static void Step(uint64_t& lane, uint64_t word) {
+    lane = (lane ^ word) * kOdd;
+    lane ^= lane >> 29;
+  }
+  // The splitmix64 finalizer.
+  static uint64_t Mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+
+  uint64_t lane_[kLanes] = {0x243f6a8885a308d3ULL, 0x13198a2e03707344ULL,
+                            0xa4093822299f31d0ULL, 0x082efa98ec4e6c89ULL};
+  uint64_t n_ = 0;  // words added
 };
 
 }  // namespace
@@ -62,18 +132,9 @@ bool SamePayload(const Payload& a, const Payload& b) {
   return true;
 }
 
-uint64_t PayloadFingerprint(const Payload& payload) {
-  Hasher h;
-  h.Add(static_cast<uint64_t>(payload.index()));
-  if (const auto* m = std::get_if<Moments>(&payload)) {
-    h.Add(static_cast<uint64_t>(m->count));
-    h.Add(m->mean);
-    h.Add(m->m2);
-  } else if (const auto* g = std::get_if<GradSums>(&payload)) {
-    h.Add(g->sum_dy);
-    h.Add(g->sum_dy_xmu);
-  }
-  return h.value();
+uint64_t PayloadFingerprint(const Payload& payload, FingerprintKind kind) {
+  return kind == FingerprintKind::kFnv1a ? Fingerprint<Fnv1aHasher>(payload)
+                                         : Fingerprint<WordLaneHasher>(payload);
 }
 
 }  // namespace syncnorm

@@ -58,9 +58,27 @@ using RoundCallback = std::function<void(const RoundOutcome&)>;
 // Whether two payloads are bit-for-bit the same (a retry, not a conflict).
 bool SamePayload(const Payload& a, const Payload& b);
 
-// A 64-bit hash of a payload's exact bits (count and every double), kept for
-// completed rounds to tell a retry from a conflicting resend.
-uint64_t PayloadFingerprint(const Payload& payload);
+// How a payload fingerprint was computed. Stored with every finished round
+// (server/state.proto RoundRecord.fingerprint_kind), so that rounds written
+// by an older build still tell a retry from a conflict after an upgrade.
+enum class FingerprintKind : int {
+  // Byte-wise FNV-1a: eight dependent multiplies per double. Written by
+  // builds before the word-lane hash; only read back now.
+  kFnv1a = 0,
+  // Four independent lanes of a 64-bit multiply-xorshift over the raw words,
+  // folded by a 64-bit finalizer: about one cycle per double.
+  kWordLanes = 1,
+};
+
+// The kind this build computes for new rounds.
+inline constexpr FingerprintKind kFingerprintKind = FingerprintKind::kWordLanes;
+
+// A 64-bit hash of a payload's exact bits (its kind, count, sizes and every
+// double; -0.0 differs from 0.0), kept for finished rounds to tell a retry
+// from a conflicting resend. Computed by the contributing thread when its
+// payload joins a round, never by the thread that completes the round.
+uint64_t PayloadFingerprint(const Payload& payload,
+                            FingerprintKind kind = kFingerprintKind);
 
 }  // namespace syncnorm
 

@@ -9,6 +9,18 @@
 #include "absl/strings/str_cat.h"
 
 namespace syncnorm {
+namespace {
+
+// A request for a layer that another shard of a sharded job holds: the
+// client's shard list differs from the one the job was created with.
+absl::Status NotOwned(const JobSpec& spec, int layer) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "layer ", layer, " of job '", spec.job_id,
+      "' is owned by another shard (this is shard ", spec.shard.shard,
+      " of ", spec.shard.num_shards, "); check the client's shard list"));
+}
+
+}  // namespace
 
 Job::Job(JobSpec spec, JobOptions options, StateStore* store,
          const Clock* clock)
@@ -19,7 +31,8 @@ Job::Job(JobSpec spec, JobOptions options, StateStore* store,
   shards_.reserve(spec_.layers.size());
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     shards_.push_back(std::make_unique<LayerShard>(
-        spec_, static_cast<int>(i), options_.recent_rounds, store_));
+        spec_, static_cast<int>(i), options_.recent_rounds, store_,
+        options_.observer, options_.straggler_threshold));
   }
 }
 
@@ -38,6 +51,7 @@ absl::Status Job::Validate(const Contribution& c) const {
         "layer ", c.layer, " is out of range: job '", spec_.job_id, "' has ",
         num_layers, " layers (0..", num_layers - 1, ")"));
   }
+  if (!spec_.shard.owns(c.layer)) return NotOwned(spec_, c.layer);
   if (c.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step is ", c.step, "; steps are non-negative and increase per layer"));
@@ -133,16 +147,22 @@ absl::Status Job::Delete() {
 
 int64_t Job::CommittedStep() const {
   int64_t committed = INT64_MAX;
-  for (const auto& shard : shards_) {
+  for (size_t l = 0; l < shards_.size(); ++l) {
+    if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (int g = 0; g < spec_.num_groups(); ++g) {
-      committed = std::min(committed, shard->LastAppliedStep(g));
+      committed = std::min(committed, shards_[l]->LastAppliedStep(g));
     }
   }
   return committed;
 }
 
+int64_t Job::ReportedCommittedStep() const {
+  const int64_t committed = CommittedStep();
+  return committed == INT64_MAX ? -1 : committed;
+}
+
 JobSnapshot Job::Snapshot() const {
-  return JobSnapshot{spec_, CommittedStep()};
+  return JobSnapshot{spec_, ReportedCommittedStep()};
 }
 
 absl::StatusOr<std::vector<int>> Job::Wanted(absl::Span<const int> layers,
@@ -155,7 +175,9 @@ absl::StatusOr<std::vector<int>> Job::Wanted(absl::Span<const int> layers,
   }
   std::vector<int> wanted(layers.begin(), layers.end());
   if (wanted.empty()) {
-    for (int i = 0; i < num_layers; ++i) wanted.push_back(i);
+    for (int i = 0; i < num_layers; ++i) {
+      if (spec_.shard.owns(i)) wanted.push_back(i);
+    }
   }
   for (int layer : wanted) {
     if (layer < 0 || layer >= num_layers) {
@@ -163,6 +185,7 @@ absl::StatusOr<std::vector<int>> Job::Wanted(absl::Span<const int> layers,
           "layer ", layer, " is out of range: job '", spec_.job_id, "' has ",
           num_layers, " layers (0..", num_layers - 1, ")"));
     }
+    if (!spec_.shard.owns(layer)) return NotOwned(spec_, layer);
   }
   return wanted;
 }
@@ -173,7 +196,7 @@ absl::StatusOr<RunningStatsSnapshot> Job::Stats(absl::Span<const int> layers,
   if (!wanted.ok()) return wanted.status();
   RunningStatsSnapshot out;
   out.job_id = spec_.job_id;
-  out.committed_step = CommittedStep();
+  out.committed_step = ReportedCommittedStep();
   for (int layer : *wanted) {
     out.layers.push_back(LayerStatsSnapshot{
         layer, spec_.layers[layer].name, group, shards_[layer]->Stats(group)});

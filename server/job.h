@@ -22,6 +22,7 @@
 #include "server/contribution.h"
 #include "server/job_spec.h"
 #include "server/layer_shard.h"
+#include "server/round_observer.h"
 #include "server/state_store.h"
 
 namespace syncnorm {
@@ -60,6 +61,10 @@ struct JobOptions {
   int recent_rounds = 8;
   // Untagged checkpoints kept (the newest); 0 keeps all.
   int keep_checkpoints = 5;
+  // Told about every round that ends; null: nobody. Must outlive the job.
+  RoundObserver* observer = nullptr;
+  // See AggregatorOptions::straggler_threshold.
+  absl::Duration straggler_threshold = absl::Seconds(1);
 };
 
 // Thread-safe; each layer locks on its own (see LayerShard).
@@ -83,7 +88,8 @@ class Job {
   void Load(const StoredJob& stored);
 
   // OK when `c` fits this job; else INVALID_ARGUMENT saying what to fix
-  // (layer, step, rank, phase, payload kind, shape, values).
+  // (layer, step, rank, phase, payload kind, shape, values), or
+  // FAILED_PRECONDITION for a layer another shard owns (spec().shard).
   absl::Status Validate(const Contribution& c) const;
 
   // See LayerShard::Contribute. REQUIRES: Validate(c).ok().
@@ -104,14 +110,18 @@ class Job {
   // store's error, with nothing changed, if the removal fails.
   absl::Status Delete() ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
 
-  // Minimum over groups and layers of the last applied step; -1 if any
-  // (group, layer) has applied none.
+  // Minimum over groups and owned layers (spec().shard) of the last
+  // applied step; -1 if any such (group, layer) has applied none;
+  // INT64_MAX (vacuously) when this shard owns none of the layers.
   int64_t CommittedStep() const;
+  // CommittedStep() as callers see it: -1 instead of INT64_MAX.
+  int64_t ReportedCommittedStep() const;
 
   JobSnapshot Snapshot() const;
 
-  // The running statistics of `layers` (empty: all) of `group`;
-  // INVALID_ARGUMENT for a layer or group out of range.
+  // The running statistics of `layers` (empty: all this shard owns) of
+  // `group`; INVALID_ARGUMENT for a layer or group out of range,
+  // FAILED_PRECONDITION for a layer another shard owns.
   absl::StatusOr<RunningStatsSnapshot> Stats(absl::Span<const int> layers,
                                              int group) const;
 
@@ -168,6 +178,9 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(admin_mu_);
   std::vector<int64_t> RetentionVictimsLocked(const CheckpointMeta& added) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(admin_mu_);
+  // Tells the observer and the log about a cut checkpoint.
+  void ReportCheckpoint(const CheckpointData& data, absl::Duration duration,
+                        const absl::Status& status) const;
   std::string Lagging(int64_t step) const;
   // Restore without failing the dropped rounds: their callbacks go to
   // `dropped`, to be called once no lock is held.

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/job.h"
+#include "server/log.h"
 
 namespace syncnorm {
 
@@ -53,7 +54,15 @@ void Job::ServeReadyLocked(Answers& out) {
 }
 
 void Job::Expire(absl::Time now) {
-  for (const auto& shard : shards_) shard->Expire(now);
+  LayerShard::Deliveries out;
+  {
+    // Shared, like a contribution: a quorum round completed here is stored.
+    absl::ReaderMutexLock lock(&state_mu_);
+    if (!deleted_) {
+      for (const auto& shard : shards_) shard->Expire(now, out);
+    }
+  }
+  LayerShard::Deliver(out);
   if (!has_pending_.load()) return;
   Answers answers;
   {
@@ -82,6 +91,7 @@ std::string Job::Lagging(int64_t step) const {
   std::vector<std::string> lag;
   int more = 0;
   for (size_t l = 0; l < shards_.size(); ++l) {
+    if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (int g = 0; g < spec_.num_groups(); ++g) {
       const int64_t applied = shards_[l]->LastAppliedStep(g);
       if (applied >= step) continue;
@@ -105,9 +115,10 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
         "job '", spec_.job_id, "' already has a checkpoint at step ", step,
         " tagged '", it->second.tag, "'; checkpoints are immutable"));
   }
+  const absl::Time start = clock_->Now();
   CheckpointData data;
   data.meta = CheckpointMeta{spec_.job_id, step, tag,
-                             absl::ToUnixMillis(clock_->Now())};
+                             absl::ToUnixMillis(start)};
   {
     absl::ReaderMutexLock lock(&state_mu_);
     if (deleted_) {
@@ -116,8 +127,10 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
     }
     // Each layer's state as of `step` is fixed once applied, so cutting
     // them one by one while rounds go on still gives one consistent step.
+    // A shard of a sharded job cuts the layers it owns.
     for (int g = 0; g < spec_.num_groups(); ++g) {
       for (size_t l = 0; l < shards_.size(); ++l) {
+        if (!spec_.shard.owns(static_cast<int>(l))) continue;
         absl::StatusOr<LayerState> s = shards_[l]->StateAt(g, step);
         if (!s.ok()) return s.status();
         data.layers.push_back(LayerSlot{g, static_cast<int>(l), *std::move(s)});
@@ -125,12 +138,29 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
     }
   }
   const std::vector<int64_t> victims = RetentionVictimsLocked(data.meta);
-  if (absl::Status s = store_->PutCheckpoint(data, victims); !s.ok()) {
-    return s;
-  }
+  const absl::Status stored = store_->PutCheckpoint(data, victims);
+  ReportCheckpoint(data, clock_->Now() - start, stored);
+  if (!stored.ok()) return stored;
   for (int64_t v : victims) checkpoints_.erase(v);
   checkpoints_[step] = data.meta;
   return data.meta;
+}
+
+void Job::ReportCheckpoint(const CheckpointData& data,
+                           absl::Duration duration,
+                           const absl::Status& status) const {
+  const int layers = static_cast<int>(data.layers.size());
+  if (options_.observer != nullptr) {
+    options_.observer->OnCheckpoint(CheckpointReport{
+        spec_.job_id, data.meta.step, duration, layers, status});
+  }
+  LogLine line(status.ok() ? "checkpoint" : "checkpoint_failed");
+  line.Add("job", spec_.job_id)
+      .Add("step", data.meta.step)
+      .Add("tag", data.meta.tag)
+      .Add("layers", layers)
+      .Add("duration_ms", absl::ToDoubleMilliseconds(duration));
+  if (!status.ok()) line.Add("error", status.ToString());
 }
 
 std::vector<int64_t> Job::RetentionVictimsLocked(
@@ -211,6 +241,7 @@ absl::Status Job::RestoreLocked(int64_t step,
   absl::Status s = store_->PutLayers(spec_.job_id, data->layers, true);
   if (!s.ok()) return s;
   for (size_t l = 0; l < shards_.size(); ++l) {
+    if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (RoundCallback& done : shards_[l]->Reset(per_layer[l])) {
       dropped.push_back(std::move(done));
     }

@@ -12,6 +12,12 @@ namespace syncnorm {
 namespace {
 
 constexpr size_t kMaxJobIdLength = 128;
+// Absolute bounds, whatever the server's (tighter, configurable) limits:
+// a spec beyond them would make resolution or the first round allocate
+// gigabytes (found by server/request_fuzz.cc).
+constexpr int kMaxWorldSize = 1 << 20;
+constexpr int kMaxChannels = 1 << 24;
+constexpr size_t kMaxLayers = 1 << 16;
 
 bool IsJobIdChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
@@ -35,10 +41,11 @@ absl::Status CheckJobId(absl::string_view id) {
 }
 
 absl::Status CheckShape(const JobSpec& spec) {
-  if (spec.world_size <= 0) {
+  if (spec.world_size <= 0 || spec.world_size > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size is ", spec.world_size,
-        "; it must be the (positive) number of contributing ranks"));
+        "; it must be the (positive) number of contributing ranks, at most ",
+        kMaxWorldSize));
   }
   if (spec.group_size < 0 ||
       (spec.group_size > 0 && spec.world_size % spec.group_size != 0)) {
@@ -56,6 +63,37 @@ absl::Status CheckShape(const JobSpec& spec) {
   if (spec.layers.empty()) {
     return absl::InvalidArgumentError(
         "the job has no layers; give at least one LayerSpec");
+  }
+  if (spec.layers.size() > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job has ", spec.layers.size(), " layers; at most ", kMaxLayers));
+  }
+  return absl::OkStatus();
+}
+
+// REQUIRES: spec.group_size and round_timeout resolved.
+absl::Status CheckQuorum(const JobSpec& spec) {
+  const QuorumPolicy& q = spec.quorum;
+  if (q.min_ranks < 0 || q.min_ranks > spec.group_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quorum.min_ranks is ", q.min_ranks, "; it must be within [0, ",
+        spec.group_size, "] (0: off; counted per group of ", spec.group_size,
+        " ranks)"));
+  }
+  const int64_t grace_ms = absl::ToInt64Milliseconds(q.grace);
+  if (q.grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quorum.grace_ms is ", grace_ms, "; it must be >= 0"));
+  }
+  if (q.min_ranks == 0 && q.grace != absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quorum.grace_ms is ", grace_ms, " but quorum.min_ranks is 0 (off); "
+        "set min_ranks to use a quorum, or grace_ms to 0"));
+  }
+  if (q.min_ranks > 0 && q.grace >= spec.round_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quorum.grace_ms is ", grace_ms, "; it must be below the round "
+        "timeout (", absl::ToInt64Milliseconds(spec.round_timeout), " ms)"));
   }
   return absl::OkStatus();
 }
@@ -85,9 +123,10 @@ absl::Status CheckInitial(const std::string& label, const char* field,
 // Validates one layer and fills in its defaults.
 absl::Status ResolveLayer(size_t index, LayerConfig& layer) {
   const std::string label = LayerLabel(index, layer);
-  if (layer.channels <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": num_features is ", layer.channels, "; it must be positive"));
+  if (layer.channels <= 0 || layer.channels > kMaxChannels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": num_features is ", layer.channels,
+                     "; it must be positive, at most ", kMaxChannels));
   }
   RunningRule& rule = layer.rule;
   if (rule.mode == kMomentumModeUnspecified) rule.mode = MomentumMode::kTorch;
@@ -135,6 +174,12 @@ absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
   if (spec.round_timeout == absl::ZeroDuration()) {
     spec.round_timeout = default_round_timeout;
   }
+  if (absl::Status q = CheckQuorum(spec); !q.ok()) return q;
+  if (absl::Status a = CheckShardAssignment(
+          spec.shard, static_cast<int>(spec.layers.size()));
+      !a.ok()) {
+    return a;
+  }
   return spec;
 }
 
@@ -151,10 +196,14 @@ bool operator!=(const LayerConfig& a, const LayerConfig& b) {
   return !(a == b);
 }
 
+bool operator==(const QuorumPolicy& a, const QuorumPolicy& b) {
+  return a.min_ranks == b.min_ranks && a.grace == b.grace;
+}
+
 bool operator==(const JobSpec& a, const JobSpec& b) {
   return a.job_id == b.job_id && a.world_size == b.world_size &&
          a.group_size == b.group_size && a.round_timeout == b.round_timeout &&
-         a.layers == b.layers;
+         a.layers == b.layers && a.quorum == b.quorum && a.shard == b.shard;
 }
 
 bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/moments.h"
+#include "server/shard_assignment.h"
 
 namespace syncnorm {
 
@@ -32,6 +33,19 @@ struct LayerConfig {
   std::vector<double> initial_running_var;
 };
 
+// When a round may complete without every rank of its group.
+struct QuorumPolicy {
+  // Ranks of a group that must be present; 0: off (every rank, or the
+  // deadline). Within [0, group_size].
+  int min_ranks = 0;
+  // How long after a round's first contribution it waits for the rest
+  // before completing with >= min_ranks present. >= 0 and below the job's
+  // round timeout; must be 0 when min_ranks is 0.
+  absl::Duration grace = absl::ZeroDuration();
+
+  bool enabled() const { return min_ranks > 0; }
+};
+
 // A job as created by CreateJob.
 struct JobSpec {
   // 1-128 characters of [A-Za-z0-9._-].
@@ -46,6 +60,11 @@ struct JobSpec {
   absl::Duration round_timeout = absl::ZeroDuration();
   // At least one layer; a contribution's layer indexes this list.
   std::vector<LayerConfig> layers;
+  // Off by default: a round waits for every rank until its deadline.
+  QuorumPolicy quorum;
+  // The layers this server holds when the job is spread over shards;
+  // default: all of them.
+  ShardAssignment shard;
 
   int num_groups() const {
     return group_size > 0 ? world_size / group_size : 1;
@@ -65,6 +84,7 @@ absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
 // idempotent CreateJob).
 bool operator==(const LayerConfig& a, const LayerConfig& b);
 bool operator!=(const LayerConfig& a, const LayerConfig& b);
+bool operator==(const QuorumPolicy& a, const QuorumPolicy& b);
 bool operator==(const JobSpec& a, const JobSpec& b);
 bool operator!=(const JobSpec& a, const JobSpec& b);
 

@@ -121,6 +121,36 @@ TEST(JobSpecTest, RejectsBadSpecsWithActionableMessages) {
              0, 0, std::numeric_limits<double>::infinity()};
        },
        "initial_running_mean[2] is inf"},
+      {"world too large", [](JobSpec& s) { s.world_size = 1 << 30; },
+       "world_size is 1073741824; it must be the (positive) number of "
+       "contributing ranks, at most 1048576"},
+      {"channels too many",
+       [](JobSpec& s) { s.layers[0].channels = 2147483647; },
+       "num_features is 2147483647; it must be positive, at most 16777216"},
+      {"quorum min negative", [](JobSpec& s) { s.quorum.min_ranks = -1; },
+       "quorum.min_ranks is -1; it must be within [0, 4]"},
+      {"quorum min above group",
+       [](JobSpec& s) {
+         s.group_size = 2;
+         s.quorum.min_ranks = 3;
+       },
+       "quorum.min_ranks is 3; it must be within [0, 2] (0: off; counted per "
+       "group of 2 ranks)"},
+      {"quorum grace negative",
+       [](JobSpec& s) {
+         s.quorum.min_ranks = 2;
+         s.quorum.grace = absl::Milliseconds(-5);
+       },
+       "quorum.grace_ms is -5; it must be >= 0"},
+      {"quorum grace without min",
+       [](JobSpec& s) { s.quorum.grace = absl::Milliseconds(100); },
+       "quorum.min_ranks is 0 (off)"},
+      {"quorum grace not below the timeout",
+       [](JobSpec& s) {
+         s.quorum.min_ranks = 2;
+         s.quorum.grace = kDefault;
+       },
+       "it must be below the round timeout (30000 ms)"},
   };
   for (const BadCase& c : cases) {
     JobSpec spec = ValidSpec();

@@ -15,12 +15,15 @@ LayerShard::GroupState::GroupState(const LayerConfig& layer, int capacity)
 }
 
 LayerShard::LayerShard(const JobSpec& spec, int layer, int recent_capacity,
-                       StateStore* store)
+                       StateStore* store, RoundObserver* observer,
+                       absl::Duration straggler_threshold)
     : spec_(spec),
       layer_(layer),
       config_(spec.layers[layer]),
       recent_capacity_(recent_capacity),
-      store_(store) {
+      store_(store),
+      observer_(observer),
+      straggler_threshold_(straggler_threshold) {
   groups_.reserve(spec.num_groups());
   for (int g = 0; g < spec.num_groups(); ++g) {
     groups_.emplace_back(config_, recent_capacity);
@@ -36,7 +39,7 @@ void LayerShard::Load(const StoredLayer& stored) {
     if (phase.recent.Find(r.step) != nullptr) continue;
     RecentRounds::Entry entry{
         r.step, std::make_shared<const RoundOutcome>(r.outcome),
-        r.fingerprints, nullptr};
+        r.fingerprints, nullptr, r.fingerprint_kind};
     if (r.stats_after.has_value()) {
       entry.stats_after = std::make_shared<const RunningStats>(*r.stats_after);
     }
@@ -85,8 +88,13 @@ absl::Status LayerShard::Conflict(const Contribution& c) const {
 bool LayerShard::Contribute(Contribution c, RoundCallback done,
                             absl::Time now, Deliveries& out) {
   bool applied = false;
-  absl::MutexLock lock(&mu_);
-  ContributeLocked(std::move(c), std::move(done), now, out, applied);
+  std::vector<RoundReport> reports;
+  {
+    absl::MutexLock lock(&mu_);
+    ContributeLocked(std::move(c), std::move(done), now, out, applied);
+    reports.swap(reports_);
+  }
+  Notify(reports);
   return applied;
 }
 
@@ -99,7 +107,8 @@ void LayerShard::ContributeLocked(Contribution c, RoundCallback done,
   }
   const RoundKey key(c.rank / spec_.group_size, c.step, c.phase);
   if (auto it = rounds_.find(key); it != rounds_.end()) {
-    AddToRound(key, *it->second, std::move(c), std::move(done), out, applied);
+    AddToRound(key, *it->second, std::move(c), std::move(done), now, out,
+               applied);
     return;
   }
   const int64_t latest = groups_[std::get<0>(key)]
@@ -117,21 +126,57 @@ void LayerShard::ContributeLocked(Contribution c, RoundCallback done,
       std::make_unique<Round>(std::get<0>(key) * spec_.group_size,
                               spec_.group_size, now + spec_.round_timeout);
   Round& r = *rounds_.emplace(key, std::move(round)).first->second;
-  AddToRound(key, r, std::move(c), std::move(done), out, applied);
+  AddToRound(key, r, std::move(c), std::move(done), now, out, applied);
 }
 
 void LayerShard::AddToRound(const RoundKey& key, Round& round, Contribution c,
-                            RoundCallback done, Deliveries& out,
-                            bool& applied) {
+                            RoundCallback done, absl::Time now,
+                            Deliveries& out, bool& applied) {
   const Round::AddResult added =
-      round.Add(c.rank, std::move(c.payload), std::move(done));
+      round.Add(c.rank, std::move(c.payload), std::move(done), now);
   if (added == Round::AddResult::kConflict) {
     // The round keeps going unharmed; only this contribution is refused.
     out.push_back(Failure(std::move(done), Conflict(c)));
     return;
   }
-  if (added == Round::AddResult::kAdded && round.complete()) {
-    Complete(key, round, out, applied);
+  if (added == Round::AddResult::kAdded &&
+      (round.complete() || QuorumReached(round, now))) {
+    Complete(key, round, now, out, applied);
+  }
+}
+
+bool LayerShard::QuorumReached(const Round& round, absl::Time now) const {
+  const QuorumPolicy& q = spec_.quorum;
+  return q.enabled() && round.received() >= q.min_ranks &&
+         now >= round.first_arrival() + q.grace;
+}
+
+void LayerShard::Report(const RoundKey& key, const Round& round,
+                        const RoundOutcome& outcome, absl::Time now) {
+  if (observer_ == nullptr) return;
+  RoundReport r;
+  r.job_id = spec_.job_id;
+  r.group = std::get<0>(key);
+  r.layer = layer_;
+  r.step = std::get<1>(key);
+  r.phase = std::get<2>(key);
+  r.latency = now - round.first_arrival();
+  r.status = outcome.status;
+  r.contributors = round.PresentRanks();
+  r.missing_ranks = round.MissingRanks();
+  r.stragglers = round.Stragglers(straggler_threshold_);
+  r.last_arrival = round.LastArrival();
+  r.quorum = outcome.status.ok() && !round.complete();
+  reports_.push_back(std::move(r));
+}
+
+void LayerShard::Notify(const std::vector<RoundReport>& reports) const {
+  for (const RoundReport& r : reports) {
+    if (r.status.code() == absl::StatusCode::kDeadlineExceeded) {
+      observer_->OnDeadline(r);
+    } else {
+      observer_->OnRoundCompleted(r);
+    }
   }
 }
 
@@ -140,15 +185,16 @@ void LayerShard::AnswerRetry(const RecentRounds::Entry& entry,
                              Deliveries& out) const {
   const std::optional<uint64_t>& sent =
       entry.fingerprints[c.rank % spec_.group_size];
-  if (sent.has_value() && *sent != PayloadFingerprint(c.payload)) {
+  if (sent.has_value() &&
+      *sent != PayloadFingerprint(c.payload, entry.fingerprint_kind)) {
     out.push_back(Failure(std::move(done), Conflict(c)));
     return;
   }
   out.push_back(Delivery{std::move(done), entry.outcome});
 }
 
-void LayerShard::Complete(const RoundKey& key, Round& round, Deliveries& out,
-                          bool& applied) {
+void LayerShard::Complete(const RoundKey& key, Round& round, absl::Time now,
+                          Deliveries& out, bool& applied) {
   GroupState& group = groups_[std::get<0>(key)];
   const Phase phase = std::get<2>(key);
   // The next state is built aside and installed only once it is stored.
@@ -168,7 +214,10 @@ void LayerShard::Complete(const RoundKey& key, Round& round, Deliveries& out,
                           ? forward->outcome->version
                           : group.state.stats.num_batches_tracked;
   }
+  // A quorum round: these ranks were not counted (a late one is told so).
+  outcome.missing_ranks = round.MissingRanks();
   if (!outcome.status.ok()) {
+    Report(key, round, outcome, now);
     Finish(key, std::move(outcome), nullptr, out);
     return;
   }
@@ -186,6 +235,7 @@ void LayerShard::Complete(const RoundKey& key, Round& round, Deliveries& out,
     return;
   }
   group.state = std::move(next);
+  Report(key, round, outcome, now);
   Finish(key, std::move(outcome), std::move(after), out);
   FailSuperseded(key, out);
   applied = phase == Phase::kForward;
@@ -273,26 +323,46 @@ void LayerShard::Drop(const RoundKey& key, const absl::Status& status,
   rounds_.erase(it);
 }
 
-void LayerShard::Expire(absl::Time now) {
-  Deliveries out;
+bool LayerShard::Expire(absl::Time now, Deliveries& out) {
+  bool applied = false;
+  std::vector<RoundReport> reports;
   {
     absl::MutexLock lock(&mu_);
+    std::vector<RoundKey> quorate;
     std::vector<RoundKey> overdue;
     for (const auto& [key, round] : rounds_) {
-      if (round->deadline() <= now) overdue.push_back(key);
+      if (QuorumReached(*round, now)) {
+        quorate.push_back(key);
+      } else if (round->deadline() <= now) {
+        overdue.push_back(key);
+      }
+    }
+    // Ascending steps: completing one fails the earlier ones it supersedes,
+    // which are then gone from rounds_.
+    for (const RoundKey& key : quorate) {
+      auto it = rounds_.find(key);
+      if (it == rounds_.end()) continue;
+      bool forward = false;
+      Complete(key, *it->second, now, out, forward);
+      applied = applied || forward;
     }
     for (const RoundKey& key : overdue) {
+      auto it = rounds_.find(key);
+      if (it == rounds_.end()) continue;
       RoundOutcome outcome;
-      outcome.missing_ranks = rounds_[key]->MissingRanks();
+      outcome.missing_ranks = it->second->MissingRanks();
       outcome.status = absl::DeadlineExceededError(
           absl::StrCat(RoundLabel(key), " missed its ",
                        absl::ToInt64Milliseconds(spec_.round_timeout),
                        " ms deadline waiting for ranks [",
                        absl::StrJoin(outcome.missing_ranks, ", "), "]"));
+      Report(key, *it->second, outcome, now);
       Finish(key, std::move(outcome), nullptr, out);
     }
+    reports.swap(reports_);
   }
-  Deliver(out);
+  Notify(reports);
+  return applied;
 }
 
 void LayerShard::Abort(const absl::Status& status) {

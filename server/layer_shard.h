@@ -24,6 +24,7 @@
 #include "server/job_spec.h"
 #include "server/recent_rounds.h"
 #include "server/round.h"
+#include "server/round_observer.h"
 #include "server/state_store.h"
 
 namespace syncnorm {
@@ -37,11 +38,14 @@ namespace syncnorm {
 // if that write fails, the round fails for all and nothing is applied.
 class LayerShard {
  public:
-  // `spec` (resolved) and `store` must outlive the shard. `recent_capacity`
-  // finished rounds are kept per (group, phase) for retries.
-  // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
+  // `spec` (resolved), `store` and `observer` (if not null) must outlive
+  // the shard. `recent_capacity` finished rounds are kept per (group, phase)
+  // for retries. `observer` hears of every round that ends, with its
+  // contributors that arrived more than `straggler_threshold` after the
+  // first. REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
   LayerShard(const JobSpec& spec, int layer, int recent_capacity,
-             StateStore* store);
+             StateStore* store, RoundObserver* observer = nullptr,
+             absl::Duration straggler_threshold = absl::Seconds(1));
 
   LayerShard(const LayerShard&) = delete;
   LayerShard& operator=(const LayerShard&) = delete;
@@ -71,9 +75,12 @@ class LayerShard {
   bool Contribute(Contribution c, RoundCallback done, absl::Time now,
                   Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Fails every round whose deadline is at or before `now` with
-  // DEADLINE_EXCEEDED naming the missing ranks. Running stats untouched.
-  void Expire(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Completes every round whose quorum grace period has passed with enough
+  // ranks present (spec.quorum), then fails every round whose deadline is
+  // at or before `now` with DEADLINE_EXCEEDED naming the missing ranks
+  // (running stats untouched). The answers go to `out` for the caller to
+  // Deliver. Returns true when a forward round was applied.
+  bool Expire(absl::Time now, Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails every pending round with `status` and answers every later
   // contribution with it. REQUIRES: !status.ok().
@@ -134,13 +141,25 @@ class LayerShard {
                         Deliveries& out, bool& applied)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddToRound(const RoundKey& key, Round& round, Contribution c,
-                  RoundCallback done, Deliveries& out, bool& applied)
+                  RoundCallback done, absl::Time now, Deliveries& out,
+                  bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the quorum policy lets `round` complete at `now` without the
+  // ranks still missing.
+  bool QuorumReached(const Round& round, absl::Time now) const;
+  // Queues the observer's report of a round that ends at `now`.
+  void Report(const RoundKey& key, const Round& round,
+              const RoundOutcome& outcome, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `reports` (taken from reports_) to the observer: DEADLINE_EXCEEDED
+  // ones to OnDeadline, the rest to OnRoundCompleted. REQUIRES: mu_ not
+  // held.
+  void Notify(const std::vector<RoundReport>& reports) const;
   void AnswerRetry(const RecentRounds::Entry& entry, const Contribution& c,
                    RoundCallback done, Deliveries& out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void Complete(const RoundKey& key, Round& round, Deliveries& out,
-                bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Complete(const RoundKey& key, Round& round, absl::Time now,
+                Deliveries& out, bool& applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyForward(const RoundKey& key, Round& round, LayerState& next,
                     RoundOutcome& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the round's result and the layer's next state to the store.
@@ -168,11 +187,15 @@ class LayerShard {
   const LayerConfig& config_;
   const int recent_capacity_;
   StateStore* const store_;
+  RoundObserver* const observer_;  // may be null
+  const absl::Duration straggler_threshold_;
 
   mutable absl::Mutex mu_;
   std::map<RoundKey, std::unique_ptr<Round>> rounds_ ABSL_GUARDED_BY(mu_);
   std::vector<GroupState> groups_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> aborted_ ABSL_GUARDED_BY(mu_);
+  // Reports of rounds that ended, handed to observer_ once mu_ is released.
+  std::vector<RoundReport> reports_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace syncnorm

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,9 +16,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/auth.h"
 #include "server/server.h"
 #include "server/server_options.h"
+#include "server/tls.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "HOST:PORT to serve on; port 0 picks a free port");
@@ -34,15 +38,45 @@ ABSL_FLAG(int, keep_checkpoints, 5,
           "always kept; 0 keeps all");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once serving");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT of the Prometheus endpoint (HTTP GET /metrics); port 0 "
+          "picks a free one (logged in the start line). Empty: no metrics");
+ABSL_FLAG(int64_t, shutdown_grace_ms, 5000,
+          "After SIGTERM: how long rounds in flight get to finish (new "
+          "rounds are refused) before the rest is cancelled and the state "
+          "store closed");
+
+// Security.
+ABSL_FLAG(std::string, tls_cert, "",
+          "Server certificate chain (PEM); with --tls_key, serve TLS");
+ABSL_FLAG(std::string, tls_key, "", "Private key of --tls_cert (PEM)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "CA (PEM) that signs client certificates: mutual TLS, clients "
+          "without a certificate it verifies are refused");
+ABSL_FLAG(bool, allow_insecure, false,
+          "Serve plaintext on a non-loopback --listen (without it, a "
+          "non-loopback address needs --tls_cert/--tls_key)");
+ABSL_FLAG(std::string, tokens_file, "",
+          "Bearer tokens, one per line '<token> <scope>[,<scope>...]' with "
+          "scopes 'admin' or 'job:<id>'; re-read when it changes. Empty: no "
+          "authentication");
+
+// Limits: exceeding one is RESOURCE_EXHAUSTED naming it; <= 0: no limit.
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
+          "Largest request message, in bytes");
+ABSL_FLAG(int, max_jobs, 10000, "Jobs on this server");
+ABSL_FLAG(int, max_layers_per_job, 4096, "Layers of one job");
+ABSL_FLAG(int, max_channels, 65536, "Channels (num_features) of one layer");
+ABSL_FLAG(int, max_world_size, 65536, "Contributors (world_size) of one job");
+ABSL_FLAG(int, max_pending_rounds, 100000,
+          "Rounds in flight (waiting for ranks) across the server");
+ABSL_FLAG(int, max_streams, 10000, "Open Reduce streams");
+
 ABSL_FLAG(bool, check_config, false,
           "Check the flags (--flagfile included) and exit without serving: "
           "0 when the server could start with them, 2 and the reason if not");
 
 namespace {
-
-// How long calls in flight get after SIGTERM before they are cancelled.
-// deploy/'s terminationGracePeriodSeconds is sized from it.
-constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 
 // OK when `dir` is a writable folder, or does not exist yet and its nearest
 // existing ancestor is one (so the server can create it), or is empty (state
@@ -84,7 +118,34 @@ absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
   if (options.keep_checkpoints < 0) {
     return absl::InvalidArgumentError("--keep_checkpoints must be >= 0");
   }
-  return CheckDataDir(options.data_dir);
+  if (const size_t m = options.metrics_listen.rfind(':');
+      !options.metrics_listen.empty() &&
+      (m == std::string::npos || m == 0 ||
+       !absl::SimpleAtoi(options.metrics_listen.substr(m + 1), &port) ||
+       port < 0 || port > 65535)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_listen='", options.metrics_listen,
+                     "' is not HOST:PORT with a port in 0..65535 (or empty)"));
+  }
+  if (absl::Status s = CheckDataDir(options.data_dir); !s.ok()) return s;
+  const syncnorm::TlsFiles tls{options.tls_cert, options.tls_key,
+                               options.tls_client_ca};
+  if (absl::Status s = syncnorm::CheckTransportSecurity(
+          options.listen, tls, options.allow_insecure);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = syncnorm::MakeServerCredentials(tls).status();
+      !s.ok()) {
+    return s;
+  }
+  if (!options.tokens_file.empty()) {
+    absl::Status s = syncnorm::Authenticator::Open(options.tokens_file,
+                                                   absl::ZeroDuration())
+                         .status();
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 // Writes `port` to `path` through a temporary file and a rename, so a reader
@@ -115,6 +176,10 @@ std::string HostOf(const std::string& listen) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil keeps absl::Mutex deadlock detection on, which records a
+  // lock-order graph on every acquisition: a cost on every round's hot path
+  // that production servers do not pay. The lock order is checked in tests.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   // Block the stop signals in every thread (gRPC's included, which inherit
   // the mask); a dedicated thread takes them with sigwait.
@@ -131,6 +196,21 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.limits.max_layers_per_job = absl::GetFlag(FLAGS_max_layers_per_job);
+  options.limits.max_channels = absl::GetFlag(FLAGS_max_channels);
+  options.limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  options.limits.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
+  options.limits.max_streams = absl::GetFlag(FLAGS_max_streams);
+  const absl::Duration shutdown_grace = absl::Milliseconds(
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
   if (options.data_dir.empty()) {
     std::fprintf(stderr,
                  "syncnorm-aggregator: warning: --data_dir is empty; state "
@@ -147,13 +227,25 @@ int main(int argc, char** argv) {
     std::printf(
         "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
         "data_dir=%s sync_writes=%d keep_checkpoints=%d "
-        "shutdown_grace_ms=%lld\n",
+        "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
+        "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
+        "max_channels=%d max_world_size=%d max_pending_rounds=%d "
+        "max_streams=%d\n",
         options.listen.c_str(),
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.round_timeout)),
         options.data_dir.c_str(), options.sync_writes ? 1 : 0,
         options.keep_checkpoints,
-        static_cast<long long>(absl::ToInt64Milliseconds(kShutdownGrace)));
+        static_cast<long long>(absl::ToInt64Milliseconds(shutdown_grace)),
+        options.tls_cert.empty()          ? "off"
+        : options.tls_client_ca.empty() ? "on"
+                                          : "mutual",
+        options.tokens_file.empty() ? "-" : options.tokens_file.c_str(),
+        options.allow_insecure ? 1 : 0,
+        static_cast<long long>(options.limits.max_message_bytes),
+        options.limits.max_jobs, options.limits.max_layers_per_job,
+        options.limits.max_channels, options.limits.max_world_size,
+        options.limits.max_pending_rounds, options.limits.max_streams);
     return 0;
   }
 
@@ -175,17 +267,23 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::fprintf(stderr, "syncnorm-aggregator listening on %s:%d\n",
-               HostOf(options.listen).c_str(), server.bound_port());
+  std::fprintf(stderr, "syncnorm-aggregator listening on %s:%d (%s%s)\n",
+               HostOf(options.listen).c_str(), server.bound_port(),
+               options.tls_cert.empty()          ? "plaintext"
+               : options.tls_client_ca.empty() ? "TLS"
+                                                 : "mutual TLS",
+               options.tokens_file.empty() ? ", no authentication"
+                                           : ", bearer tokens");
 
-  std::thread stopper([&server, &stop_signals] {
+  std::thread stopper([&server, &stop_signals, shutdown_grace] {
     int signal = 0;
     sigwait(&stop_signals, &signal);
     std::fprintf(stderr, "syncnorm-aggregator: signal %d, shutting down\n",
                  signal);
-    server.Shutdown(kShutdownGrace);
+    server.Shutdown(shutdown_grace);
   });
   server.Wait();
   stopper.join();
+  // ~Server: closes the state store (memtable flushed) before exit 0.
   return 0;
 }

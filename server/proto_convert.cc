@@ -52,6 +52,14 @@ JobSpec JobSpecFromProto(const v1::CreateJobRequest& request) {
   for (const v1::LayerSpec& layer : request.layers()) {
     spec.layers.push_back(LayerFromProto(layer));
   }
+  spec.quorum.min_ranks = request.quorum().min_ranks();
+  spec.quorum.grace = absl::Milliseconds(request.quorum().grace_ms());
+  if (request.has_shard()) {
+    spec.shard.shard = request.shard().shard();
+    spec.shard.num_shards = request.shard().num_shards();
+    spec.shard.owned_layers.assign(request.shard().owned_layers().begin(),
+                                   request.shard().owned_layers().end());
+  }
   return spec;
 }
 
@@ -64,6 +72,17 @@ void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
   info.set_committed_step(job.committed_step);
   for (const LayerConfig& layer : spec.layers) {
     LayerToProto(layer, *info.add_layers());
+  }
+  if (spec.quorum.enabled()) {
+    info.mutable_quorum()->set_min_ranks(spec.quorum.min_ranks);
+    info.mutable_quorum()->set_grace_ms(
+        absl::ToInt64Milliseconds(spec.quorum.grace));
+  }
+  if (spec.shard.sharded()) {
+    v1::ShardAssignment* shard = info.mutable_shard();
+    shard->set_shard(spec.shard.shard);
+    shard->set_num_shards(spec.shard.num_shards);
+    for (int layer : spec.shard.owned_layers) shard->add_owned_layers(layer);
   }
 }
 
@@ -103,6 +122,7 @@ void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
     return;
   }
   result.set_version(outcome.version);
+  for (int rank : outcome.missing_ranks) result.add_missing_ranks(rank);
   if (key.phase == Phase::kForward) {
     v1::GlobalMoments* m = result.mutable_moments();
     m->set_count(outcome.moments.count);

@@ -26,6 +26,9 @@ class RecentRounds {
     // An OK FORWARD round: the layer's running statistics right after it
     // (what a checkpoint of this step holds). Null otherwise.
     std::shared_ptr<const RunningStats> stats_after;
+    // How `fingerprints` were computed: kFingerprintKind, or an older kind
+    // for rounds loaded from a data dir written by an older build.
+    FingerprintKind fingerprint_kind = kFingerprintKind;
   };
 
   // Keeps at most `capacity` entries. REQUIRES: capacity > 0.

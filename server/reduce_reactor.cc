@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "server/grpc_status.h"
 #include "server/proto_convert.h"
+#include "server/stream_set.h"
 
 namespace syncnorm {
 
@@ -10,7 +12,31 @@ namespace syncnorm {
 // may run inline); a write is started only by the party that set writing_,
 // and Finish only when !writing_, so no write is ever started after Finish.
 
-ReduceReactor::ReduceReactor(Aggregator* aggregator) : aggregator_(aggregator) {
+namespace {
+
+StreamSet* Admit(StreamSet* streams, ReduceReactor* reactor,
+                 absl::Status& refused) {
+  if (streams == nullptr) return nullptr;
+  refused = streams->Add(reactor);
+  return refused.ok() ? streams : nullptr;
+}
+
+}  // namespace
+
+ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
+                             std::string authorization, StreamSet* streams)
+    : aggregator_(aggregator),
+      auth_(auth),
+      authorization_(std::move(authorization)),
+      streams_(Admit(streams, this, refused_)) {
+  if (!refused_.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+    }
+    Finish(ToGrpcStatus(refused_));
+    return;
+  }
   StartRead(&request_);
 }
 
@@ -32,14 +58,31 @@ void ReduceReactor::OnReadDone(bool ok) {
     ++pending_;
   }
   refs_.fetch_add(1, std::memory_order_relaxed);
+  bool read_now = true;
+  {
+    absl::MutexLock lock(&mu_);
+    // A client that sends without reading its results waits for them.
+    if (queue_.size() >= kMaxQueuedResults) read_now = false;
+    read_paused_ = !read_now;
+  }
   // Safe even after Finish: this reaction holds the call open until it
   // returns, and a read on a finished call just fails.
-  StartRead(&request_);
+  if (read_now) StartRead(&request_);
   Contribution key;
   key.job_id = c.job_id;
   key.layer = c.layer;
   key.step = c.step;
   key.phase = c.phase;
+  if (auth_ != nullptr) {
+    absl::Status allowed = auth_->AuthorizeJob(authorization_, c.job_id);
+    if (!allowed.ok()) {
+      RoundOutcome refused;
+      refused.status = std::move(allowed);
+      Answer(key, refused);
+      Unref();
+      return;
+    }
+  }
   aggregator_->Contribute(
       std::move(c), [this, key = std::move(key)](const RoundOutcome& outcome) {
         Answer(key, outcome);
@@ -71,11 +114,16 @@ void ReduceReactor::Answer(const Contribution& key,
 void ReduceReactor::OnWriteDone(bool ok) {
   const v1::RoundResult* next = nullptr;
   std::optional<grpc::Status> finish;
+  bool resume_reading = false;
   {
     absl::MutexLock lock(&mu_);
     queue_.pop_front();
     if (!ok) cancelled_ = true;  // the stream is broken
     if (cancelled_) queue_.clear();
+    if (read_paused_ && !cancelled_ && queue_.size() < kMaxQueuedResults / 2) {
+      read_paused_ = false;
+      resume_reading = true;
+    }
     if (queue_.empty()) {
       writing_ = false;
       finish = TakeFinish();
@@ -83,7 +131,19 @@ void ReduceReactor::OnWriteDone(bool ok) {
       next = &queue_.front();  // deque references survive push_back
     }
   }
+  // As in OnReadDone, a reaction: safe even after Finish.
+  if (resume_reading) StartRead(&request_);
   if (next != nullptr) StartWrite(next);
+  if (finish.has_value()) Finish(*std::move(finish));
+}
+
+void ReduceReactor::Close() {
+  std::optional<grpc::Status> finish;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    finish = TakeFinish();
+  }
   if (finish.has_value()) Finish(*std::move(finish));
 }
 
@@ -107,10 +167,19 @@ std::optional<grpc::Status> ReduceReactor::TakeFinish() {
     finished_ = true;
     return grpc::Status::OK;
   }
+  if (closing_ && pending_ == 0 && queue_.empty()) {
+    finished_ = true;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the server is shutting down; reconnect to a running "
+                        "server and resend what is unanswered");
+  }
   return std::nullopt;
 }
 
-void ReduceReactor::OnDone() { Unref(); }
+void ReduceReactor::OnDone() {
+  if (streams_ != nullptr) streams_->Remove(this);
+  Unref();
+}
 
 void ReduceReactor::Unref() {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;

@@ -5,16 +5,21 @@
 #include <atomic>
 #include <deque>
 #include <optional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
 #include "server/aggregator.h"
+#include "server/auth.h"
 #include "server/contribution.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
 namespace syncnorm {
+
+class StreamSet;
 
 // Reads contributions continuously (one read always outstanding) and hands
 // each to the Aggregator; every outcome is queued as a RoundResult and
@@ -22,18 +27,42 @@ namespace syncnorm {
 // stream ends (OK) once the client half-closes and every result is written,
 // or (CANCELLED) when the call is cancelled or a write fails.
 //
+// With an Authenticator, each contribution is checked against the token the
+// stream was opened with (its `authorization` metadata), at the time it is
+// read, so a revoked token stops working on open streams too; a refused one
+// is answered in-band (RoundError UNAUTHENTICATED or PERMISSION_DENIED) and
+// the stream stays usable.
+//
+// Limits: a stream beyond StreamSet's limit ends at once
+// (RESOURCE_EXHAUSTED); while kMaxQueuedResults results wait to be written
+// (a client that sends without reading), no more contributions are read.
+// Close() (shutdown) ends the stream UNAVAILABLE once every contribution it
+// read is answered and written.
+//
 // Lifetime: deletes itself once gRPC is done with it (OnDone) and every
 // aggregator callback it issued has fired (a reference count). Thread-safe.
 class ReduceReactor final
     : public grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult> {
  public:
-  // `aggregator` must outlive every callback the reactor hands it.
-  explicit ReduceReactor(Aggregator* aggregator);
+  static constexpr size_t kMaxQueuedResults = 256;
+
+  // `aggregator` must outlive every callback the reactor hands it; `auth`
+  // (null: no checks) and `streams` (null: not counted) the reactor.
+  // `authorization` is the stream's authorization metadata.
+  ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
+                std::string authorization, StreamSet* streams);
+  explicit ReduceReactor(Aggregator* aggregator)
+      : ReduceReactor(aggregator, nullptr, "", nullptr) {}
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
+
+  // See the class comment; for StreamSet.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
+  void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Unref();
 
  private:
   ~ReduceReactor() override = default;
@@ -44,9 +73,12 @@ class ReduceReactor final
       ABSL_LOCKS_EXCLUDED(mu_);
   // Decides, under mu_, whether the stream may finish now; marks it so.
   std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Unref();
 
   Aggregator* const aggregator_;
+  const Authenticator* const auth_;
+  const std::string authorization_;  // a secret: never logged
+  absl::Status refused_;             // why streams refused it, if they did
+  StreamSet* const streams_;         // null when refused or not counted
   // Owners: gRPC until OnDone, and one per outstanding aggregator callback.
   std::atomic<int> refs_{1};
   // Only the read path touches it, and only one read is outstanding.
@@ -59,6 +91,8 @@ class ReduceReactor final
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // contributions not yet answered
 };
 

@@ -1,20 +1,31 @@
 #include "server/round.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace syncnorm {
 
 Round::Round(int first_rank, int group_size, absl::Time deadline)
-    : first_rank_(first_rank), deadline_(deadline), payloads_(group_size) {}
+    : first_rank_(first_rank),
+      deadline_(deadline),
+      payloads_(group_size),
+      fingerprints_(group_size),
+      arrivals_(group_size, absl::InfiniteFuture()) {}
 
-Round::AddResult Round::Add(int rank, Payload payload, RoundCallback&& done) {
+Round::AddResult Round::Add(int rank, Payload payload, RoundCallback&& done,
+                            absl::Time now) {
   std::optional<Payload>& slot = payloads_[rank - first_rank_];
   if (slot.has_value()) {
     if (!SamePayload(*slot, payload)) return AddResult::kConflict;
     waiters_.push_back(std::move(done));
     return AddResult::kDuplicate;
   }
+  // The contributing thread hashes its own payload, so the thread that
+  // completes the round does not hash everyone's.
+  fingerprints_[rank - first_rank_] = PayloadFingerprint(payload);
   slot = std::move(payload);
+  arrivals_[rank - first_rank_] = now;
+  first_arrival_ = std::min(first_arrival_, now);
   ++received_;
   waiters_.push_back(std::move(done));
   return AddResult::kAdded;
@@ -30,11 +41,48 @@ std::vector<int> Round::MissingRanks() const {
   return missing;
 }
 
+std::vector<int> Round::PresentRanks() const {
+  std::vector<int> present;
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (payloads_[i].has_value()) {
+      present.push_back(first_rank_ + static_cast<int>(i));
+    }
+  }
+  return present;
+}
+
+std::vector<int> Round::Stragglers(absl::Duration threshold) const {
+  std::vector<std::pair<absl::Time, int>> late;
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (payloads_[i].has_value() &&
+        arrivals_[i] - first_arrival_ > threshold) {
+      late.emplace_back(arrivals_[i], first_rank_ + static_cast<int>(i));
+    }
+  }
+  std::sort(late.begin(), late.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  std::vector<int> out;
+  for (const auto& [time, rank] : late) out.push_back(rank);
+  return out;
+}
+
+absl::Duration Round::LastArrival() const {
+  absl::Duration last = absl::ZeroDuration();
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (payloads_[i].has_value()) {
+      last = std::max(last, arrivals_[i] - first_arrival_);
+    }
+  }
+  return last;
+}
+
 Moments Round::MergedMoments(int channels) const {
   // Rank order, always: the Chan merge is not associative in floating point,
   // so a fixed order is what makes every arrival order give the same bits.
   Moments acc = Moments::Zero(channels);
   for (const std::optional<Payload>& p : payloads_) {
+    if (!p.has_value()) continue;  // not counted (a quorum round)
     MergeMoments(acc, std::get<Moments>(*p));
   }
   return acc;
@@ -45,17 +93,14 @@ GradSums Round::SummedGradSums(int channels) const {
   acc.sum_dy.assign(channels, 0.0);
   acc.sum_dy_xmu.assign(channels, 0.0);
   for (const std::optional<Payload>& p : payloads_) {
+    if (!p.has_value()) continue;
     AddGradSums(acc, std::get<GradSums>(*p));
   }
   return acc;
 }
 
-std::vector<std::optional<uint64_t>> Round::Fingerprints() const {
-  std::vector<std::optional<uint64_t>> out(payloads_.size());
-  for (size_t i = 0; i < payloads_.size(); ++i) {
-    if (payloads_[i].has_value()) out[i] = PayloadFingerprint(*payloads_[i]);
-  }
-  return out;
+const std::vector<std::optional<uint64_t>>& Round::Fingerprints() const {
+  return fingerprints_;
 }
 
 std::vector<RoundCallback> Round::TakeWaiters() {

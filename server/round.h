@@ -1,5 +1,6 @@
 // One pending round: the contributions of one (job, group, layer, step,
-// phase), collected until every rank of the group has sent or the deadline
+// phase), collected until every rank of the group has sent, the job's
+// quorum policy lets it complete with the ranks present, or the deadline
 // passes.
 #ifndef SYNCNORM_SERVER_ROUND_H_
 #define SYNCNORM_SERVER_ROUND_H_
@@ -33,24 +34,39 @@ class Round {
 
   // Records `rank`'s payload and callback; see AddResult. `done` is moved
   // from only when kept (kAdded, kDuplicate); on kConflict the caller still
-  // owns it. REQUIRES: rank within the group.
-  AddResult Add(int rank, Payload payload, RoundCallback&& done);
+  // owns it. `now` is when the payload arrived (kAdded). REQUIRES: rank
+  // within the group.
+  AddResult Add(int rank, Payload payload, RoundCallback&& done,
+                absl::Time now);
 
   bool complete() const { return received_ == payloads_.size(); }
+  // Ranks that have contributed.
+  int received() const { return static_cast<int>(received_); }
   absl::Time deadline() const { return deadline_; }
+  // When the first payload arrived; InfiniteFuture before any.
+  absl::Time first_arrival() const { return first_arrival_; }
 
   // Global ranks that have not contributed, ascending.
   std::vector<int> MissingRanks() const;
+  // Global ranks that have contributed, ascending.
+  std::vector<int> PresentRanks() const;
+  // Ranks that arrived more than `threshold` after the first one, latest
+  // first.
+  std::vector<int> Stragglers(absl::Duration threshold) const;
+  // How long after the first payload the latest one arrived.
+  absl::Duration LastArrival() const;
 
-  // The Chan merge of all moments, folded in rank order so the result does
-  // not depend on arrival order. REQUIRES: complete(), FORWARD payloads.
+  // The Chan merge of the moments present, folded in rank order so the
+  // result does not depend on arrival order (absent ranks are skipped: a
+  // quorum round). REQUIRES: FORWARD payloads.
   Moments MergedMoments(int channels) const;
 
-  // The rank-order sum of all gradient sums. REQUIRES: complete(), BACKWARD.
+  // The rank-order sum of the gradient sums present. REQUIRES: BACKWARD.
   GradSums SummedGradSums(int channels) const;
 
-  // Per rank of the group: the payload's fingerprint, or nullopt if absent.
-  std::vector<std::optional<uint64_t>> Fingerprints() const;
+  // Per rank of the group: the payload's fingerprint (kFingerprintKind,
+  // computed when it was added), or nullopt if absent.
+  const std::vector<std::optional<uint64_t>>& Fingerprints() const;
 
   // Moves out every callback collected so far.
   std::vector<RoundCallback> TakeWaiters();
@@ -59,6 +75,9 @@ class Round {
   const int first_rank_;
   const absl::Time deadline_;
   std::vector<std::optional<Payload>> payloads_;  // indexed by rank - first
+  std::vector<std::optional<uint64_t>> fingerprints_;  // of payloads_
+  std::vector<absl::Time> arrivals_;              // indexed by rank - first
+  absl::Time first_arrival_ = absl::InfiniteFuture();
   size_t received_ = 0;
   std::vector<RoundCallback> waiters_;
 };

@@ -24,11 +24,11 @@ TEST(RoundTest, TracksRanksRetriesAndConflicts) {
   int calls = 0;
   RoundCallback cb = [&](const RoundOutcome&) { ++calls; };
   RoundCallback a = cb, b = cb, c = cb;
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(a)),
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(a), absl::UnixEpoch()),
             Round::AddResult::kAdded);
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(b)),
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(b), absl::UnixEpoch()),
             Round::AddResult::kDuplicate);
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.25), std::move(c)),
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.25), std::move(c), absl::UnixEpoch()),
             Round::AddResult::kConflict);
   EXPECT_TRUE(c != nullptr) << "a refused callback stays with the caller";
   EXPECT_FALSE(round.complete());
@@ -41,9 +41,12 @@ TEST(RoundTest, TracksRanksRetriesAndConflicts) {
 
 TEST(RoundTest, MergesInRankOrder) {
   Round round(0, 3, absl::UnixEpoch());
-  round.Add(2, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {});
-  round.Add(0, MomentsOf(0, 0.0, 0.0), [](const RoundOutcome&) {});
-  round.Add(1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {});
+  round.Add(2, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {},
+            absl::UnixEpoch());
+  round.Add(0, MomentsOf(0, 0.0, 0.0), [](const RoundOutcome&) {},
+            absl::UnixEpoch());
+  round.Add(1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {},
+            absl::UnixEpoch());
   ASSERT_TRUE(round.complete());
   Moments expected = Moments::Zero(1);
   MergeMoments(expected, std::get<Moments>(MomentsOf(0, 0.0, 0.0)));
@@ -51,6 +54,33 @@ TEST(RoundTest, MergesInRankOrder) {
   MergeMoments(expected, std::get<Moments>(MomentsOf(3, 5.0, 1.0)));
   Moments got = round.MergedMoments(1);
   EXPECT_EQ(got.count, 4);
+  EXPECT_EQ(got.mean, expected.mean);
+  EXPECT_EQ(got.m2, expected.m2);
+}
+
+TEST(RoundTest, PartialMergeSkipsAbsentRanksAndTimesArrivals) {
+  const absl::Time t0 = absl::UnixEpoch();
+  Round round(0, 4, t0 + absl::Seconds(10));
+  EXPECT_EQ(round.first_arrival(), absl::InfiniteFuture());
+  round.Add(3, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {},
+            t0 + absl::Seconds(2));
+  round.Add(1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {}, t0);
+  round.Add(0, MomentsOf(2, 1.0, 0.5), [](const RoundOutcome&) {},
+            t0 + absl::Milliseconds(100));
+  EXPECT_EQ(round.received(), 3);
+  EXPECT_EQ(round.first_arrival(), t0);
+  EXPECT_EQ(round.PresentRanks(), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(round.MissingRanks(), (std::vector<int>{2}));
+  EXPECT_EQ(round.Stragglers(absl::Milliseconds(50)),
+            (std::vector<int>{3, 0}));
+  EXPECT_EQ(round.Stragglers(absl::Seconds(1)), (std::vector<int>{3}));
+  EXPECT_EQ(round.LastArrival(), absl::Seconds(2));
+  Moments expected = Moments::Zero(1);
+  MergeMoments(expected, std::get<Moments>(MomentsOf(2, 1.0, 0.5)));
+  MergeMoments(expected, std::get<Moments>(MomentsOf(1, 2.0, 0.0)));
+  MergeMoments(expected, std::get<Moments>(MomentsOf(3, 5.0, 1.0)));
+  Moments got = round.MergedMoments(1);
+  EXPECT_EQ(got.count, 6);
   EXPECT_EQ(got.mean, expected.mean);
   EXPECT_EQ(got.m2, expected.m2);
 }

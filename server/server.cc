@@ -1,6 +1,9 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,8 +12,10 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/kv_state_store.h"
+#include "server/log.h"
 #include "server/memory_engine.h"
 #include "server/rocksdb_engine.h"
+#include "server/tls.h"
 
 namespace syncnorm {
 namespace {
@@ -20,6 +25,7 @@ AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
   out.default_round_timeout = options.round_timeout;
   out.reaper_period = options.reaper_period;
   out.keep_checkpoints = options.keep_checkpoints;
+  out.limits = options.limits;
   return out;
 }
 
@@ -56,25 +62,66 @@ absl::Status Server::Start() {
     return absl::InvalidArgumentError(
         "keep_checkpoints must be >= 0 (0 keeps all)");
   }
+  const TlsFiles tls{options_.tls_cert, options_.tls_key,
+                     options_.tls_client_ca};
+  if (absl::Status s = CheckTransportSecurity(options_.listen, tls,
+                                              options_.allow_insecure);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  std::unique_ptr<Authenticator> auth;
+  if (!options_.tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<Authenticator>> opened =
+        Authenticator::Open(options_.tokens_file, options_.tokens_poll_period);
+    if (!opened.ok()) return opened.status();
+    auth = *std::move(opened);
+  }
   absl::MutexLock lock(&mu_);
   if (store_ != nullptr || shut_down_) {
     return absl::FailedPreconditionError("the server was already started");
   }
   absl::StatusOr<std::unique_ptr<StateStore>> store = OpenStore(options_);
   if (!store.ok()) return store.status();
+  AggregatorOptions aggregator_options = ToAggregatorOptions(options_);
+  if (!options_.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> metrics =
+        Metrics::Start(options_.metrics_listen);
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = *std::move(metrics);
+    aggregator_options.observer = metrics_->round_observer();
+  }
   auto aggregator = std::make_unique<Aggregator>(
-      ToAggregatorOptions(options_), clock_.get(), store->get());
+      std::move(aggregator_options), clock_.get(), store->get());
   if (absl::Status s = aggregator->Load(); !s.ok()) return s;
   store_ = *std::move(store);
   aggregator_ = std::move(aggregator);
-  service_ = std::make_unique<AggregatorService>(aggregator_.get());
+  auth_ = std::move(auth);
+  ServiceOptions service_options;
+  service_options.auth = auth_.get();
+  service_options.max_streams = options_.limits.max_streams;
+  service_ = std::make_unique<AggregatorService>(aggregator_.get(),
+                                                 service_options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(options_.listen, *credentials, &port);
+  // As the client (client/client.cc): large rounds fit the HTTP/2 stream
+  // window and a few frames, so no window-update round trip per round.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
+  if (options_.limits.max_message_bytes > 0) {
+    builder.SetMaxReceiveMessageSize(static_cast<int>(
+        std::min<int64_t>(options_.limits.max_message_bytes, INT32_MAX)));
+  }
   builder.RegisterService(service_.get());
+  if (metrics_ != nullptr) {
+    builder.experimental().SetInterceptorCreators(
+        metrics_->NewInterceptorFactories());
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -88,6 +135,12 @@ absl::Status Server::Start() {
   aggregator_->StartReaper();
   server_ = std::move(server);
   bound_port_ = port;
+  LogLine("start")
+      .Add("listen", options_.listen)
+      .Add("port", port)
+      .Add("data_dir", options_.data_dir)
+      .Add("jobs", aggregator_->ListJobs().size())
+      .Add("metrics_port", metrics_ == nullptr ? 0 : metrics_->port());
   return absl::OkStatus();
 }
 
@@ -96,19 +149,48 @@ int Server::bound_port() const {
   return bound_port_;
 }
 
+int Server::metrics_port() const {
+  absl::MutexLock lock(&mu_);
+  return metrics_ == nullptr ? 0 : metrics_->port();
+}
+
 void Server::Shutdown(absl::Duration grace) {
+  const absl::Time deadline = absl::Now() + grace;
   grpc::Server* server = nullptr;
+  Aggregator* aggregator = nullptr;
+  AggregatorService* service = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (server_ == nullptr || shut_down_) return;
     shut_down_ = true;
     server = server_.get();
+    aggregator = aggregator_.get();
+    service = service_.get();
   }
+  LogLine("shutdown").Add("grace_ms", absl::ToInt64Milliseconds(grace));
   if (grpc::HealthCheckServiceInterface* health =
           server->GetHealthCheckService()) {
     health->SetServingStatus(false);
   }
-  server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  // New rounds are refused from here on; contributions to rounds in flight,
+  // on open or new streams, are still taken until those rounds finish.
+  aggregator->StartDraining();
+  const int64_t in_flight = aggregator->rounds_in_flight();
+  if (aggregator->AwaitRoundsDone(deadline)) {
+    if (in_flight > 0) {
+      std::fprintf(stderr,
+                   "syncnorm-aggregator: the %lld rounds in flight at "
+                   "shutdown finished\n",
+                   static_cast<long long>(in_flight));
+    }
+  } else {
+    std::fprintf(stderr,
+                 "syncnorm-aggregator: shutdown grace over with %lld rounds "
+                 "still in flight; they fail UNAVAILABLE\n",
+                 static_cast<long long>(aggregator->rounds_in_flight()));
+  }
+  service->CloseStreams();
+  server->Shutdown(absl::ToChronoTime(deadline));
 }
 
 void Server::Wait() {

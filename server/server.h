@@ -11,7 +11,9 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "server/aggregator.h"
+#include "server/auth.h"
 #include "server/clock.h"
+#include "server/metrics.h"
 #include "server/server_options.h"
 #include "server/service.h"
 #include "server/state_store.h"
@@ -39,10 +41,15 @@ class Server {
 
   // The bound port (useful with port 0); 0 before Start().
   int bound_port() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The bound port of options.metrics_listen; 0 without metrics.
+  int metrics_port() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Marks health NOT_SERVING, stops accepting calls, gives in-flight calls
-  // up to `grace` to finish and then cancels them. Idempotent; no-op before
-  // Start().
+  // Marks health NOT_SERVING and refuses new rounds (UNAVAILABLE, "shutting
+  // down"), while contributions to rounds in flight are still taken; waits
+  // up to `grace` for those rounds to finish, then ends the Reduce streams
+  // (UNAVAILABLE) once their answers are written, stops accepting calls,
+  // and cancels what is still running when the grace is over. Blocks until
+  // then. Idempotent; no-op before Start().
   void Shutdown(absl::Duration grace) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until the server has shut down; returns at once if never started.
@@ -58,7 +65,11 @@ class Server {
   // it: the aggregator's destructor answers any round still waiting, and
   // the store outlives the aggregator.
   std::unique_ptr<StateStore> store_ ABSL_GUARDED_BY(mu_);
+  // With options.metrics_listen; it watches the aggregator's rounds and the
+  // gRPC server's calls, so it outlives both.
+  std::unique_ptr<Metrics> metrics_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Aggregator> aggregator_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Authenticator> auth_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AggregatorService> service_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   int bound_port_ ABSL_GUARDED_BY(mu_) = 0;

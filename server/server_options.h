@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "server/limits.h"
 
 namespace syncnorm {
 
@@ -29,6 +30,28 @@ struct ServerOptions {
   int keep_checkpoints = 5;
   // How often overdue rounds are failed. Default 20 ms.
   absl::Duration reaper_period = absl::Milliseconds(20);
+  // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics; see
+  // server/metrics.h); port 0 picks a free one (Server::metrics_port()).
+  // Empty: no metrics endpoint. Default empty.
+  std::string metrics_listen;
+
+  // ---- Security (see README.md, "Security") ----
+  // TLS: the server's certificate chain and private key (PEM files); both
+  // or neither. With tls_client_ca, clients must present a certificate
+  // signed by that CA (mutual TLS).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  // Without TLS, Start() refuses a listen address that is not loopback
+  // unless this is set. Default false.
+  bool allow_insecure = false;
+  // Bearer tokens and their scopes (format in server/auth.h), re-read every
+  // tokens_poll_period when it changes. Empty: no authentication.
+  std::string tokens_file;
+  absl::Duration tokens_poll_period = absl::Seconds(1);
+
+  // ---- Limits (see limits.h) ----
+  Limits limits;
 };
 
 }  // namespace syncnorm

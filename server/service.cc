@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,11 +21,36 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// The value of the call's `authorization` metadata; empty if none.
+std::string AuthorizationOf(const grpc::CallbackServerContext* context) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
 }  // namespace
+
+absl::Status AggregatorService::AuthorizeJob(
+    const grpc::CallbackServerContext* context,
+    absl::string_view job_id) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  return auth_->AuthorizeJob(AuthorizationOf(context), job_id);
+}
+
+absl::Status AggregatorService::AuthorizeAdmin(
+    const grpc::CallbackServerContext* context) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  return auth_->AuthorizeAdmin(AuthorizationOf(context));
+}
 
 grpc::ServerUnaryReactor* AggregatorService::CreateJob(
     grpc::CallbackServerContext* context, const v1::CreateJobRequest* request,
     v1::JobInfo* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   absl::StatusOr<JobSnapshot> job =
       aggregator_->CreateJob(JobSpecFromProto(*request));
   if (job.ok()) JobInfoToProto(*job, *response);
@@ -34,6 +60,10 @@ grpc::ServerUnaryReactor* AggregatorService::CreateJob(
 grpc::ServerUnaryReactor* AggregatorService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::JobInfo* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   absl::StatusOr<JobSnapshot> job = aggregator_->GetJob(request->job_id());
   if (job.ok()) JobInfoToProto(*job, *response);
   return FinishWith(context, job.status());
@@ -42,23 +72,37 @@ grpc::ServerUnaryReactor* AggregatorService::GetJob(
 grpc::ServerUnaryReactor* AggregatorService::DeleteJob(
     grpc::CallbackServerContext* context, const v1::DeleteJobRequest* request,
     v1::DeleteJobResponse* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   return FinishWith(context, aggregator_->DeleteJob(request->job_id()));
 }
 
 grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>*
 AggregatorService::Reduce(grpc::CallbackServerContext* context) {
-  return new ReduceReactor(aggregator_);  // deletes itself
+  return new ReduceReactor(aggregator_, auth_,
+                           auth_ != nullptr ? AuthorizationOf(context) : "",
+                           &streams_);  // deletes itself
 }
 
 grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(
     grpc::CallbackServerContext* context, const v1::Contribution* request,
     v1::RoundResult* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   return new ReduceOnceReactor(aggregator_, *request, response);  // ditto
 }
 
 grpc::ServerUnaryReactor* AggregatorService::GetRunningStats(
     grpc::CallbackServerContext* context,
     const v1::GetRunningStatsRequest* request, v1::RunningStats* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   const std::vector<int> layers(request->layers().begin(),
                                 request->layers().end());
   std::optional<int64_t> checkpoint;
@@ -74,6 +118,10 @@ grpc::ServerUnaryReactor* AggregatorService::GetRunningStats(
 grpc::ServerUnaryReactor* AggregatorService::SetRunningStats(
     grpc::CallbackServerContext* context,
     const v1::SetRunningStatsRequest* request, v1::RunningStats* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   absl::StatusOr<std::vector<LayerStatsSnapshot>> set =
       aggregator_->SetRunningStats(request->job_id(),
                                    LayerStatsFromProto(*request));
@@ -91,6 +139,9 @@ grpc::ServerUnaryReactor* AggregatorService::SetRunningStats(
 grpc::ServerUnaryReactor* AggregatorService::ListJobs(
     grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
     v1::ListJobsResponse* response) {
+  if (absl::Status denied = AuthorizeAdmin(context); !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   for (const JobSnapshot& job : aggregator_->ListJobs()) {
     JobInfoToProto(job, *response->add_jobs());
   }
@@ -100,6 +151,10 @@ grpc::ServerUnaryReactor* AggregatorService::ListJobs(
 grpc::ServerUnaryReactor* AggregatorService::Checkpoint(
     grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
     v1::CheckpointInfo* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   return new CheckpointReactor(aggregator_, context, *request,
                                response);  // deletes itself
 }
@@ -108,6 +163,10 @@ grpc::ServerUnaryReactor* AggregatorService::ListCheckpoints(
     grpc::CallbackServerContext* context,
     const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   absl::StatusOr<std::vector<CheckpointMeta>> list =
       aggregator_->ListCheckpoints(request->job_id());
   if (list.ok()) {
@@ -121,6 +180,10 @@ grpc::ServerUnaryReactor* AggregatorService::ListCheckpoints(
 grpc::ServerUnaryReactor* AggregatorService::RestoreCheckpoint(
     grpc::CallbackServerContext* context,
     const v1::RestoreCheckpointRequest* request, v1::JobInfo* response) {
+  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   absl::StatusOr<JobSnapshot> job =
       aggregator_->RestoreCheckpoint(request->job_id(), request->step());
   if (job.ok()) JobInfoToProto(*job, *response);

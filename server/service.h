@@ -6,17 +6,37 @@
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/aggregator.h"
+#include "server/auth.h"
+#include "server/stream_set.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
 namespace syncnorm {
+
+struct ServiceOptions {
+  // Checks every call's bearer token; null: no authentication. Job-scoped
+  // calls need a token for that job (or admin); ListJobs needs admin; the
+  // Reduce stream checks each contribution (refusals in-band). Must outlive
+  // the service.
+  const Authenticator* auth = nullptr;
+  // Open Reduce streams at most (--max_streams); <= 0: no limit.
+  int max_streams = 0;
+};
 
 // Thread-safe; no thread per call or stream (a Checkpoint that waits for
 // its step holds no thread either).
 class AggregatorService final : public v1::Aggregator::CallbackService {
  public:
   // `aggregator` must outlive the service and every call it serves.
-  explicit AggregatorService(Aggregator* aggregator)
-      : aggregator_(aggregator) {}
+  explicit AggregatorService(Aggregator* aggregator,
+                             ServiceOptions options = {})
+      : aggregator_(aggregator),
+        auth_(options.auth),
+        streams_(options.max_streams) {}
+
+  // Shutdown: ends every Reduce stream (UNAVAILABLE) once it has answered
+  // what it read, and refuses new ones.
+  void CloseStreams() { streams_.CloseAll(); }
+  int open_streams() const { return streams_.size(); }
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
                                       const v1::CreateJobRequest* request,
@@ -56,7 +76,15 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
       v1::RunningStats* response) override;
 
  private:
+  // OK when the call may use `job_id`; UNAUTHENTICATED / PERMISSION_DENIED
+  // otherwise. Always OK without an Authenticator.
+  absl::Status AuthorizeJob(const grpc::CallbackServerContext* context,
+                            absl::string_view job_id) const;
+  absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* context) const;
+
   Aggregator* const aggregator_;
+  const Authenticator* const auth_;
+  StreamSet streams_;
 };
 
 }  // namespace syncnorm

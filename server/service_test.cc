@@ -581,6 +581,7 @@ TEST(ServerTest, ShutdownEndsWaitingCallsAndReportsNotServing) {
 TEST(ServerTest, UnbindableAddressIsUnavailable) {
   ServerOptions options;
   options.listen = "256.1.1.1:99999";
+  options.allow_insecure = true;  // past the loopback-only rule, to bind
   options.data_dir = "";
   Server server(options);
   absl::Status s = server.Start();

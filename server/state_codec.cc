@@ -118,6 +118,21 @@ absl::Status CheckRoundSizes(const pb::RoundRecord& p, int channels) {
   return absl::OkStatus();
 }
 
+// A quorum round's missing ranks: ascending, within the world, and each
+// one's fingerprint absent.
+absl::Status CheckMissing(const pb::RoundRecord& p, const JobSpec& spec) {
+  for (int i = 0; i < p.missing_ranks_size(); ++i) {
+    const int rank = p.missing_ranks(i);
+    if (rank < 0 || rank >= spec.world_size ||
+        (i > 0 && rank <= p.missing_ranks(i - 1)) ||
+        p.fingerprints(rank % spec.group_size).present()) {
+      return Bad(absl::StrCat("a round whose missing rank ", rank,
+                              " is out of range, out of order or present"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string EncodeJob(const JobSpec& spec) {
@@ -128,6 +143,11 @@ std::string EncodeJob(const JobSpec& spec) {
   p.set_group_size(spec.group_size);
   p.set_round_timeout_ms(absl::ToInt64Milliseconds(spec.round_timeout));
   for (const LayerConfig& l : spec.layers) LayerToProto(l, p.add_layers());
+  p.set_quorum_min_ranks(spec.quorum.min_ranks);
+  p.set_quorum_grace_ms(absl::ToInt64Milliseconds(spec.quorum.grace));
+  p.set_shard(spec.shard.shard);
+  p.set_num_shards(spec.shard.num_shards);
+  for (int layer : spec.shard.owned_layers) p.add_owned_layers(layer);
   return p.SerializeAsString();
 }
 
@@ -140,6 +160,12 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
   spec.group_size = p.group_size();
   spec.round_timeout = absl::Milliseconds(p.round_timeout_ms());
   for (const pb::Layer& l : p.layers()) spec.layers.push_back(LayerFromProto(l));
+  spec.quorum.min_ranks = p.quorum_min_ranks();
+  spec.quorum.grace = absl::Milliseconds(p.quorum_grace_ms());
+  spec.shard.shard = p.shard();
+  spec.shard.num_shards = p.num_shards();
+  spec.shard.owned_layers.assign(p.owned_layers().begin(),
+                                 p.owned_layers().end());
   // A stored spec was resolved before it was written: resolving it again
   // must change nothing, which also validates it.
   absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, absl::Seconds(1));
@@ -181,9 +207,11 @@ std::string EncodeRound(const StoredRound& round) {
     out->set_present(f.has_value());
     out->set_value(f.value_or(0));
   }
+  p.set_fingerprint_kind(static_cast<uint32_t>(round.fingerprint_kind));
   if (round.stats_after.has_value()) {
     StatsToProto(*round.stats_after, p.mutable_stats_after());
   }
+  for (int rank : round.outcome.missing_ranks) p.add_missing_ranks(rank);
   return p.SerializeAsString();
 }
 
@@ -221,6 +249,17 @@ absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
     r.fingerprints.push_back(f.present() ? std::optional<uint64_t>(f.value())
                                          : std::nullopt);
   }
+  if (p.fingerprint_kind() >
+      static_cast<uint32_t>(FingerprintKind::kWordLanes)) {
+    return Bad(absl::StrCat("a round with fingerprint kind ",
+                            p.fingerprint_kind(), " (this build knows 0..",
+                            static_cast<int>(FingerprintKind::kWordLanes),
+                            ")"));
+  }
+  r.fingerprint_kind = static_cast<FingerprintKind>(p.fingerprint_kind());
+  if (absl::Status s = CheckMissing(p, spec); !s.ok()) return s;
+  r.outcome.missing_ranks.assign(p.missing_ranks().begin(),
+                                 p.missing_ranks().end());
   return r;
 }
 
@@ -250,7 +289,8 @@ absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
   std::set<std::pair<int, int>> seen;
   for (const pb::CheckpointLayer& l : p.layers()) {
     if (l.group() < 0 || l.group() >= spec.num_groups() || l.layer() < 0 ||
-        l.layer() >= layers || !seen.emplace(l.group(), l.layer()).second) {
+        l.layer() >= layers || !spec.shard.owns(l.layer()) ||
+        !seen.emplace(l.group(), l.layer()).second) {
       return Bad(absl::StrCat("the checkpoint has a bad or repeated (group ",
                               l.group(), ", layer ", l.layer(), ")"));
     }
@@ -259,9 +299,13 @@ absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
     if (!state.ok()) return state.status();
     c.layers.push_back(LayerSlot{l.group(), l.layer(), *std::move(state)});
   }
-  if (static_cast<int>(seen.size()) != layers * spec.num_groups()) {
+  // A shard's checkpoint holds exactly the layers it owns.
+  const int owned = spec.shard.sharded()
+                        ? static_cast<int>(spec.shard.owned_layers.size())
+                        : layers;
+  if (static_cast<int>(seen.size()) != owned * spec.num_groups()) {
     return Bad(absl::StrCat("the checkpoint holds ", seen.size(), " of ",
-                            layers * spec.num_groups(), " (group, layer)s"));
+                            owned * spec.num_groups(), " (group, layer)s"));
   }
   return c;
 }

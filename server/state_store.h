@@ -35,8 +35,10 @@ struct StoredRound {
   Phase phase = Phase::kForward;
   int64_t step = 0;
   RoundOutcome outcome;
-  // Per rank of the group: the fingerprint of its payload (see Round).
+  // Per rank of the group: the fingerprint of its payload (see Round),
+  // computed as fingerprint_kind says.
   std::vector<std::optional<uint64_t>> fingerprints;
+  FingerprintKind fingerprint_kind = kFingerprintKind;
   // FORWARD: the layer's running statistics right after the round.
   std::optional<RunningStats> stats_after;
 };

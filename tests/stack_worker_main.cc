@@ -12,7 +12,8 @@
 #include "client/client.h"
 #include "tests/testing/stack_worker.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "aggregator address");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "aggregator address, or its shards: host:port,host:port,...");
 ABSL_FLAG(std::string, job, "", "job id (created beforehand)");
 ABSL_FLAG(int, rank, 0, "this process's contributor rank");
 ABSL_FLAG(int, local_size, 1, "data ranks per process, as threads of a node");

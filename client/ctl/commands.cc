@@ -315,7 +315,8 @@ Commands:
   restore JOB STEP                       roll the job back to its checkpoint at STEP
   delete JOB                             delete a job and all of its state
 
-Options: --server (default 127.0.0.1:50051), --timeout (per call, default 10s).
+Options: --server (default 127.0.0.1:50051; a sharded aggregator's shards as
+HOST:PORT,HOST:PORT,... in ordinal order), --timeout (per call, default 10s).
 Exit codes: 0 ok, 1 other error, 2 usage, 3 server unreachable or too slow,
 4 not found, 5 invalid input or request refused (bad file, wrong shape, ...).
 )";

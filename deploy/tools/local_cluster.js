@@ -112,10 +112,14 @@ async function waitShard(shard) {
                   `become SERVING:\n${logTail(shard)}`);
 }
 
-// One shard's args: the StatefulSet's, localized, --listen on loopback.
-function shardArgs(podArgs, port) {
+// One shard's args: the StatefulSet's, localized, --listen (and
+// --metrics_listen) on loopback.
+function shardArgs(podArgs, port, metricsPort) {
   let listens = 0;
   const args = podArgs.map((a) => {
+    if (/^--metrics_listen=.+$/.test(a)) {
+      return `--metrics_listen=127.0.0.1:${metricsPort}`;
+    }
     const m = a.match(/^--listen=(.*):(\d+)$/);
     if (!m) return a;
     ++listens;
@@ -149,8 +153,10 @@ async function start(dir, options, checkout) {
     cluster.graceSeconds =
         pod.statefulSet.spec.template.spec.terminationGracePeriodSeconds ?? 30;
     const port = basePort === 0 ? await freePort() : basePort + i;
+    const metricsPort = await freePort();
     cluster.shards.push({index: i, root, address: `127.0.0.1:${port}`,
-      args: shardArgs(pod.args, port)});
+      metrics: `127.0.0.1:${metricsPort}`,
+      args: shardArgs(pod.args, port, metricsPort)});
   }
   try {
     for (const shard of cluster.shards) spawnShard(cluster, shard);
@@ -162,7 +168,8 @@ async function start(dir, options, checkout) {
   }
   for (const shard of cluster.shards) {
     process.stderr.write(`shard ${shard.index}: ${shard.address} pid ` +
-        `${shard.pid}: ${[cluster.binary, ...shard.args].join(' ')}\n`);
+        `${shard.pid} metrics http://${shard.metrics}/metrics: ` +
+        `${[cluster.binary, ...shard.args].join(' ')}\n`);
   }
   console.log(cluster.shards.map((s) => s.address).join(','));
 }

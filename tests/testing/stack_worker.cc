@@ -153,8 +153,9 @@ void PrintProgress(int64_t step, int steps, const Timing& t, int layers) {
 absl::StatusOr<std::vector<RankOutput>> RunWorker(
     Client& client, const StackConfig& config, const WorkerOptions& options) {
   const int local = options.local_size;
-  std::unique_ptr<NodeGroup> solo = std::make_unique<SoloNodeGroup>(
-      client.NewContributor(options.job_id, options.process_rank));
+  // One aggregator or several shards: the client routes each layer.
+  std::unique_ptr<NodeGroup> solo =
+      client.NewNodeGroup(options.job_id, options.process_rank);
   std::unique_ptr<ThreadNode> node;
   std::vector<std::unique_ptr<NodeGroup>> members;
   if (local == 1) {

@@ -137,9 +137,7 @@ void BindNodeGroups(py::module_& m) {
                    absl::StrCat("expected local_size >= 1, got ", local_size));
              }
              return std::make_unique<ThreadNode>(
-                 local_size,
-                 std::make_unique<SoloNodeGroup>(
-                     client.client.NewContributor(job_id, rank)),
+                 local_size, client.client.NewNodeGroup(job_id, rank),
                  absl::Seconds(timeout_s));
            }),
            py::arg("client"), py::arg("job_id"), py::arg("rank"),
@@ -162,12 +160,25 @@ void BindClientClass(py::module_& m) {
   py::class_<PyClient>(m, "Client",
                        "A connection to one aggregator; thread-safe.")
       .def(py::init([](const std::string& address, double rpc_timeout_s,
-                       double round_timeout_s) {
-             return std::make_unique<PyClient>(
-                 MakeOptions(address, rpc_timeout_s, round_timeout_s));
+                       double round_timeout_s, const std::string& token,
+                       bool tls, const std::string& root_ca,
+                       const std::string& client_cert,
+                       const std::string& client_key) {
+             ClientOptions options =
+                 MakeOptions(address, rpc_timeout_s, round_timeout_s);
+             options.token = token;
+             options.tls = tls;
+             options.tls_root_ca = root_ca;
+             options.tls_client_cert = client_cert;
+             options.tls_client_key = client_key;
+             return std::make_unique<PyClient>(options);
            }),
            py::arg("address"), py::arg("rpc_timeout_s") = 30.0,
-           py::arg("round_timeout_s") = 60.0)
+           py::arg("round_timeout_s") = 60.0, py::arg("token") = "",
+           py::arg("tls") = false, py::arg("root_ca") = "",
+           py::arg("client_cert") = "", py::arg("client_key") = "",
+           "token: bearer token sent on every call; tls: TLS (also implied "
+           "by any PEM); root_ca, client_cert, client_key: PEM text.")
       .def_property_readonly(
           "address", [](PyClient& c) { return c.client.options().address; })
       .def("create_job_json",
@@ -249,8 +260,7 @@ void BindClientClass(py::module_& m) {
           "solo_group",
           [](PyClient& c, const std::string& job_id,
              int rank) -> std::unique_ptr<NodeGroup> {
-            return std::make_unique<SoloNodeGroup>(
-                c.client.NewContributor(job_id, rank));
+            return c.client.NewNodeGroup(job_id, rank);
           },
           py::arg("job_id"), py::arg("rank"),
           "The NodeGroup of a worker that is its node's only member.");

@@ -86,20 +86,47 @@ def layer_spec(name, num_features, momentum_mode="torch", momentum=-1.0,
     return json.loads(_syncnorm.layer_spec_json(options, name))
 
 
+def _pem(value):
+    """PEM text from None, PEM text (str or bytes) or a path."""
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        value = value.decode("ascii")
+    if "-----BEGIN " in value:
+        return value
+    with open(value, encoding="ascii") as f:
+        return f.read()
+
+
 class Client:
-    """A connection to one aggregator ("host:port"). Thread-safe.
+    """A connection to the aggregator ("host:port"), or to its shards in
+    ordinal order ("h0:port,h1:port,..." or
+    "syncnorm-aggregator-{0..2}.syncnorm-aggregator.<ns>.svc:50051"), over
+    which each job's layers are spread (see client/client.h). Thread-safe.
 
     rpc_timeout: seconds each admin call may take (it waits for the server
     to become reachable within it). round_timeout: seconds one forward or
     backward sync may take end to end, reconnects included; keep it above
     the job's round_timeout_ms so the server's DEADLINE_EXCEEDED naming the
     missing ranks arrives first.
+
+    Credentials (README.md, "Security"): token, the bearer token sent on
+    every call (rounds included); root_ca, the CA of the server's TLS
+    certificate; client_cert and client_key, this client's certificate for
+    mutual TLS. Each PEM is a path or the PEM text (str or bytes); any of
+    them turns TLS on, as does tls=True (with the system's root CAs when
+    root_ca is not given).
     """
 
     def __init__(self, address="127.0.0.1:50051", rpc_timeout=30.0,
-                 round_timeout=60.0):
-        self._raw = _syncnorm.Client(address, float(rpc_timeout),
-                                     float(round_timeout))
+                 round_timeout=60.0, *, token=None, root_ca=None,
+                 client_cert=None, client_key=None, tls=False):
+        if (client_cert is None) != (client_key is None):
+            raise ValueError("client_cert and client_key go together")
+        self._raw = _syncnorm.Client(
+            address, float(rpc_timeout), float(round_timeout),
+            token=token or "", tls=bool(tls), root_ca=_pem(root_ca),
+            client_cert=_pem(client_cert), client_key=_pem(client_key))
 
     @property
     def address(self):

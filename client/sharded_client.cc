@@ -1,0 +1,340 @@
+// Client: the calls. With several shards each goes to the shards concerned
+// (client.h says which) and their answers are merged here.
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/proto_convert.h"
+#include "client/shard_router.h"
+#include "grpcpp/client_context.h"
+
+namespace syncnorm {
+namespace {
+
+// The first error of a fan-out, or OK.
+template <typename T>
+absl::Status FirstError(const std::vector<absl::StatusOr<T>>& results) {
+  for (const absl::StatusOr<T>& r : results) {
+    if (!r.ok()) return r.status();
+  }
+  return absl::OkStatus();
+}
+
+// Whether a shard's JobInfo speaks for a committed step: it holds layers.
+bool HoldsLayers(const v1::JobInfo& info) {
+  return !info.has_shard() || info.shard().owned_layers_size() > 0;
+}
+
+// One job's answers from several shards as one: the spec, and the lowest
+// committed step of the shards that hold layers (-1 if none does).
+v1::JobInfo MergeJobInfos(const std::vector<const v1::JobInfo*>& infos) {
+  v1::JobInfo out = *infos[0];
+  out.clear_shard();
+  int64_t committed = INT64_MAX;
+  for (const v1::JobInfo* info : infos) {
+    if (HoldsLayers(*info)) {
+      committed = std::min(committed, info->committed_step());
+    }
+  }
+  out.set_committed_step(committed == INT64_MAX ? -1 : committed);
+  return out;
+}
+
+absl::StatusOr<v1::JobInfo> MergeJobInfos(
+    const std::vector<absl::StatusOr<v1::JobInfo>>& results) {
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  if (results.size() == 1) return *results[0];
+  std::vector<const v1::JobInfo*> infos;
+  for (const auto& r : results) infos.push_back(&*r);
+  return MergeJobInfos(infos);
+}
+
+}  // namespace
+
+template <typename Request, typename Response, typename Call>
+absl::StatusOr<Response> Client::UnaryOn(size_t shard, const Request& request,
+                                         Call call,
+                                         absl::Duration timeout) const {
+  if (!address_status_.ok()) return address_status_;
+  const Shard& target = shards_[shard];
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(50);
+  grpc::Status status;
+  Response response;
+  for (;;) {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(absl::ToChronoTime(deadline));
+    status = (target.stub.get()->*call)(&context, request, &response);
+    // A connection that broke under the call (a server killed or
+    // restarting; the channel is no longer READY) is ridden out like an
+    // unreachable server: every call here is idempotent. An UNAVAILABLE
+    // the server itself answered leaves the channel READY and is returned.
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        target.channel->GetState(false) == GRPC_CHANNEL_READY ||
+        absl::Now() + backoff >= deadline) {
+      break;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+    response.Clear();
+  }
+  if (status.ok()) return response;
+  absl::Status error = FromGrpcStatus(status);
+  // Waited for the server the whole call and never reached it.
+  if (error.code() == absl::StatusCode::kDeadlineExceeded &&
+      target.channel->GetState(false) != GRPC_CHANNEL_READY) {
+    error = absl::UnavailableError(absl::StrCat(
+        "the aggregator at ", target.address, " is unreachable: ",
+        error.message()));
+  }
+  if (shards_.size() == 1) return error;
+  return absl::Status(error.code(),
+                      absl::StrCat("shard ", shard, " (", target.address,
+                                   "): ", error.message()));
+}
+
+template <typename Response>
+std::vector<absl::StatusOr<Response>> Client::OnEveryShard(
+    const std::function<absl::StatusOr<Response>(size_t)>& call) const {
+  std::vector<absl::StatusOr<Response>> out(
+      shards_.size(), absl::UnknownError("not run"));
+  if (shards_.size() == 1) {
+    out[0] = call(0);
+    return out;
+  }
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    threads.emplace_back([&out, &call, i] { out[i] = call(i); });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+v1::CreateJobRequest Client::ForShard(const v1::CreateJobRequest& request,
+                                      size_t shard) const {
+  v1::CreateJobRequest out = request;
+  if (shards_.size() == 1) return out;
+  v1::ShardAssignment* a = out.mutable_shard();
+  a->Clear();
+  a->set_shard(static_cast<int>(shard));
+  a->set_num_shards(static_cast<int>(shards_.size()));
+  for (int layer : OwnedLayers(request.job_id(), request.layers_size(),
+                               static_cast<int>(shard),
+                               static_cast<int>(shards_.size()))) {
+    a->add_owned_layers(layer);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::JobInfo> Client::CreateJob(
+    const v1::CreateJobRequest& request) {
+  return MergeJobInfos(OnEveryShard<v1::JobInfo>([&](size_t i) {
+    return UnaryOn<v1::CreateJobRequest, v1::JobInfo>(
+        i, ForShard(request, i), &v1::Aggregator::Stub::CreateJob);
+  }));
+}
+
+absl::StatusOr<v1::JobInfo> Client::GetJob(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  return MergeJobInfos(OnEveryShard<v1::JobInfo>([&](size_t i) {
+    return UnaryOn<v1::GetJobRequest, v1::JobInfo>(
+        i, request, &v1::Aggregator::Stub::GetJob);
+  }));
+}
+
+absl::Status Client::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  auto results = OnEveryShard<v1::DeleteJobResponse>([&](size_t i) {
+    return UnaryOn<v1::DeleteJobRequest, v1::DeleteJobResponse>(
+        i, request, &v1::Aggregator::Stub::DeleteJob);
+  });
+  // A shard that no longer has the job was done by an earlier, partly
+  // failed DeleteJob; NOT_FOUND only when no shard had it.
+  bool deleted = false;
+  for (const auto& r : results) {
+    if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) {
+      return r.status();
+    }
+    deleted = deleted || r.ok();
+  }
+  return deleted ? absl::OkStatus() : results[0].status();
+}
+
+absl::StatusOr<v1::RunningStats> Client::GetRunningStats(
+    const v1::GetRunningStatsRequest& request) {
+  if (shards_.size() == 1) {
+    return UnaryOn<v1::GetRunningStatsRequest, v1::RunningStats>(
+        0, request, &v1::Aggregator::Stub::GetRunningStats);
+  }
+  return GetRunningStatsSharded(request);
+}
+
+absl::StatusOr<v1::RunningStats> Client::GetRunningStatsSharded(
+    const v1::GetRunningStatsRequest& request) {
+  // Each shard is asked for the requested layers it holds (all it holds
+  // when none are named); a shard holding none of them is not asked.
+  std::vector<v1::GetRunningStatsRequest> asks(shards_.size(), request);
+  std::vector<bool> ask(shards_.size(), request.layers_size() == 0);
+  for (auto& a : asks) a.clear_layers();
+  for (int layer : request.layers()) {
+    const int shard = ShardOf(request.job_id(), layer);
+    asks[shard].add_layers(layer);
+    ask[shard] = true;
+  }
+  auto results = OnEveryShard<v1::RunningStats>(
+      [&](size_t i) -> absl::StatusOr<v1::RunningStats> {
+        if (!ask[i]) return v1::RunningStats();
+        return UnaryOn<v1::GetRunningStatsRequest, v1::RunningStats>(
+            i, asks[i], &v1::Aggregator::Stub::GetRunningStats);
+      });
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  v1::RunningStats out;
+  out.set_job_id(request.job_id());
+  int64_t step = INT64_MAX;
+  std::map<int, const v1::LayerStats*> by_layer;
+  for (const auto& r : results) {
+    if (r->layers_size() == 0) continue;
+    step = std::min(step, r->step());
+    for (const v1::LayerStats& l : r->layers()) by_layer[l.layer()] = &l;
+  }
+  out.set_step(step == INT64_MAX ? -1 : step);
+  if (request.layers_size() == 0) {
+    for (const auto& [layer, stats] : by_layer) *out.add_layers() = *stats;
+    return out;
+  }
+  for (int layer : request.layers()) {
+    auto it = by_layer.find(layer);
+    if (it == by_layer.end()) {
+      return absl::InternalError(absl::StrCat(
+          "shard ", ShardOf(request.job_id(), layer), " answered without layer ",
+          layer));
+    }
+    *out.add_layers() = *it->second;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::JobInfo>> Client::ListJobs() {
+  auto results = OnEveryShard<v1::ListJobsResponse>([&](size_t i) {
+    return UnaryOn<v1::ListJobsRequest, v1::ListJobsResponse>(
+        i, v1::ListJobsRequest(), &v1::Aggregator::Stub::ListJobs);
+  });
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  std::map<std::string, std::vector<const v1::JobInfo*>> by_id;
+  for (const auto& r : results) {
+    for (const v1::JobInfo& job : r->jobs()) by_id[job.job_id()].push_back(&job);
+  }
+  std::vector<v1::JobInfo> out;
+  for (const auto& [id, infos] : by_id) {
+    out.push_back(shards_.size() == 1 ? *infos[0] : MergeJobInfos(infos));
+  }
+  return out;
+}
+
+absl::StatusOr<v1::CheckpointInfo> Client::Checkpoint(
+    const std::string& job_id, int64_t step, const std::string& tag,
+    std::optional<absl::Duration> timeout) {
+  v1::CheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_step(step);
+  request.set_tag(tag);
+  auto results = OnEveryShard<v1::CheckpointInfo>([&](size_t i) {
+    return UnaryOn<v1::CheckpointRequest, v1::CheckpointInfo>(
+        i, request, &v1::Aggregator::Stub::Checkpoint,
+        timeout.value_or(options_.rpc_timeout));
+  });
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  v1::CheckpointInfo out = *results[0];
+  for (const auto& r : results) {
+    out.set_created_unix_ms(
+        std::max(out.created_unix_ms(), r->created_unix_ms()));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::ListCheckpoints(
+    const std::string& job_id) {
+  v1::ListCheckpointsRequest request;
+  request.set_job_id(job_id);
+  auto results = OnEveryShard<v1::ListCheckpointsResponse>([&](size_t i) {
+    return UnaryOn<v1::ListCheckpointsRequest, v1::ListCheckpointsResponse>(
+        i, request, &v1::Aggregator::Stub::ListCheckpoints);
+  });
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  // Only a checkpoint every shard has can be restored: list those.
+  std::map<int64_t, int> shards_with;
+  for (const auto& r : results) {
+    for (const v1::CheckpointInfo& c : r->checkpoints()) ++shards_with[c.step()];
+  }
+  std::vector<v1::CheckpointInfo> out;
+  for (const v1::CheckpointInfo& c : results[0]->checkpoints()) {
+    if (shards_with[c.step()] == static_cast<int>(shards_.size())) {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::JobInfo> Client::RestoreCheckpoint(const std::string& job_id,
+                                                      int64_t step) {
+  v1::RestoreCheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_step(step);
+  return MergeJobInfos(OnEveryShard<v1::JobInfo>([&](size_t i) {
+    return UnaryOn<v1::RestoreCheckpointRequest, v1::JobInfo>(
+        i, request, &v1::Aggregator::Stub::RestoreCheckpoint);
+  }));
+}
+
+absl::StatusOr<v1::RunningStats> Client::SetRunningStats(
+    const v1::SetRunningStatsRequest& request) {
+  if (shards_.size() == 1 || request.layers_size() == 0) {
+    return UnaryOn<v1::SetRunningStatsRequest, v1::RunningStats>(
+        0, request, &v1::Aggregator::Stub::SetRunningStats);
+  }
+  // Each entry to the shard of its layer; answers in the request's order.
+  std::vector<v1::SetRunningStatsRequest> parts(shards_.size());
+  std::vector<std::vector<int>> positions(shards_.size());
+  for (int i = 0; i < request.layers_size(); ++i) {
+    const int shard = ShardOf(request.job_id(), request.layers(i).layer());
+    parts[shard].set_job_id(request.job_id());
+    *parts[shard].add_layers() = request.layers(i);
+    positions[shard].push_back(i);
+  }
+  auto results = OnEveryShard<v1::RunningStats>(
+      [&](size_t i) -> absl::StatusOr<v1::RunningStats> {
+        if (positions[i].empty()) return v1::RunningStats();
+        return UnaryOn<v1::SetRunningStatsRequest, v1::RunningStats>(
+            i, parts[i], &v1::Aggregator::Stub::SetRunningStats);
+      });
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  std::vector<const v1::LayerStats*> ordered(request.layers_size());
+  v1::RunningStats out;
+  out.set_job_id(request.job_id());
+  int64_t step = INT64_MAX;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (positions[s].empty()) continue;
+    if (results[s]->layers_size() != static_cast<int>(positions[s].size())) {
+      return absl::InternalError(absl::StrCat(
+          "shard ", s, " answered ", results[s]->layers_size(),
+          " layers for ", positions[s].size()));
+    }
+    step = std::min(step, results[s]->step());
+    for (size_t k = 0; k < positions[s].size(); ++k) {
+      ordered[positions[s][k]] = &results[s]->layers(static_cast<int>(k));
+    }
+  }
+  out.set_step(step);
+  for (const v1::LayerStats* l : ordered) *out.add_layers() = *l;
+  return out;
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,83 @@
+#include "server/limits.h"
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+
+namespace syncnorm {
+
+absl::Status LimitExceeded(absl::string_view what, absl::string_view flag,
+                           int64_t limit) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(what, " exceeds the server's limit --", flag, "=", limit,
+                   " (the server's operator can raise it)"));
+}
+
+absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits) {
+  if (limits.max_world_size > 0 && spec.world_size > limits.max_world_size) {
+    return LimitExceeded(absl::StrCat("world_size ", spec.world_size),
+                         "max_world_size", limits.max_world_size);
+  }
+  if (limits.max_layers_per_job > 0 &&
+      spec.layers.size() > static_cast<size_t>(limits.max_layers_per_job)) {
+    return LimitExceeded(absl::StrCat(spec.layers.size(), " layers"),
+                         "max_layers_per_job", limits.max_layers_per_job);
+  }
+  if (limits.max_channels > 0) {
+    for (size_t l = 0; l < spec.layers.size(); ++l) {
+      if (spec.layers[l].channels > limits.max_channels) {
+        return LimitExceeded(
+            absl::StrCat("layer ", l, " with ", spec.layers[l].channels,
+                         " channels (num_features)"),
+            "max_channels", limits.max_channels);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+RoundAdmission::Stripe& RoundAdmission::StripeOf(const Key& key) {
+  return stripes_[absl::Hash<Key>()(key) % kStripes];
+}
+
+absl::Status RoundAdmission::Enter(const Key& key) {
+  Stripe& stripe = StripeOf(key);
+  absl::MutexLock lock(&stripe.mu);
+  auto it = stripe.waiting.find(key);
+  if (it != stripe.waiting.end()) {
+    ++it->second;
+    return absl::OkStatus();
+  }
+  if (draining_.load()) {
+    return absl::UnavailableError(
+        "the server is shutting down and starts no new rounds; retry "
+        "against a running server (or this one once it is back)");
+  }
+  if (rounds_.fetch_add(1) >= max_rounds_ && max_rounds_ > 0) {
+    rounds_.fetch_sub(1);
+    return LimitExceeded("a new round: the rounds in flight on this server",
+                         "max_pending_rounds", max_rounds_);
+  }
+  stripe.waiting.emplace(key, 1);
+  return absl::OkStatus();
+}
+
+void RoundAdmission::Leave(const Key& key) {
+  Stripe& stripe = StripeOf(key);
+  absl::MutexLock lock(&stripe.mu);
+  auto it = stripe.waiting.find(key);
+  if (it == stripe.waiting.end()) return;
+  if (--it->second == 0) {
+    stripe.waiting.erase(it);
+    rounds_.fetch_sub(1);
+  }
+}
+
+bool RoundAdmission::AwaitIdle(absl::Time deadline) const {
+  for (;;) {
+    if (rounds_.load() == 0) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,434 @@
+// Bad input, end to end: a table of malformed requests to every RPC of the
+// real aggregator binary, each field wrong in each way it can be, every one
+// with the status it must get; then the server must still be SERVING, serve
+// a good round, and hold unchanged state.
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "syncnorm/v1/aggregator.grpc.pb.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/health.h"
+#include "tests/testing/subprocess.h"
+
+namespace syncnorm::testing {
+namespace {
+
+using Stub = v1::Aggregator::Stub;
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return ctx;
+}
+
+v1::CreateJobRequest GoodJob(const std::string& id) {
+  v1::CreateJobRequest r;
+  r.set_job_id(id);
+  r.set_world_size(2);
+  r.set_round_timeout_ms(2000);
+  v1::LayerSpec* l = r.add_layers();
+  l->set_name("bn");
+  l->set_num_features(2);
+  return r;
+}
+
+v1::Contribution GoodForward() {
+  v1::Contribution c;
+  c.set_job_id("bad");
+  c.set_layer(0);
+  c.set_step(1000);
+  c.set_phase(v1::FORWARD);
+  c.set_rank(0);
+  c.mutable_moments()->set_count(2);
+  for (double v : {1.0, 2.0}) c.mutable_moments()->add_mean(v);
+  for (double v : {1.0, 1.0}) c.mutable_moments()->add_m2(v);
+  return c;
+}
+
+void SetGradSums(v1::Contribution& c, std::vector<double> dy,
+                 std::vector<double> dy_xmu) {
+  for (double v : dy) c.mutable_grad_sums()->add_sum_dy(v);
+  for (double v : dy_xmu) c.mutable_grad_sums()->add_sum_dy_xmu(v);
+}
+
+v1::SetRunningStatsRequest GoodImport() {
+  v1::SetRunningStatsRequest r;
+  r.set_job_id("bad");
+  v1::LayerStats* l = r.add_layers();
+  l->set_layer(0);
+  l->set_group(0);
+  for (double v : {0.5, 0.5}) l->add_running_mean(v);
+  for (double v : {2.0, 2.0}) l->add_running_var(v);
+  return r;
+}
+
+struct Case {
+  std::string what;
+  grpc::StatusCode code;
+  std::function<grpc::Status(Stub&)> call;
+};
+
+grpc::Status CreateJob(Stub& stub, const v1::CreateJobRequest& r) {
+  v1::JobInfo info;
+  return stub.CreateJob(Context().get(), r, &info);
+}
+
+grpc::Status ReduceOnce(Stub& stub, const v1::Contribution& c) {
+  v1::RoundResult r;
+  return stub.ReduceOnce(Context().get(), c, &r);
+}
+
+// One contribution on a Reduce stream: the in-band error as a status. The
+// stream must stay usable: a good contribution to a 1-rank job follows.
+grpc::Status ReduceStream(Stub& stub, const v1::Contribution& c) {
+  auto ctx = Context();
+  auto stream = stub.Reduce(ctx.get());
+  v1::RoundResult r;
+  if (!stream->Write(c) || !stream->Read(&r)) return stream->Finish();
+  grpc::Status s = r.has_error()
+                       ? grpc::Status(static_cast<grpc::StatusCode>(r.error().code()),
+                                      r.error().message())
+                       : grpc::Status::OK;
+  static int64_t step = 300000;  // after every step the fixture applied
+  v1::Contribution good = GoodForward();
+  good.set_job_id("single-biased");
+  good.set_step(++step);
+  v1::RoundResult after;
+  if (!stream->Write(good) || !stream->Read(&after) || after.has_error()) {
+    return grpc::Status(grpc::INTERNAL, "the stream broke after the error");
+  }
+  stream->WritesDone();
+  stream->Finish();
+  return s;
+}
+
+std::vector<Case> CreateJobCases() {
+  std::vector<Case> cases;
+  auto add = [&](std::string what, grpc::StatusCode code,
+                 std::function<void(v1::CreateJobRequest&)> mutate) {
+    cases.push_back({"CreateJob: " + what, code, [mutate](Stub& stub) {
+                       v1::CreateJobRequest r = GoodJob("fresh-job");
+                       mutate(r);
+                       return CreateJob(stub, r);
+                     }});
+  };
+  const auto kInvalid = grpc::INVALID_ARGUMENT;
+  add("job_id empty", kInvalid, [](auto& r) { r.set_job_id(""); });
+  add("job_id 129 characters", kInvalid,
+      [](auto& r) { r.set_job_id(std::string(129, 'a')); });
+  add("job_id with '/'", kInvalid, [](auto& r) { r.set_job_id("a/b"); });
+  add("job_id with a NUL", kInvalid,
+      [](auto& r) { r.set_job_id(std::string("a\0b", 3)); });
+  add("world_size 0", kInvalid, [](auto& r) { r.set_world_size(0); });
+  add("world_size negative", kInvalid, [](auto& r) { r.set_world_size(-3); });
+  add("group_size negative", kInvalid, [](auto& r) { r.set_group_size(-1); });
+  add("group_size not dividing", kInvalid, [](auto& r) {
+    r.set_world_size(4);
+    r.set_group_size(3);
+  });
+  add("round_timeout_ms negative", kInvalid,
+      [](auto& r) { r.set_round_timeout_ms(-1); });
+  add("no layers", kInvalid, [](auto& r) { r.clear_layers(); });
+  add("num_features 0", kInvalid,
+      [](auto& r) { r.mutable_layers(0)->set_num_features(0); });
+  add("num_features 2^31 - 1", kInvalid, [](auto& r) {
+    r.mutable_layers(0)->set_num_features(2147483647);
+  });
+  add("world_size 2^31 - 1", kInvalid,
+      [](auto& r) { r.set_world_size(2147483647); });
+  add("num_features negative", kInvalid,
+      [](auto& r) { r.mutable_layers(0)->set_num_features(-2); });
+  add("momentum above 1", kInvalid,
+      [](auto& r) { r.mutable_layers(0)->set_momentum(1.5); });
+  add("momentum negative", kInvalid,
+      [](auto& r) { r.mutable_layers(0)->set_momentum(-0.1); });
+  add("momentum NaN", kInvalid,
+      [](auto& r) { r.mutable_layers(0)->set_momentum(NAN); });
+  add("momentum_mode unknown", kInvalid, [](auto& r) {
+    r.mutable_layers(0)->set_momentum_mode(static_cast<v1::MomentumMode>(7));
+  });
+  add("initial_running_mean wrong count", kInvalid,
+      [](auto& r) { r.mutable_layers(0)->add_initial_running_mean(1); });
+  add("initial_running_mean infinite", kInvalid, [](auto& r) {
+    r.mutable_layers(0)->add_initial_running_mean(0);
+    r.mutable_layers(0)->add_initial_running_mean(INFINITY);
+  });
+  add("initial_running_var negative", kInvalid, [](auto& r) {
+    r.mutable_layers(0)->add_initial_running_var(1);
+    r.mutable_layers(0)->add_initial_running_var(-1);
+  });
+  add("initial_running_var NaN", kInvalid, [](auto& r) {
+    r.mutable_layers(0)->add_initial_running_var(NAN);
+    r.mutable_layers(0)->add_initial_running_var(1);
+  });
+  add("quorum.min_ranks negative", kInvalid,
+      [](auto& r) { r.mutable_quorum()->set_min_ranks(-1); });
+  add("quorum.min_ranks above the group", kInvalid,
+      [](auto& r) { r.mutable_quorum()->set_min_ranks(3); });
+  add("quorum.grace_ms negative", kInvalid, [](auto& r) {
+    r.mutable_quorum()->set_min_ranks(1);
+    r.mutable_quorum()->set_grace_ms(-1);
+  });
+  add("quorum.grace_ms without min_ranks", kInvalid,
+      [](auto& r) { r.mutable_quorum()->set_grace_ms(100); });
+  add("quorum.grace_ms not below the timeout", kInvalid, [](auto& r) {
+    r.mutable_quorum()->set_min_ranks(1);
+    r.mutable_quorum()->set_grace_ms(2000);
+  });
+  add("same job_id, other spec", grpc::ALREADY_EXISTS,
+      [](auto& r) { r.set_job_id("bad"), r.set_world_size(4); });
+  return cases;
+}
+
+std::vector<Case> ContributionCases() {
+  std::vector<Case> cases;
+  auto add = [&](std::string what, grpc::StatusCode code,
+                 std::function<void(v1::Contribution&)> mutate) {
+    v1::Contribution c = GoodForward();
+    mutate(c);
+    cases.push_back({"ReduceOnce: " + what, code,
+                     [c](Stub& stub) { return ReduceOnce(stub, c); }});
+    cases.push_back({"Reduce stream: " + what, code,
+                     [c](Stub& stub) { return ReduceStream(stub, c); }});
+  };
+  const auto kInvalid = grpc::INVALID_ARGUMENT;
+  add("job_id unknown", grpc::NOT_FOUND, [](auto& c) { c.set_job_id("nope"); });
+  add("job_id empty", grpc::NOT_FOUND, [](auto& c) { c.set_job_id(""); });
+  add("layer out of range", kInvalid, [](auto& c) { c.set_layer(1); });
+  add("layer negative", kInvalid, [](auto& c) { c.set_layer(-1); });
+  add("step negative", kInvalid, [](auto& c) { c.set_step(-4); });
+  add("rank = world_size", kInvalid, [](auto& c) { c.set_rank(2); });
+  add("rank negative", kInvalid, [](auto& c) { c.set_rank(-1); });
+  add("phase unspecified", kInvalid,
+      [](auto& c) { c.set_phase(v1::PHASE_UNSPECIFIED); });
+  add("phase unknown value", kInvalid,
+      [](auto& c) { c.set_phase(static_cast<v1::Phase>(9)); });
+  add("no payload", kInvalid, [](auto& c) { c.clear_moments(); });
+  add("grad_sums in a FORWARD", kInvalid,
+      [](auto& c) { SetGradSums(c, {1, 1}, {1, 1}); });
+  add("moments in a BACKWARD", kInvalid,
+      [](auto& c) { c.set_phase(v1::BACKWARD); });
+  add("mean with too few channels", kInvalid,
+      [](auto& c) { c.mutable_moments()->mutable_mean()->RemoveLast(); });
+  add("m2 with too few channels", kInvalid,
+      [](auto& c) { c.mutable_moments()->mutable_m2()->RemoveLast(); });
+  add("too many channels", kInvalid, [](auto& c) {
+    c.mutable_moments()->add_mean(0);
+    c.mutable_moments()->add_m2(0);
+  });
+  add("count negative", kInvalid,
+      [](auto& c) { c.mutable_moments()->set_count(-2); });
+  add("mean NaN", kInvalid,
+      [](auto& c) { c.mutable_moments()->set_mean(0, NAN); });
+  add("mean infinite", kInvalid,
+      [](auto& c) { c.mutable_moments()->set_mean(1, -INFINITY); });
+  add("m2 infinite", kInvalid,
+      [](auto& c) { c.mutable_moments()->set_m2(1, INFINITY); });
+  add("m2 negative", kInvalid,
+      [](auto& c) { c.mutable_moments()->set_m2(0, -1); });
+  add("BACKWARD sum_dy NaN", kInvalid, [](auto& c) {
+    c.set_phase(v1::BACKWARD);
+    SetGradSums(c, {NAN, 1}, {1, 1});
+  });
+  add("BACKWARD sum_dy_xmu infinite", kInvalid, [](auto& c) {
+    c.set_phase(v1::BACKWARD);
+    SetGradSums(c, {1, 1}, {1, INFINITY});
+  });
+  add("BACKWARD wrong channel count", kInvalid, [](auto& c) {
+    c.set_phase(v1::BACKWARD);
+    SetGradSums(c, {1, 1, 1}, {1, 1, 1});
+  });
+  add("global count 1 with an unbiased running var", grpc::FAILED_PRECONDITION,
+      [](auto& c) {
+        c.set_job_id("single");
+        c.mutable_moments()->set_count(1);
+        c.mutable_moments()->set_m2(0, 0);
+        c.mutable_moments()->set_m2(1, 0);
+      });
+  add("a step already superseded", grpc::FAILED_PRECONDITION, [](auto& c) {
+    c.set_job_id("single-biased");
+    c.set_step(5);  // never sent; step 100000 was applied
+  });
+  return cases;
+}
+
+std::vector<Case> OtherCases() {
+  std::vector<Case> cases;
+  auto add = [&](std::string what, grpc::StatusCode code,
+                 std::function<grpc::Status(Stub&)> call) {
+    cases.push_back({what, code, std::move(call)});
+  };
+  add("GetJob: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
+    v1::GetJobRequest r;
+    r.set_job_id("nope");
+    v1::JobInfo info;
+    return s.GetJob(Context().get(), r, &info);
+  });
+  add("DeleteJob: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
+    v1::DeleteJobRequest r;
+    r.set_job_id("nope");
+    v1::DeleteJobResponse out;
+    return s.DeleteJob(Context().get(), r, &out);
+  });
+  auto stats = [&](std::string what, grpc::StatusCode code,
+                   std::function<void(v1::GetRunningStatsRequest&)> mutate) {
+    add("GetRunningStats: " + what, code, [mutate](Stub& s) {
+      v1::GetRunningStatsRequest r;
+      r.set_job_id("bad");
+      mutate(r);
+      v1::RunningStats out;
+      return s.GetRunningStats(Context().get(), r, &out);
+    });
+  };
+  stats("job_id unknown", grpc::NOT_FOUND, [](auto& r) { r.set_job_id("nope"); });
+  stats("layer out of range", grpc::INVALID_ARGUMENT, [](auto& r) { r.add_layers(3); });
+  stats("layer negative", grpc::INVALID_ARGUMENT, [](auto& r) { r.add_layers(-1); });
+  stats("group out of range", grpc::INVALID_ARGUMENT, [](auto& r) { r.set_group(1); });
+  stats("group negative", grpc::INVALID_ARGUMENT, [](auto& r) { r.set_group(-1); });
+  stats("checkpoint_step without a checkpoint", grpc::NOT_FOUND,
+        [](auto& r) { r.set_checkpoint_step(77); });
+  auto import = [&](std::string what, grpc::StatusCode code,
+                    std::function<void(v1::SetRunningStatsRequest&)> mutate) {
+    add("SetRunningStats: " + what, code, [mutate](Stub& s) {
+      v1::SetRunningStatsRequest r = GoodImport();
+      mutate(r);
+      v1::RunningStats out;
+      return s.SetRunningStats(Context().get(), r, &out);
+    });
+  };
+  import("job_id unknown", grpc::NOT_FOUND, [](auto& r) { r.set_job_id("nope"); });
+  import("no layers", grpc::INVALID_ARGUMENT, [](auto& r) { r.clear_layers(); });
+  import("layer out of range", grpc::INVALID_ARGUMENT,
+         [](auto& r) { r.mutable_layers(0)->set_layer(5); });
+  import("group out of range", grpc::INVALID_ARGUMENT,
+         [](auto& r) { r.mutable_layers(0)->set_group(2); });
+  import("name of another layer", grpc::INVALID_ARGUMENT,
+         [](auto& r) { r.mutable_layers(0)->set_name("other"); });
+  import("running_mean wrong count", grpc::INVALID_ARGUMENT,
+         [](auto& r) { r.mutable_layers(0)->add_running_mean(1); });
+  import("running_var NaN", grpc::INVALID_ARGUMENT,
+         [](auto& r) { r.mutable_layers(0)->set_running_var(0, NAN); });
+  import("running_var negative", grpc::INVALID_ARGUMENT,
+         [](auto& r) { r.mutable_layers(0)->set_running_var(1, -2); });
+  import("running_mean infinite", grpc::INVALID_ARGUMENT,
+         [](auto& r) { r.mutable_layers(0)->set_running_mean(1, INFINITY); });
+  import("num_batches_tracked negative", grpc::INVALID_ARGUMENT,
+         [](auto& r) { r.mutable_layers(0)->set_num_batches_tracked(-1); });
+  import("the same (layer, group) twice", grpc::INVALID_ARGUMENT,
+         [](auto& r) { *r.add_layers() = r.layers(0); });
+  add("Checkpoint: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
+    v1::CheckpointRequest r;
+    r.set_job_id("nope");
+    v1::CheckpointInfo out;
+    return s.Checkpoint(Context().get(), r, &out);
+  });
+  add("Checkpoint: a step never committed (call deadline)",
+      grpc::DEADLINE_EXCEEDED, [](Stub& s) {
+        v1::CheckpointRequest r;
+        r.set_job_id("bad");
+        r.set_step(1 << 30);
+        v1::CheckpointInfo out;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(300));
+        return s.Checkpoint(&ctx, r, &out);
+      });
+  add("ListCheckpoints: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
+    v1::ListCheckpointsRequest r;
+    r.set_job_id("nope");
+    v1::ListCheckpointsResponse out;
+    return s.ListCheckpoints(Context().get(), r, &out);
+  });
+  add("RestoreCheckpoint: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
+    v1::RestoreCheckpointRequest r;
+    r.set_job_id("nope");
+    v1::JobInfo out;
+    return s.RestoreCheckpoint(Context().get(), r, &out);
+  });
+  add("RestoreCheckpoint: no checkpoint at the step", grpc::NOT_FOUND,
+      [](Stub& s) {
+        v1::RestoreCheckpointRequest r;
+        r.set_job_id("bad");
+        r.set_step(12);
+        v1::JobInfo out;
+        return s.RestoreCheckpoint(Context().get(), r, &out);
+      });
+  return cases;
+}
+
+TEST(BadInputTest, EveryMalformedRequestGetsItsStatusAndTheServerServesOn) {
+  const std::string dir = MakeScratchDir("bad-input");
+  auto agg = LocalAggregator::Start(dir);
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  auto channel = grpc::CreateChannel((*agg)->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Aggregator::NewStub(channel);
+  ASSERT_TRUE(CreateJob(*stub, GoodJob("bad")).ok());
+  v1::CreateJobRequest single = GoodJob("single");
+  single.set_world_size(1);
+  ASSERT_TRUE(CreateJob(*stub, single).ok());
+  single.set_job_id("single-biased");
+  single.mutable_layers(0)->set_biased_running_var(true);
+  ASSERT_TRUE(CreateJob(*stub, single).ok());
+  // Step 0 of single-biased completes, so later rounds of it are fine and
+  // step 0 is superseded once step 1 is applied.
+  v1::Contribution first = GoodForward();
+  first.set_job_id("single-biased");
+  first.set_step(0);
+  ASSERT_TRUE(ReduceOnce(*stub, first).ok());
+  first.set_step(100000);
+  ASSERT_TRUE(ReduceOnce(*stub, first).ok());
+  v1::RunningStats before;
+  {
+    v1::GetRunningStatsRequest r;
+    r.set_job_id("bad");
+    ASSERT_TRUE(stub->GetRunningStats(Context().get(), r, &before).ok());
+  }
+
+  std::vector<Case> cases = CreateJobCases();
+  for (auto* more : {&ContributionCases, &OtherCases}) {
+    for (Case& c : more()) cases.push_back(std::move(c));
+  }
+  ASSERT_GE(cases.size(), 30u);
+  for (const Case& c : cases) {
+    const grpc::Status s = c.call(*stub);
+    EXPECT_EQ(s.error_code(), c.code)
+        << c.what << ": got " << s.error_code() << " " << s.error_message();
+    EXPECT_FALSE(s.error_message().empty()) << c.what;
+  }
+  std::fprintf(stderr, "%zu malformed requests checked\n", cases.size());
+
+  // Still SERVING, still serving, and nothing changed.
+  auto health = CheckHealth(channel);
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, 1) << "SERVING";
+  v1::RunningStats after;
+  {
+    v1::GetRunningStatsRequest r;
+    r.set_job_id("bad");
+    ASSERT_TRUE(stub->GetRunningStats(Context().get(), r, &after).ok());
+  }
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
+  v1::GetJobRequest get;
+  get.set_job_id("fresh-job");
+  v1::JobInfo info;
+  EXPECT_EQ(stub->GetJob(Context().get(), get, &info).error_code(),
+            grpc::NOT_FOUND)
+      << "no malformed CreateJob created a job";
+  v1::Contribution good = GoodForward();
+  good.set_job_id("single-biased");
+  good.set_step(900000);
+  EXPECT_TRUE(ReduceOnce(*stub, good).ok());
+  auto code = (*agg)->Stop();
+  EXPECT_TRUE(code.ok() && *code == 0);
+}
+
+}  // namespace
+}  // namespace syncnorm::testing

@@ -1,0 +1,206 @@
+// The aggregator's Prometheus endpoint, scraped by a real Prometheus server
+// (Debian's /usr/bin/prometheus) on loopback: after a few rounds and a
+// checkpoint, Prometheus's HTTP API answers the gRPC metrics
+// (go-grpc-prometheus names and labels) and syncnorm's own with the values
+// the run implies. Skipped, saying why, where prometheus is not installed
+// (scripts/deps.sh installs it).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
+
+namespace syncnorm::testing {
+namespace {
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A loopback port that was free a moment ago.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// The body of GET `path` from 127.0.0.1:port, or "" if unreachable.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = absl::StrCat(
+        "GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    (void)!::write(fd, request.data(), request.size());
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) > 0;) {
+      response.append(buffer, n);
+    }
+  }
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// "metrics_port=N" from the aggregator's structured start line.
+int MetricsPort(const std::string& log_path) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    const std::string log = ReadFile(log_path);
+    const size_t start = log.find("syncnorm event=start");
+    const size_t at = log.find("metrics_port=", start);
+    if (start != std::string::npos && at != std::string::npos) {
+      return std::atoi(log.c_str() + at + 13);
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return 0;
+}
+
+// The value of an instant query's single sample, as Prometheus prints it
+// ("9"), once the query has one; "" if none came within the deadline.
+std::string Query(int port, const std::string& promql, absl::Time deadline) {
+  const std::string path = absl::StrCat(
+      "/api/v1/query?query=",
+      absl::StrReplaceAll(promql, {{"{", "%7B"}, {"}", "%7D"}, {"\"", "%22"},
+                                   {"=", "%3D"}, {",", "%2C"}, {" ", "%20"},
+                                   {"(", "%28"}, {")", "%29"}}));
+  std::string body;
+  while (absl::Now() < deadline) {
+    body = HttpGet(port, path);
+    // {"status":"success","data":{"resultType":"vector","result":[{"metric":
+    // {...},"value":[1700000000.1,"9"]}]}}
+    const size_t value = body.find("\"value\":[");
+    if (value != std::string::npos) {
+      const size_t open = body.find('"', body.find(',', value));
+      const size_t close = body.find('"', open + 1);
+      return body.substr(open + 1, close - open - 1);
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  ADD_FAILURE() << "no sample for " << promql << "; last answer: " << body;
+  return "";
+}
+
+TEST(MetricsTest, PrometheusScrapesTheAggregator) {
+  if (access(kPrometheus, X_OK) != 0) {
+    GTEST_SKIP() << kPrometheus << " is missing: run scripts/deps.sh";
+  }
+  const std::string dir = MakeScratchDir("metrics");
+  auto aggregator = LocalAggregator::Start(
+      dir, {"--metrics_listen=127.0.0.1:0", "--round_timeout_ms=20000"});
+  ASSERT_TRUE(aggregator.ok()) << aggregator.status();
+  const int metrics_port = MetricsPort(dir + "/aggregator.log");
+  ASSERT_GT(metrics_port, 0) << ReadFile(dir + "/aggregator.log");
+
+  // A few rounds (2 workers, 3 layers, 4 steps) and a checkpoint.
+  StackConfig config;
+  config.world_size = 2;
+  config.global_batch = 8;
+  config.channels = {4, 4, 4};
+  config.spatial = {2};
+  config.steps = 4;
+  ClientOptions options;
+  options.address = (*aggregator)->address();
+  Client client(options);
+  ASSERT_TRUE(client.CreateJob(JobRequest(config, "metrics", 20000)).ok());
+  WorkersOptions w;
+  w.address = (*aggregator)->address();
+  w.job_id = "metrics";
+  w.dir = dir;
+  w.timeout = absl::Seconds(60);
+  auto outputs = RunWorkers(config, w);
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  ASSERT_TRUE(client.Checkpoint("metrics", config.steps - 1).ok());
+  // The exposition itself, before Prometheus reads it.
+  const std::string text = HttpGet(metrics_port, "/metrics");
+  EXPECT_NE(text.find("grpc_server_started_total{"), std::string::npos)
+      << text;
+
+  const int web_port = FreePort();
+  ASSERT_GT(web_port, 0);
+  const std::string config_path = dir + "/prometheus.yml";
+  std::ofstream(config_path) << absl::StrCat(
+      "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+      "scrape_configs:\n  - job_name: syncnorm-aggregator\n"
+      "    static_configs:\n      - targets: ['127.0.0.1:",
+      metrics_port, "']\n");
+  auto prometheus = Subprocess::Spawn(
+      {kPrometheus, absl::StrCat("--config.file=", config_path),
+       absl::StrCat("--storage.tsdb.path=", dir, "/tsdb"),
+       absl::StrCat("--web.listen-address=127.0.0.1:", web_port),
+       "--log.level=warn"},
+      dir + "/prometheus.log");
+  ASSERT_TRUE(prometheus.ok()) << prometheus.status();
+
+  const absl::Time deadline = absl::Now() + absl::Seconds(45);
+  EXPECT_EQ(Query(web_port,
+                  "grpc_server_handled_total{grpc_type=\"unary\","
+                  "grpc_service=\"syncnorm.v1.Aggregator\","
+                  "grpc_method=\"CreateJob\",grpc_code=\"OK\"}",
+                  deadline),
+            "1")
+      << ReadFile(dir + "/prometheus.log");
+  EXPECT_EQ(Query(web_port,
+                  "grpc_server_started_total{grpc_type=\"bidi_stream\","
+                  "grpc_method=\"Reduce\"}",
+                  deadline),
+            "2");
+  EXPECT_EQ(Query(web_port,
+                  "sum(grpc_server_handling_seconds_count{grpc_method="
+                  "\"Checkpoint\"})",
+                  deadline),
+            "1");
+  // One version per forward round: steps x layers (one group).
+  EXPECT_EQ(Query(web_port, "syncnorm_state_versions_total", deadline),
+            absl::StrCat(config.steps * config.layers()));
+  EXPECT_EQ(Query(web_port,
+                  "syncnorm_round_latency_seconds_count{phase=\"BACKWARD\","
+                  "outcome=\"ok\"}",
+                  deadline),
+            absl::StrCat(config.steps * config.layers()));
+  EXPECT_EQ(Query(web_port,
+                  "syncnorm_checkpoint_duration_seconds_count{outcome=\"ok\"}",
+                  deadline),
+            "1");
+
+  (*prometheus)->Signal(SIGTERM);
+  EXPECT_TRUE((*prometheus)->Wait(absl::Seconds(20)).ok());
+  auto code = (*aggregator)->Stop();
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+}
+
+}  // namespace
+}  // namespace syncnorm::testing

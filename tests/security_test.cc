@@ -1,0 +1,455 @@
+// TLS, mutual TLS, bearer tokens (scopes, reload, never logged), the
+// loopback-only rule for plaintext and the limits, end to end against the
+// real binary. Certificates are made at test time with the openssl CLI.
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "syncnorm/v1/aggregator.grpc.pb.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/health.h"
+#include "tests/testing/subprocess.h"
+
+namespace syncnorm {
+namespace {
+
+using ::syncnorm::testing::CheckHealth;
+using ::syncnorm::testing::LocalAggregator;
+using ::syncnorm::testing::MakeScratchDir;
+using ::syncnorm::testing::Runfile;
+using ::syncnorm::testing::Subprocess;
+
+constexpr char kAdminToken[] = "admin-0a1b2c3d4e5f6a7b8c9d";
+constexpr char kJobAToken[] = "job-a-9f8e7d6c5b4a3f2e1d0c";
+constexpr char kJobBToken[] = "job-b-00112233445566778899";
+constexpr char kLateToken[] = "late-aabbccddeeff00112233";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0);
+}
+
+// Runs openssl with `args` in `dir`; fails the test if it fails.
+void OpenSsl(const std::string& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), "/usr/bin/openssl");
+  auto p = Subprocess::Spawn(args, dir + "/openssl.log");
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> code = (*p)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok() && *code == 0)
+      << absl::StrJoin(args, " ") << "\n" << ReadFile(dir + "/openssl.log");
+}
+
+// A CA, a server certificate for localhost/127.0.0.1, a client certificate
+// and an unrelated CA, each key P-256, under `dir`.
+void MakeCertificates(const std::string& dir) {
+  const std::vector<std::string> ec = {"-newkey", "ec", "-pkeyopt",
+                                       "ec_paramgen_curve:prime256v1",
+                                       "-nodes"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.begin() + 1, ec.begin(), ec.end());
+    return a;
+  };
+  OpenSsl(dir, with({"req", "-x509", "-keyout", dir + "/ca.key", "-out",
+                     dir + "/ca.crt", "-days", "2", "-subj",
+                     "/CN=syncnorm-test-ca"}));
+  // An unrelated CA, which signed nothing here.
+  OpenSsl(dir, with({"req", "-x509", "-keyout", dir + "/other-ca.key", "-out",
+                     dir + "/other-ca.crt", "-days", "2", "-subj",
+                     "/CN=some-other-ca"}));
+  std::ofstream(dir + "/server.ext")
+      << "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+         "extendedKeyUsage=serverAuth\n";
+  std::ofstream(dir + "/client.ext") << "extendedKeyUsage=clientAuth\n";
+  for (const std::string who : {"server", "client"}) {
+    OpenSsl(dir, with({"req", "-keyout", dir + "/" + who + ".key", "-out",
+                       dir + "/" + who + ".csr", "-subj",
+                       who == "server" ? "/CN=localhost" : "/CN=trainer"}));
+    OpenSsl(dir, {"x509", "-req", "-in", dir + "/" + who + ".csr", "-CA",
+                  dir + "/ca.crt", "-CAkey", dir + "/ca.key",
+                  "-CAcreateserial", "-out", dir + "/" + who + ".crt", "-days",
+                  "2", "-extfile", dir + "/" + who + ".ext"});
+  }
+}
+
+ClientOptions Options(const std::string& address) {
+  ClientOptions o;
+  o.address = address;
+  o.rpc_timeout = absl::Seconds(3);
+  o.round_timeout = absl::Seconds(5);
+  return o;
+}
+
+v1::CreateJobRequest Job(const std::string& id, int world = 1, int layers = 1,
+                         int channels = 2) {
+  v1::CreateJobRequest r;
+  r.set_job_id(id);
+  r.set_world_size(world);
+  r.set_round_timeout_ms(2000);
+  for (int l = 0; l < layers; ++l) {
+    v1::LayerSpec* layer = r.add_layers();
+    layer->set_name(absl::StrCat("bn", l));
+    layer->set_num_features(channels);
+  }
+  return r;
+}
+
+v1::Contribution Forward(const std::string& job, int64_t step, int rank,
+                         int channels = 2) {
+  v1::Contribution c;
+  c.set_job_id(job);
+  c.set_layer(0);
+  c.set_step(step);
+  c.set_phase(v1::FORWARD);
+  c.set_rank(rank);
+  c.mutable_moments()->set_count(4);
+  for (int i = 0; i < channels; ++i) {
+    c.mutable_moments()->add_mean(1.0 + i);
+    c.mutable_moments()->add_m2(2.0);
+  }
+  return c;
+}
+
+// One forward round of a world-size-1 job through the client's Reduce
+// stream: its status.
+absl::Status OneRound(const Client& client, const std::string& job,
+                      int64_t step = 1) {
+  std::unique_ptr<Contributor> c = client.NewContributor(job, 0);
+  return c->Round(Forward(job, step, 0)).status();
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeScratchDir("security"); }
+  std::string dir_;
+};
+
+TEST_F(SecurityTest, TlsServesEncryptedAndRefusesPlaintextClients) {
+  MakeCertificates(dir_);
+  auto server = LocalAggregator::Start(
+      dir_, {"--tls_cert=" + dir_ + "/server.crt",
+             "--tls_key=" + dir_ + "/server.key"});
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  ClientOptions tls = Options((*server)->address());
+  tls.tls_root_ca = *ReadPemFile(dir_ + "/ca.crt");
+  Client client(tls);
+  ASSERT_TRUE(client.CreateJob(Job("tls")).ok());
+  EXPECT_TRUE(OneRound(client, "tls").ok());
+
+  Client plain(Options((*server)->address()));
+  EXPECT_EQ(plain.GetJob("tls").status().code(),
+            absl::StatusCode::kUnavailable);
+  // A client that does not trust the server's CA is refused too.
+  ClientOptions untrusting = Options((*server)->address());
+  untrusting.tls_root_ca = *ReadPemFile(dir_ + "/other-ca.crt");
+  EXPECT_FALSE(Client(untrusting).GetJob("tls").ok());
+  EXPECT_EQ((*server)->Stop().value_or(-1), 0);
+}
+
+TEST_F(SecurityTest, MutualTlsRejectsAClientWithoutACertificate) {
+  MakeCertificates(dir_);
+  auto server = LocalAggregator::Start(
+      dir_, {"--tls_cert=" + dir_ + "/server.crt",
+             "--tls_key=" + dir_ + "/server.key",
+             "--tls_client_ca=" + dir_ + "/ca.crt"});
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  ClientOptions no_cert = Options((*server)->address());
+  no_cert.tls_root_ca = *ReadPemFile(dir_ + "/ca.crt");
+  EXPECT_EQ(Client(no_cert).CreateJob(Job("m")).status().code(),
+            absl::StatusCode::kUnavailable);
+
+  ClientOptions with_cert = no_cert;
+  with_cert.tls_client_cert = *ReadPemFile(dir_ + "/client.crt");
+  with_cert.tls_client_key = *ReadPemFile(dir_ + "/client.key");
+  Client client(with_cert);
+  ASSERT_TRUE(client.CreateJob(Job("m")).ok());
+  EXPECT_TRUE(OneRound(client, "m").ok());
+}
+
+class TokensTest : public SecurityTest {
+ protected:
+  void SetUp() override {
+    SecurityTest::SetUp();
+    tokens_ = dir_ + "/tokens";
+    WriteAtomically(tokens_, absl::StrCat("# test tokens\n", kAdminToken,
+                                          " admin\n", kJobAToken, " job:a\n",
+                                          kJobBToken, " job:b,job:c\n"));
+    auto server = LocalAggregator::Start(dir_, {"--tokens_file=" + tokens_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  Client With(const std::string& token) {
+    ClientOptions o = Options(server_->address());
+    o.token = token;
+    return Client(o);
+  }
+
+  // Waits until `call` gives `code`; the code it gave last.
+  template <typename Call>
+  absl::StatusCode Await(Call call, absl::StatusCode code) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(3);
+    absl::StatusCode got = call();
+    while (got != code && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+      got = call();
+    }
+    return got;
+  }
+
+  // No token value in the server's log.
+  void ExpectNoTokenInLog() {
+    const std::string log = ReadFile(dir_ + "/aggregator.log");
+    for (const char* t : {kAdminToken, kJobAToken, kJobBToken, kLateToken}) {
+      EXPECT_FALSE(absl::StrContains(log, t)) << t << " in\n" << log;
+    }
+  }
+
+  std::string tokens_;
+  std::unique_ptr<LocalAggregator> server_;
+};
+
+TEST_F(TokensTest, EveryCallNeedsATokenForItsJob) {
+  Client none = With("");
+  Client job_a = With(kJobAToken);
+  Client admin = With(kAdminToken);
+
+  absl::Status s = none.CreateJob(Job("a")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  s = With("wrong-token-0000000000000").CreateJob(Job("a")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  s = job_a.CreateJob(Job("b")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "job 'b'")) << s;
+
+  ASSERT_TRUE(job_a.CreateJob(Job("a")).ok());
+  ASSERT_TRUE(admin.CreateJob(Job("b")).ok());
+  EXPECT_TRUE(job_a.GetJob("a").ok());
+  EXPECT_EQ(job_a.GetJob("b").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(job_a.DeleteJob("b").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(job_a.Checkpoint("b", 0).status().code(),
+            absl::StatusCode::kPermissionDenied);
+
+  // Server-wide calls need admin.
+  EXPECT_EQ(job_a.ListJobs().status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto jobs = admin.ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->size(), 2u);
+
+  // Rounds: each contribution is checked, the refusal comes in-band.
+  EXPECT_TRUE(OneRound(job_a, "a", 1).ok());
+  EXPECT_TRUE(OneRound(admin, "a", 2).ok());
+  EXPECT_EQ(OneRound(none, "a", 3).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(OneRound(job_a, "b", 1).code(),
+            absl::StatusCode::kPermissionDenied);
+  {
+    // ReduceOnce too.
+    auto channel = grpc::CreateChannel(server_->address(),
+                                       grpc::InsecureChannelCredentials());
+    auto stub = v1::Aggregator::NewStub(channel);
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", kJobBToken));
+    v1::RoundResult result;
+    grpc::Status st = stub->ReduceOnce(&context, Forward("a", 4, 0), &result);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    // Health stays open.
+    EXPECT_EQ(CheckHealth(channel).value_or(-1), 1);
+  }
+  ExpectNoTokenInLog();
+}
+
+TEST_F(TokensTest, TheFileIsReloadedWhenItChanges) {
+  Client late = With(kLateToken);
+  Client admin = With(kAdminToken);
+  ASSERT_TRUE(admin.CreateJob(Job("a")).ok());
+  EXPECT_EQ(late.GetJob("a").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  auto get_a = [&] { return late.GetJob("a").status().code(); };
+
+  // Added: works within about a second.
+  WriteAtomically(tokens_, absl::StrCat(kAdminToken, " admin\n", kLateToken,
+                                        " job:a\n"));
+  EXPECT_EQ(Await(get_a, absl::StatusCode::kOk), absl::StatusCode::kOk);
+  // An open stream follows the file as well.
+  std::unique_ptr<Contributor> stream = late.NewContributor("a", 0);
+  EXPECT_TRUE(stream->Round(Forward("a", 1, 0)).ok());
+
+  // A broken file keeps the tokens in force, and the log says so.
+  WriteAtomically(tokens_, absl::StrCat(kLateToken, " job:a nonsense\n"));
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_TRUE(late.GetJob("a").ok());
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir_ + "/aggregator.log"),
+                                "keeping the previous tokens"));
+
+  // Removed: refused within about a second, on the open stream too.
+  WriteAtomically(tokens_, absl::StrCat(kAdminToken, " admin\n"));
+  EXPECT_EQ(Await(get_a, absl::StatusCode::kUnauthenticated),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(stream->Round(Forward("a", 2, 0)).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(admin.GetJob("a").ok());
+  ExpectNoTokenInLog();
+}
+
+TEST_F(SecurityTest, PlaintextOnlyOnLoopbackUnlessAllowed) {
+  const std::string binary = Runfile("server/syncnorm-aggregator");
+  const std::string log = dir_ + "/refused.log";
+  for (const bool check_config : {false, true}) {
+    std::vector<std::string> argv = {binary, "--listen=0.0.0.0:0",
+                                     "--data_dir=" + dir_ + "/refused"};
+    if (check_config) argv.push_back("--check_config");
+    auto p = Subprocess::Spawn(argv, log);
+    ASSERT_TRUE(p.ok());
+    absl::StatusOr<int> code = (*p)->Wait(absl::Seconds(20));
+    ASSERT_TRUE(code.ok());
+    EXPECT_EQ(*code, check_config ? 2 : 1);
+    EXPECT_TRUE(absl::StrContains(ReadFile(log), "--allow_insecure"))
+        << ReadFile(log);
+  }
+  // Flags later on the command line win, so this listens on every address.
+  auto server = LocalAggregator::Start(
+      dir_, {"--listen=0.0.0.0:0", "--allow_insecure"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(Client(Options((*server)->address())).CreateJob(Job("x")).ok());
+}
+
+// Each limit: RESOURCE_EXHAUSTED naming its flag, and the server serves on.
+class LimitsTest : public SecurityTest {
+ protected:
+  void Start(std::vector<std::string> flags) {
+    auto server = LocalAggregator::Start(dir_, flags);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(server_->address(),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::Aggregator::NewStub(channel_);
+  }
+  void ExpectLimit(const absl::Status& s, const std::string& flag) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "--" + flag + "=")) << s;
+  }
+  void ExpectStillServes() {
+    Client client(Options(server_->address()));
+    const std::string id = absl::StrCat("fine", ++fine_);
+    ASSERT_TRUE(client.CreateJob(Job(id)).ok());
+    EXPECT_TRUE(OneRound(client, id).ok());
+    ASSERT_TRUE(client.DeleteJob(id).ok());
+  }
+  std::unique_ptr<LocalAggregator> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Aggregator::Stub> stub_;
+  int fine_ = 0;
+};
+
+TEST_F(LimitsTest, JobsAndTheirSizesAndMessages) {
+  Start({"--max_jobs=2", "--max_layers_per_job=2", "--max_channels=8",
+         "--max_world_size=4", "--max_message_bytes=65536"});
+  Client client(Options(server_->address()));
+  ExpectLimit(client.CreateJob(Job("w", 5)).status(), "max_world_size");
+  ExpectStillServes();
+  ExpectLimit(client.CreateJob(Job("l", 1, 3)).status(), "max_layers_per_job");
+  ExpectStillServes();
+  ExpectLimit(client.CreateJob(Job("c", 1, 1, 9)).status(), "max_channels");
+  ExpectStillServes();
+  ASSERT_TRUE(client.CreateJob(Job("j1")).ok());
+  ASSERT_TRUE(client.CreateJob(Job("j2")).ok());
+  ExpectLimit(client.CreateJob(Job("j3")).status(), "max_jobs");
+  ASSERT_TRUE(client.DeleteJob("j2").ok());
+  ExpectStillServes();
+
+  // A message over --max_message_bytes is refused by gRPC's transport
+  // (its message gives both sizes).
+  grpc::ClientContext context;
+  v1::RoundResult result;
+  grpc::Status s =
+      stub_->ReduceOnce(&context, Forward("j1", 1, 0, 10000), &result);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "65536"))
+      << s.error_message();
+  ASSERT_TRUE(client.DeleteJob("j1").ok());
+  ExpectStillServes();
+}
+
+TEST_F(LimitsTest, RoundsInFlight) {
+  Start({"--max_pending_rounds=2"});
+  Client client(Options(server_->address()));
+  ASSERT_TRUE(client.CreateJob(Job("p", 2)).ok());
+  grpc::ClientContext context;
+  auto stream = stub_->Reduce(&context);
+  // Rank 0 of steps 1 and 2 wait for rank 1; step 3 would be a third round.
+  for (int64_t step : {1, 2}) ASSERT_TRUE(stream->Write(Forward("p", step, 0)));
+  absl::SleepFor(absl::Milliseconds(300));  // the server may take them in any order
+  ASSERT_TRUE(stream->Write(Forward("p", 3, 0)));
+  v1::RoundResult result;
+  ASSERT_TRUE(stream->Read(&result));
+  EXPECT_EQ(result.step(), 3) << result.ShortDebugString();
+  ASSERT_TRUE(result.has_error());
+  ExpectLimit(absl::Status(static_cast<absl::StatusCode>(result.error().code()),
+                           result.error().message()),
+              "max_pending_rounds");
+  // Rank 1 completes step 2 (step 1 is superseded): room again.
+  ASSERT_TRUE(stream->Write(Forward("p", 2, 1)));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(stream->Read(&result));
+  ExpectStillServes();
+  context.TryCancel();
+}
+
+TEST_F(LimitsTest, OpenStreams) {
+  Start({"--max_streams=2"});
+  Client client(Options(server_->address()));
+  ASSERT_TRUE(client.CreateJob(Job("s")).ok());
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<
+      grpc::ClientReaderWriter<v1::Contribution, v1::RoundResult>>>
+      streams;
+  for (int i = 0; i < 3; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(stub_->Reduce(contexts.back().get()));
+    streams.back()->Write(Forward("s", 1 + i, 0));
+    v1::RoundResult result;
+    const bool read = streams.back()->Read(&result);
+    if (i < 2) {
+      ASSERT_TRUE(read);
+      EXPECT_FALSE(result.has_error()) << result.error().message();
+    } else {
+      EXPECT_FALSE(read);
+      grpc::Status s = streams.back()->Finish();
+      ExpectLimit(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                               s.error_message()),
+                  "max_streams");
+    }
+  }
+  // One closes: a new stream fits again.
+  contexts[0]->TryCancel();
+  streams[0]->Finish();
+  absl::SleepFor(absl::Milliseconds(200));
+  ExpectStillServes();
+}
+
+}  // namespace
+}  // namespace syncnorm
