@@ -15,6 +15,7 @@
 #include "kernels/batch_norm_cuda.h"
 #include "kernels/kernel_check.h"
 #include "kernels/moments.h"
+#include "kernels/public_api_runner.h"
 
 namespace syncnorm {
 namespace {
@@ -32,7 +33,7 @@ bool HaveDevice() {
     if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";    \
   } while (0)
 
-class CudaRunner : public check::KernelRunner {
+class CudaRunner : public check::PublicApiRunner {
  public:
   CudaRunner() {
     ctx_.device = Device::kCuda;
@@ -41,36 +42,6 @@ class CudaRunner : public check::KernelRunner {
   }
   ~CudaRunner() override { cudaStreamDestroy(stream_); }
 
-  std::string Moments(DType dtype, const void* x, const Geometry& g,
-                      double* mean, double* m2) override {
-    syncnorm::Moments m;
-    absl::Status s = LocalMoments(ctx_, dtype, x, g, &m);
-    if (!s.ok()) return s.ToString();
-    if (m.count != g.per_channel()) return "wrong count";
-    std::copy(m.mean.begin(), m.mean.end(), mean);
-    std::copy(m.m2.begin(), m.m2.end(), m2);
-    return "";
-  }
-  std::string Forward(DType dtype, const Geometry& g,
-                      const ForwardArgs& args) override {
-    return Message(syncnorm::Forward(ctx_, dtype, g, args));
-  }
-  std::string BackwardReduce(DType dtype, const Geometry& g,
-                             const BackwardReduceArgs& args, double* sum_dy,
-                             double* sum_dy_xmu) override {
-    GradSums sums;
-    absl::Status s =
-        syncnorm::BackwardReduce(ctx_, dtype, g, args, &sums, nullptr, nullptr);
-    if (!s.ok()) return s.ToString();
-    std::copy(sums.sum_dy.begin(), sums.sum_dy.end(), sum_dy);
-    std::copy(sums.sum_dy_xmu.begin(), sums.sum_dy_xmu.end(), sum_dy_xmu);
-    return "";
-  }
-  std::string BackwardElementwise(
-      DType dtype, const Geometry& g,
-      const BackwardElementwiseArgs& args) override {
-    return Message(syncnorm::BackwardElementwise(ctx_, dtype, g, args));
-  }
   void* Upload(const std::vector<uint8_t>& bytes) override {
     if (bytes.empty()) return nullptr;
     void* p = nullptr;
@@ -94,11 +65,7 @@ class CudaRunner : public check::KernelRunner {
   }
 
  private:
-  static std::string Message(const absl::Status& s) {
-    return s.ok() ? "" : s.ToString();
-  }
   cudaStream_t stream_ = nullptr;
-  KernelContext ctx_;
 };
 
 TEST(CudaKernelCheck, EveryDTypeLayoutAndOptionMatchesFloat64) {

@@ -12,46 +12,17 @@
 #include "gtest/gtest.h"
 #include "kernels/batch_norm.h"
 #include "kernels/moments.h"
+#include "kernels/public_api_runner.h"
 #include "kernels/thread_pool.h"
 
 namespace syncnorm {
 namespace {
 
 // Runs the public API on the CPU; tensors are host copies.
-class CpuRunner : public check::KernelRunner {
+class CpuRunner : public check::PublicApiRunner {
  public:
   explicit CpuRunner(ThreadPool* pool) { ctx_.pool = pool; }
 
-  std::string Moments(DType dtype, const void* x, const Geometry& g,
-                      double* mean, double* m2) override {
-    syncnorm::Moments m;
-    absl::Status s = LocalMoments(ctx_, dtype, x, g, &m);
-    if (!s.ok()) return s.ToString();
-    if (m.count != g.per_channel()) return "wrong count";
-    std::copy(m.mean.begin(), m.mean.end(), mean);
-    std::copy(m.m2.begin(), m.m2.end(), m2);
-    return "";
-  }
-  std::string Forward(DType dtype, const Geometry& g,
-                      const ForwardArgs& args) override {
-    return Message(syncnorm::Forward(ctx_, dtype, g, args));
-  }
-  std::string BackwardReduce(DType dtype, const Geometry& g,
-                             const BackwardReduceArgs& args, double* sum_dy,
-                             double* sum_dy_xmu) override {
-    GradSums sums;
-    absl::Status s =
-        syncnorm::BackwardReduce(ctx_, dtype, g, args, &sums, nullptr, nullptr);
-    if (!s.ok()) return s.ToString();
-    std::copy(sums.sum_dy.begin(), sums.sum_dy.end(), sum_dy);
-    std::copy(sums.sum_dy_xmu.begin(), sums.sum_dy_xmu.end(), sum_dy_xmu);
-    return "";
-  }
-  std::string BackwardElementwise(
-      DType dtype, const Geometry& g,
-      const BackwardElementwiseArgs& args) override {
-    return Message(syncnorm::BackwardElementwise(ctx_, dtype, g, args));
-  }
   void* Upload(const std::vector<uint8_t>& bytes) override {
     if (bytes.empty()) return nullptr;
     void* p = std::malloc(bytes.size());
@@ -64,12 +35,6 @@ class CpuRunner : public check::KernelRunner {
     return out;
   }
   void Free(void* p) override { std::free(p); }
-
- private:
-  static std::string Message(const absl::Status& s) {
-    return s.ok() ? "" : s.ToString();
-  }
-  KernelContext ctx_;
 };
 
 void ExpectNoFailures(const std::vector<std::string>& failures) {
