@@ -183,7 +183,8 @@ def start_aggregator(args):
     scratch = tempfile.mkdtemp(prefix="train-cnn-")
     port_file = os.path.join(scratch, "port")
     proc = subprocess.Popen([find_aggregator(args), "--listen=127.0.0.1:0",
-                             "--port_file=" + port_file],
+                             "--port_file=" + port_file,
+                             "--data_dir=" + os.path.join(scratch, "data")],
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 30

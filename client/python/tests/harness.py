@@ -42,7 +42,8 @@ class Aggregator:
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
             [aggregator_binary(), "--listen=127.0.0.1:0",
-             "--port_file=" + port_file] + list(flags),
+             "--port_file=" + port_file,
+             "--data_dir=" + os.path.join(self.dir, "data")] + list(flags),
             stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while True:
