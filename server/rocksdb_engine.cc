@@ -126,6 +126,9 @@ absl::StatusOr<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(
   options.keep_log_file_num = 3;
   options.max_log_file_size = 1 << 20;
   options.write_buffer_size = kWriteBufferSize;
+  // Values are mostly doubles of statistics, which do not compress; snappy
+  // only cost CPU in every flush and compaction.
+  options.compression = rocksdb::kNoCompression;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
   if (!s.ok()) {
