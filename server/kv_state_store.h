@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "server/kv_engine.h"
@@ -39,8 +40,14 @@ class KvStateStore final : public StateStore {
 
  private:
   absl::Status LoadJobs(std::vector<StoredJob>& jobs);
-  absl::Status LoadLayers(std::vector<StoredJob>& jobs);
+  // Layer records whose statistics are in a round record: (job, group,
+  // layer), filled in by TakeStatsFromRounds once the rounds are loaded.
+  using LayerId = std::tuple<std::string, int, int>;
+  absl::Status LoadLayers(std::vector<StoredJob>& jobs,
+                          std::vector<LayerId>& stats_in_round);
   absl::Status LoadRounds(std::vector<StoredJob>& jobs);
+  absl::Status TakeStatsFromRounds(std::vector<StoredJob>& jobs,
+                                   const std::vector<LayerId>& layers);
   absl::Status LoadCheckpoints(std::vector<StoredJob>& jobs);
   // DATA_LOSS naming the store and the key, with `cause`'s message.
   absl::Status Corrupt(absl::string_view key, const absl::Status& cause) const;

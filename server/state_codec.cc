@@ -68,16 +68,24 @@ void StateToProto(const LayerState& s, pb::LayerState* out) {
   out->set_latest_backward(s.latest_completed[1]);
 }
 
+// Without `with_stats` the statistics must be absent and stay empty.
 absl::StatusOr<LayerState> StateFromProto(const pb::LayerState& p,
-                                          int channels) {
-  absl::StatusOr<RunningStats> stats = StatsFromProto(p.stats(), channels);
-  if (!stats.ok()) return stats.status();
+                                          int channels,
+                                          bool with_stats = true) {
+  RunningStats stats;
+  if (with_stats) {
+    absl::StatusOr<RunningStats> decoded = StatsFromProto(p.stats(), channels);
+    if (!decoded.ok()) return decoded.status();
+    stats = *std::move(decoded);
+  } else if (p.has_stats()) {
+    return Bad("statistics both in the layer and in a round record");
+  }
   if (p.last_applied() < -1 || p.latest_forward() < -1 ||
       p.latest_backward() < -1) {
     return Bad("a step below -1");
   }
   LayerState s;
-  s.stats = *std::move(stats);
+  s.stats = std::move(stats);
   s.last_applied = p.last_applied();
   s.latest_completed = {p.latest_forward(), p.latest_backward()};
   return s;
@@ -177,18 +185,27 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
   return spec;
 }
 
-std::string EncodeLayer(const LayerState& state) {
+std::string EncodeLayer(const LayerState& state, bool stats_in_round) {
   pb::LayerRecord p;
   p.set_format(kStateFormat);
   StateToProto(state, p.mutable_state());
+  if (stats_in_round) {
+    p.mutable_state()->clear_stats();
+    p.set_stats_in_round(true);
+  }
   return p.SerializeAsString();
 }
 
 absl::StatusOr<LayerState> DecodeLayer(absl::string_view value,
-                                       const LayerConfig& layer) {
+                                       const LayerConfig& layer,
+                                       bool* stats_in_round) {
   pb::LayerRecord p;
   if (absl::Status s = Parse(value, p, "layer"); !s.ok()) return s;
-  return StateFromProto(p.state(), layer.channels);
+  if (p.stats_in_round() && stats_in_round == nullptr) {
+    return Bad("its statistics are kept in a round record");
+  }
+  if (stats_in_round != nullptr) *stats_in_round = p.stats_in_round();
+  return StateFromProto(p.state(), layer.channels, !p.stats_in_round());
 }
 
 std::string EncodeRound(const StoredRound& round) {

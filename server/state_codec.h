@@ -16,7 +16,10 @@ namespace syncnorm {
 inline constexpr uint32_t kStateFormat = 1;
 
 std::string EncodeJob(const JobSpec& spec);
-std::string EncodeLayer(const LayerState& state);
+// With `stats_in_round`, state.stats are left out: the caller writes them in
+// the same batch as the stats_after of the forward round at
+// state.last_applied (see LayerRecord in state.proto).
+std::string EncodeLayer(const LayerState& state, bool stats_in_round = false);
 std::string EncodeRound(const StoredRound& round);
 std::string EncodeCheckpoint(const CheckpointData& checkpoint);
 
@@ -24,8 +27,11 @@ std::string EncodeCheckpoint(const CheckpointData& checkpoint);
 // parse, carry a newer format, or do not fit the job's spec (channel
 // counts, group and layer ranges, rank counts).
 absl::StatusOr<JobSpec> DecodeJob(absl::string_view value);
+// A record written with stats_in_round decodes with empty stats and sets
+// *stats_in_round (DATA_LOSS when `stats_in_round` is null).
 absl::StatusOr<LayerState> DecodeLayer(absl::string_view value,
-                                       const LayerConfig& layer);
+                                       const LayerConfig& layer,
+                                       bool* stats_in_round = nullptr);
 absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
                                         const JobSpec& spec, int layer);
 absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,

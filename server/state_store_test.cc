@@ -133,6 +133,44 @@ TEST(StateStoreTest, RoundTripThroughRocksDbAndAReopen) {
   EXPECT_EQ((*jobs)[0].layers[0].slot.state.stats.mean[0], 9);
 }
 
+// A forward round whose stats_after are the layer's new statistics, as the
+// aggregator commits it.
+void CommitConsistent(StateStore& store, int64_t step, double x) {
+  LayerSlot slot = Slot(x);
+  slot.state.last_applied = step;
+  slot.state.latest_completed = {step, step - 1};
+  StoredRound round = Round(step);
+  round.stats_after = slot.state.stats;
+  ASSERT_TRUE(store.CommitRound("a", slot, round, {}).ok());
+}
+
+TEST(StateStoreTest, ForwardCommitStoresTheStatisticsOnceAndReloadsThem) {
+  auto engine = std::make_unique<MemoryEngine>();
+  MemoryEngine* raw = engine.get();
+  KvStateStore store(std::move(engine));
+  ASSERT_TRUE(store.PutJob(Spec("a")).ok());
+  CommitConsistent(store, 5, 0.25);
+  CommitConsistent(store, 6, -3.5);
+  auto layer = raw->Get("l/a/0/0");
+  ASSERT_TRUE(layer.ok() && layer->has_value());
+  LayerState full = Slot(-3.5).state;
+  full.last_applied = 6;
+  EXPECT_LT((*layer)->size(), EncodeLayer(full).size());
+  auto jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  const LayerState& loaded = (*jobs)[0].layers[0].slot.state;
+  EXPECT_EQ(loaded.stats.num_batches_tracked, 3);
+  EXPECT_EQ(loaded.stats.mean, (std::vector<double>{-3.5, 3.5}));
+  EXPECT_EQ(loaded.stats.var, (std::vector<double>{1.5, 2.5}));
+  EXPECT_EQ(loaded.last_applied, 6);
+  // Any other commit (here one whose stats_after differ) stores them whole.
+  ASSERT_TRUE(store.CommitRound("a", Slot(8), Round(7), {}).ok());
+  jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ((*jobs)[0].layers[0].slot.state.stats.mean,
+            (std::vector<double>{8, -8}));
+}
+
 // Writes `value` under `key` behind the store's back.
 void Poke(const std::string& dir, const std::string& key,
           const std::string& value) {
@@ -152,11 +190,15 @@ TEST(StateStoreTest, BadRecordsAreDataLossNamingFolderAndKey) {
   three_channels.stats = RunningStats{1, {1, 2, 3}, {1, 2, 3}};
   StoredRound newer = Round(5);
   std::string newer_bytes = EncodeLayer(Slot(1).state);
+  LayerState in_lost_round = Slot(1).state;
+  in_lost_round.last_applied = 77;
   newer_bytes[1] = 9;  // format field 1, varint value 1 -> 9
   const Case cases[] = {
       {"garbage layer", "l/a/0/0", "\xff\xff\xff garbage"},
       {"wrong channel count", "l/a/0/0", EncodeLayer(three_channels)},
       {"group out of range", "l/a/5/0", EncodeLayer(Slot(1).state)},
+      {"statistics in a missing round", "l/a/0/0",
+       EncodeLayer(in_lost_round, /*stats_in_round=*/true)},
       {"newer format", "l/a/0/0", newer_bytes},
       {"round under the wrong step", "r/a/0/0/1/00000000000000000007",
        EncodeRound(newer)},
