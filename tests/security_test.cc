@@ -1,6 +1,9 @@
 // TLS, mutual TLS, bearer tokens (scopes, reload, never logged), the
 // loopback-only rule for plaintext and the limits, end to end against the
 // real binary. Certificates are made at test time with the openssl CLI.
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -186,6 +189,92 @@ TEST_F(SecurityTest, MutualTlsRejectsAClientWithoutACertificate) {
   Client client(with_cert);
   ASSERT_TRUE(client.CreateJob(Job("m")).ok());
   EXPECT_TRUE(OneRound(client, "m").ok());
+}
+
+struct CtlRun {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs syncnormctl with `args`; its exit code and output.
+CtlRun Ctl(const std::string& dir, const std::vector<std::string>& args) {
+  const std::string out = dir + "/ctl.out", err = dir + "/ctl.err";
+  const std::string cmd =
+      absl::StrCat(Runfile("client/ctl/syncnormctl"), " ",
+                   absl::StrJoin(args, " "), " >", out, " 2>", err);
+  const int status = std::system(cmd.c_str());
+  CtlRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFile(out);
+  r.err = ReadFile(err);
+  return r;
+}
+
+TEST_F(SecurityTest, SyncnormctlTakesMutualTlsAndATokenFile) {
+  MakeCertificates(dir_);
+  const std::string tokens = dir_ + "/tokens";
+  WriteAtomically(tokens, absl::StrCat(kAdminToken, " admin\n", kJobAToken,
+                                       " job:a\n"));
+  std::ofstream(dir_ + "/admin.token") << kAdminToken << "\n";
+  std::ofstream(dir_ + "/a.token") << kJobAToken;
+  auto server = LocalAggregator::Start(
+      dir_, {"--tls_cert=" + dir_ + "/server.crt",
+             "--tls_key=" + dir_ + "/server.key",
+             "--tls_client_ca=" + dir_ + "/ca.crt", "--tokens_file=" + tokens});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientOptions admin = Options((*server)->address());
+  admin.tls_root_ca = *ReadPemFile(dir_ + "/ca.crt");
+  admin.tls_client_cert = *ReadPemFile(dir_ + "/client.crt");
+  admin.tls_client_key = *ReadPemFile(dir_ + "/client.key");
+  admin.token = kAdminToken;
+  ASSERT_TRUE(Client(admin).CreateJob(Job("a")).ok());
+  ASSERT_TRUE(Client(admin).CreateJob(Job("b")).ok());
+
+  const std::vector<std::string> tls = {
+      "--server=" + (*server)->address(), "--timeout=3s",
+      "--tls_ca=" + dir_ + "/ca.crt", "--tls_cert=" + dir_ + "/client.crt",
+      "--tls_key=" + dir_ + "/client.key"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = tls;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  CtlRun jobs = Ctl(dir_, with({"--token_file=" + dir_ + "/admin.token",
+                                "jobs"}));
+  EXPECT_EQ(jobs.code, 0) << jobs.err;
+  EXPECT_TRUE(absl::StrContains(jobs.out, "a") &&
+              absl::StrContains(jobs.out, "b"))
+      << jobs.out;
+  // A job's token reaches its job and no other.
+  CtlRun own = Ctl(dir_, with({"--token_file=" + dir_ + "/a.token",
+                               "layers", "a"}));
+  EXPECT_EQ(own.code, 0) << own.err;
+  EXPECT_TRUE(absl::StrContains(own.out, "bn0")) << own.out;
+  CtlRun other = Ctl(dir_, with({"--token_file=" + dir_ + "/a.token",
+                                 "layers", "b"}));
+  EXPECT_NE(other.code, 0);
+  EXPECT_TRUE(absl::StrContains(other.err, "does not grant job 'b'"))
+      << other.err;
+  // No token, no certificate, a missing file: refused, each saying why;
+  // the token never appears in what syncnormctl prints.
+  CtlRun anonymous = Ctl(dir_, with({"jobs"}));
+  EXPECT_NE(anonymous.code, 0);
+  EXPECT_TRUE(absl::StrContains(anonymous.err, "token")) << anonymous.err;
+  CtlRun no_cert = Ctl(dir_, {"--server=" + (*server)->address(),
+                              "--timeout=3s", "--tls_ca=" + dir_ + "/ca.crt",
+                              "--token_file=" + dir_ + "/admin.token", "jobs"});
+  EXPECT_EQ(no_cert.code, 3) << no_cert.err;
+  CtlRun missing = Ctl(dir_, with({"--token_file=" + dir_ + "/nope", "jobs"}));
+  EXPECT_EQ(missing.code, 2) << missing.err;
+  EXPECT_TRUE(absl::StrContains(missing.err, dir_ + "/nope")) << missing.err;
+  CtlRun half = Ctl(dir_, {"--server=" + (*server)->address(),
+                           "--tls_cert=" + dir_ + "/client.crt", "jobs"});
+  EXPECT_EQ(half.code, 2) << half.err;
+  for (const CtlRun* r : {&jobs, &own, &other, &anonymous, &no_cert}) {
+    EXPECT_FALSE(absl::StrContains(r->out + r->err, kAdminToken));
+    EXPECT_FALSE(absl::StrContains(r->out + r->err, kJobAToken));
+  }
+  EXPECT_EQ((*server)->Stop().value_or(-1), 0);
 }
 
 class TokensTest : public SecurityTest {

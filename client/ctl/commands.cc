@@ -317,6 +317,10 @@ Commands:
 
 Options: --server (default 127.0.0.1:50051; a sharded aggregator's shards as
 HOST:PORT,HOST:PORT,... in ordinal order), --timeout (per call, default 10s).
+TLS: --tls (the system's roots), --tls_ca=FILE (the CA of the server's
+certificate; implies --tls), --tls_cert=FILE --tls_key=FILE (this client's
+certificate, for mutual TLS). --token_file=FILE: a bearer token (admin, or
+scoped to the job) read from FILE, so that it is not on the command line.
 Exit codes: 0 ok, 1 other error, 2 usage, 3 server unreachable or too slow,
 4 not found, 5 invalid input or request refused (bad file, wrong shape, ...).
 )";

@@ -1,11 +1,15 @@
 // syncnormctl: the admin CLI of the syncnorm aggregator. See UsageText()
 // in commands.cc, or `syncnormctl --help`.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/ctl/commands.h"
@@ -54,14 +58,52 @@ absl::Status Parse(int argc, char** argv, syncnorm::ctl::Args& args) {
     }
     const size_t eq = a.find('=');
     const std::string name = a.substr(2, eq == std::string::npos ? a.npos : eq - 2);
-    if (name != "server" && name != "timeout" && name != "group" &&
-        name != "step" && name != "tag" && name != "out" && name != "help") {
+    static const char* const kKnown[] = {
+        "server", "timeout", "group",    "step",     "tag",        "out",
+        "help",   "tls",     "tls_ca",   "tls_cert", "tls_key",    "token_file"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), name) ==
+        std::end(kKnown)) {
       return syncnorm::ctl::Usage(absl::StrCat("unknown option '", a, "'"));
     }
-    if (eq == std::string::npos && name != "help") {
+    if (eq == std::string::npos && name != "help" && name != "tls") {
       return syncnorm::ctl::Usage(absl::StrCat("give --", name, "=VALUE"));
     }
     args.options[name] = eq == std::string::npos ? "" : a.substr(eq + 1);
+  }
+  return absl::OkStatus();
+}
+
+// --tls, --tls_ca, --tls_cert, --tls_key and --token_file into `options`
+// (files read here, so a bad path is a usage error naming it).
+absl::Status Credentials(const syncnorm::ctl::Args& args,
+                         syncnorm::ClientOptions& options) {
+  auto file = [&](const char* name, std::string& into) -> absl::Status {
+    auto it = args.options.find(name);
+    if (it == args.options.end()) return absl::OkStatus();
+    absl::StatusOr<std::string> text = syncnorm::ReadPemFile(it->second);
+    if (!text.ok()) {
+      return syncnorm::ctl::Usage(
+          absl::StrCat("--", name, ": ", text.status().message()));
+    }
+    into = *std::move(text);
+    return absl::OkStatus();
+  };
+  options.tls = args.options.count("tls") > 0;
+  for (const auto& [name, into] :
+       {std::pair<const char*, std::string*>{"tls_ca", &options.tls_root_ca},
+        {"tls_cert", &options.tls_client_cert},
+        {"tls_key", &options.tls_client_key},
+        {"token_file", &options.token}}) {
+    if (absl::Status s = file(name, *into); !s.ok()) return s;
+  }
+  if (options.tls_client_cert.empty() != options.tls_client_key.empty()) {
+    return syncnorm::ctl::Usage("--tls_cert and --tls_key go together");
+  }
+  // A token file may end with a newline (or other white space).
+  options.token = std::string(absl::StripAsciiWhitespace(options.token));
+  if (args.options.count("token_file") > 0 && options.token.empty()) {
+    return syncnorm::ctl::Usage(absl::StrCat(
+        "--token_file=", args.options.at("token_file"), " is empty"));
   }
   return absl::OkStatus();
 }
@@ -86,6 +128,7 @@ int main(int argc, char** argv) {
     parsed = syncnorm::ctl::Usage(absl::StrCat(
         "--timeout=", it->second, " is not a duration (say 10s or 500ms)"));
   }
+  if (parsed.ok()) parsed = Credentials(args, options);
   absl::Status status = parsed;
   if (status.ok()) {
     syncnorm::Client client(options);
