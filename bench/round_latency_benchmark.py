@@ -6,6 +6,8 @@ worker processes and C channels against, in the same run,
           (bench Echo; the floor of any gRPC round),
   star  - a naive aggregator: sync-API gRPC server, a thread per stream,
           gathers W contributions and answers all (bench Star).
+Also syncnorm with --data_dir= (state in memory, not durable): the same
+rounds without the per-round commit, which shows what durability costs.
 Every worker times every round; percentiles are over all ranks' rounds.
 """
 
@@ -48,6 +50,8 @@ def main():
     worlds = [int(w) for w in a.worlds.split(",")]
     tmp = common.scratch_dir("round-latency")
     aggregator = common.Server("server/syncnorm-aggregator", tmp, "aggregator")
+    in_memory = common.Server("server/syncnorm-aggregator", tmp, "in-memory",
+                              ["--data_dir="])
     refs = common.Server("bench/bench-server", tmp, "bench-server")
     rows, results = [], {}
     try:
@@ -58,6 +62,9 @@ def main():
             lat["syncnorm"] = common.parse_lines(common.run_group(worker_argvs(
                 "syncnorm", aggregator.address, w, a.channels, a.rounds,
                 a.warmup, "lat-w%d" % w)), "LAT")
+            lat["memory"] = common.parse_lines(common.run_group(worker_argvs(
+                "syncnorm", in_memory.address, w, a.channels, a.rounds,
+                a.warmup, "mem-w%d" % w)), "LAT")
             lat["gloo"] = common.parse_lines(common.run_group(
                 gloo_argvs(w, a.channels, a.rounds, a.warmup)), "LAT")
             lat["star"] = common.parse_lines(common.run_group(worker_argvs(
@@ -69,13 +76,15 @@ def main():
                      for k, v in lat.items()}
                 results[(w, int(c))] = q
                 rows.append([w, c] + ["%.0f / %.0f" % q[k] for k in
-                                      ("syncnorm", "gloo", "ping", "star")] +
+                                      ("syncnorm", "memory", "gloo", "ping",
+                                       "star")] +
                             ["%.2fx" % (q["syncnorm"][0] / q[k][0])
-                             for k in ("gloo", "ping", "star")])
+                             for k in ("gloo", "ping", "star", "memory")])
         print("\n### Round latency (us, p50 / p99 over all ranks' rounds)\n")
-        common.table(["W", "C", "syncnorm", "gloo all_gather", "gRPC ping-pong",
+        common.table(["W", "C", "syncnorm", "syncnorm, state in memory",
+                      "gloo all_gather", "gRPC ping-pong",
                       "gRPC star (thread/stream)", "p50 vs gloo", "p50 vs ping",
-                      "p50 vs star"], rows)
+                      "p50 vs star", "p50 vs in memory"], rows)
         print()
         for (w, c), q in sorted(results.items()):
             tag = "round_p50[W=%d,C=%d]" % (w, c)
@@ -86,8 +95,11 @@ def main():
                          "us", 2.0 if pinned_gloo else None)
             common.ratio(tag, q["syncnorm"][0], "grpc_star_p50", q["star"][0],
                          "us", 0.5 if w == 8 else None)
+            common.ratio(tag, q["syncnorm"][0], "in_memory_p50", q["memory"][0],
+                         "us")
     finally:
         aggregator.stop()
+        in_memory.stop()
         refs.stop()
 
 
