@@ -36,6 +36,10 @@ ABSL_FLAG(bool, sync_writes, false,
 ABSL_FLAG(int, keep_checkpoints, 5,
           "Untagged checkpoints kept per job (newest); tagged ones are "
           "always kept; 0 keeps all");
+ABSL_FLAG(int64_t, straggler_threshold_ms, 1000,
+          "A contributor that arrives more than this after its round's "
+          "first one is a straggler (event=straggler log line, "
+          "syncnorm_stragglers_total)");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once serving");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -118,6 +122,9 @@ absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
   if (options.keep_checkpoints < 0) {
     return absl::InvalidArgumentError("--keep_checkpoints must be >= 0");
   }
+  if (options.straggler_threshold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--straggler_threshold_ms must be >= 0");
+  }
   if (const size_t m = options.metrics_listen.rfind(':');
       !options.metrics_listen.empty() &&
       (m == std::string::npos || m == 0 ||
@@ -196,6 +203,8 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  options.straggler_threshold =
+      absl::Milliseconds(absl::GetFlag(FLAGS_straggler_threshold_ms));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
@@ -227,6 +236,7 @@ int main(int argc, char** argv) {
     std::printf(
         "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
         "data_dir=%s sync_writes=%d keep_checkpoints=%d "
+        "straggler_threshold_ms=%lld "
         "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
         "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
         "max_channels=%d max_world_size=%d max_pending_rounds=%d "
@@ -236,6 +246,8 @@ int main(int argc, char** argv) {
             absl::ToInt64Milliseconds(options.round_timeout)),
         options.data_dir.c_str(), options.sync_writes ? 1 : 0,
         options.keep_checkpoints,
+        static_cast<long long>(
+            absl::ToInt64Milliseconds(options.straggler_threshold)),
         static_cast<long long>(absl::ToInt64Milliseconds(shutdown_grace)),
         options.tls_cert.empty()          ? "off"
         : options.tls_client_ca.empty() ? "on"

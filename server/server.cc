@@ -25,6 +25,7 @@ AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
   out.default_round_timeout = options.round_timeout;
   out.reaper_period = options.reaper_period;
   out.keep_checkpoints = options.keep_checkpoints;
+  out.straggler_threshold = options.straggler_threshold;
   out.limits = options.limits;
   return out;
 }
@@ -57,6 +58,9 @@ absl::Status Server::Start() {
       options_.reaper_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "round_timeout and reaper_period must be positive");
+  }
+  if (options_.straggler_threshold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("straggler_threshold must be >= 0");
   }
   if (options_.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(

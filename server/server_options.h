@@ -30,6 +30,10 @@ struct ServerOptions {
   int keep_checkpoints = 5;
   // How often overdue rounds are failed. Default 20 ms.
   absl::Duration reaper_period = absl::Milliseconds(20);
+  // A contributor that arrives more than this after its round's first one
+  // is a straggler (log lines, syncnorm_stragglers_total). Must be >= 0.
+  // Default 1 s.
+  absl::Duration straggler_threshold = absl::Seconds(1);
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics; see
   // server/metrics.h); port 0 picks a free one (Server::metrics_port()).
   // Empty: no metrics endpoint. Default empty.
