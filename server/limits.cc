@@ -32,6 +32,18 @@ absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits) {
       }
     }
   }
+  if (limits.max_channels_per_job > 0) {
+    int64_t channels = 0;
+    for (const LayerConfig& layer : spec.layers) channels += layer.channels;
+    channels *= spec.num_groups();
+    if (channels > limits.max_channels_per_job) {
+      return LimitExceeded(
+          absl::StrCat(channels, " channels in all (num_features summed over ",
+                       spec.layers.size(), " layers, times ", spec.num_groups(),
+                       " groups)"),
+          "max_channels_per_job", limits.max_channels_per_job);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -32,6 +32,9 @@ struct Limits {
   int max_channels = 65536;
   // Contributors (world_size) of one job.
   int max_world_size = 65536;
+  // Channels of one job summed over its layers, once per group: the
+  // running statistics (and the retry window) a job keeps grow with it.
+  int64_t max_channels_per_job = 1 << 22;
   // Rounds in flight (waiting for ranks) across the server.
   int max_pending_rounds = 100000;
   // Open Reduce streams.
@@ -43,7 +46,7 @@ absl::Status LimitExceeded(absl::string_view what, absl::string_view flag,
                            int64_t limit);
 
 // A new job's spec against the per-job limits (layers, channels, world
-// size). OK or RESOURCE_EXHAUSTED naming the limit.
+// size, channels per job). OK or RESOURCE_EXHAUSTED naming the limit.
 absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits);
 
 // Counts the rounds in flight, by (job, group, layer, step, phase), from

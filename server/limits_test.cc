@@ -54,6 +54,7 @@ Limits Small() {
   l.max_channels = 8;
   l.max_world_size = 4;
   l.max_pending_rounds = 2;
+  l.max_channels_per_job = 48;
   return l;
 }
 
@@ -87,6 +88,17 @@ TEST_F(LimitsTest, JobSizes) {
               "max_layers_per_job");
   ExpectLimit(agg_.CreateJob(Spec("c", 2, 1, 9)).status(), "max_channels");
   EXPECT_TRUE(agg_.CreateJob(Spec("ok", 4, 3, 8)).ok());
+}
+
+TEST_F(LimitsTest, ChannelsPerJobCountEveryGroup) {
+  JobSpec spec = Spec("g", 4, 3, 8);  // 24 channels
+  spec.group_size = 2;                // 2 groups: 48
+  ASSERT_TRUE(agg_.CreateJob(spec).ok());
+  spec.job_id = "g1";
+  spec.group_size = 1;  // 4 groups: 96
+  absl::Status s = agg_.CreateJob(spec).status();
+  ExpectLimit(s, "max_channels_per_job");
+  EXPECT_NE(s.message().find("96 channels"), std::string::npos) << s;
 }
 
 TEST_F(LimitsTest, JobsButTheSameJobAgainIsFine) {

@@ -72,6 +72,9 @@ ABSL_FLAG(int, max_jobs, 10000, "Jobs on this server");
 ABSL_FLAG(int, max_layers_per_job, 4096, "Layers of one job");
 ABSL_FLAG(int, max_channels, 65536, "Channels (num_features) of one layer");
 ABSL_FLAG(int, max_world_size, 65536, "Contributors (world_size) of one job");
+ABSL_FLAG(int64_t, max_channels_per_job, 1 << 22,
+          "Channels of one job: num_features summed over its layers, times "
+          "its groups (each keeps its own running statistics)");
 ABSL_FLAG(int, max_pending_rounds, 100000,
           "Rounds in flight (waiting for ranks) across the server");
 ABSL_FLAG(int, max_streams, 10000, "Open Reduce streams");
@@ -216,6 +219,8 @@ int main(int argc, char** argv) {
   options.limits.max_layers_per_job = absl::GetFlag(FLAGS_max_layers_per_job);
   options.limits.max_channels = absl::GetFlag(FLAGS_max_channels);
   options.limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  options.limits.max_channels_per_job =
+      absl::GetFlag(FLAGS_max_channels_per_job);
   options.limits.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
   options.limits.max_streams = absl::GetFlag(FLAGS_max_streams);
   const absl::Duration shutdown_grace = absl::Milliseconds(
@@ -239,8 +244,8 @@ int main(int argc, char** argv) {
         "straggler_threshold_ms=%lld "
         "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
         "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
-        "max_channels=%d max_world_size=%d max_pending_rounds=%d "
-        "max_streams=%d\n",
+        "max_channels=%d max_world_size=%d max_channels_per_job=%lld "
+        "max_pending_rounds=%d max_streams=%d\n",
         options.listen.c_str(),
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.round_timeout)),
@@ -257,6 +262,7 @@ int main(int argc, char** argv) {
         static_cast<long long>(options.limits.max_message_bytes),
         options.limits.max_jobs, options.limits.max_layers_per_job,
         options.limits.max_channels, options.limits.max_world_size,
+        static_cast<long long>(options.limits.max_channels_per_job),
         options.limits.max_pending_rounds, options.limits.max_streams);
     return 0;
   }

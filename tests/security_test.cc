@@ -367,13 +367,18 @@ class LimitsTest : public SecurityTest {
 
 TEST_F(LimitsTest, JobsAndTheirSizesAndMessages) {
   Start({"--max_jobs=2", "--max_layers_per_job=2", "--max_channels=8",
-         "--max_world_size=4", "--max_message_bytes=65536"});
+         "--max_world_size=4", "--max_channels_per_job=16",
+         "--max_message_bytes=65536"});
   Client client(Options(server_->address()));
   ExpectLimit(client.CreateJob(Job("w", 5)).status(), "max_world_size");
   ExpectStillServes();
   ExpectLimit(client.CreateJob(Job("l", 1, 3)).status(), "max_layers_per_job");
   ExpectStillServes();
   ExpectLimit(client.CreateJob(Job("c", 1, 1, 9)).status(), "max_channels");
+  ExpectStillServes();
+  v1::CreateJobRequest per_group = Job("cj", 4, 2, 8);  // 16 channels
+  per_group.set_group_size(2);                          // 2 groups: 32
+  ExpectLimit(client.CreateJob(per_group).status(), "max_channels_per_job");
   ExpectStillServes();
   ASSERT_TRUE(client.CreateJob(Job("j1")).ok());
   ASSERT_TRUE(client.CreateJob(Job("j2")).ok());
