@@ -137,6 +137,9 @@ absl::Status Server::Start() {
     health->SetServingStatus(true);
   }
   aggregator_->StartReaper();
+  if (options_.memory_trim_period > absl::ZeroDuration()) {
+    trimmer_ = std::make_unique<MemoryTrimmer>(options_.memory_trim_period);
+  }
   server_ = std::move(server);
   bound_port_ = port;
   LogLine("start")

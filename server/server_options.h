@@ -38,6 +38,9 @@ struct ServerOptions {
   // server/metrics.h); port 0 picks a free one (Server::metrics_port()).
   // Empty: no metrics endpoint. Default empty.
   std::string metrics_listen;
+  // How often the heap freed since is given back to the kernel (see
+  // MemoryTrimmer). Zero or less: never. Default 5 s.
+  absl::Duration memory_trim_period = absl::Seconds(5);
 
   // ---- Security (see README.md, "Security") ----
   // TLS: the server's certificate chain and private key (PEM files); both
