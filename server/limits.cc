@@ -1,5 +1,7 @@
 #include "server/limits.h"
 
+#include <climits>
+
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 
@@ -45,6 +47,23 @@ absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckMessageSize(size_t bytes, absl::string_view what,
+                              int64_t max_message_bytes) {
+  if (max_message_bytes <= 0 ||
+      bytes <= static_cast<uint64_t>(max_message_bytes)) {
+    return absl::OkStatus();
+  }
+  return LimitExceeded(absl::StrCat(what, " of ", bytes, " bytes"),
+                       "max_message_bytes", max_message_bytes);
+}
+
+int ReceiveCeiling(const Limits& limits) {
+  if (limits.max_message_bytes <= 0) return -1;
+  return limits.max_message_bytes >= INT_MAX / 2
+             ? INT_MAX
+             : static_cast<int>(limits.max_message_bytes * 2);
 }
 
 RoundAdmission::Stripe& RoundAdmission::StripeOf(const Key& key) {

@@ -2,6 +2,7 @@
 // draining of rounds at shutdown.
 #include "server/limits.h"
 
+#include <climits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -140,6 +141,23 @@ TEST_F(LimitsTest, DrainingRefusesNewRoundsAndFinishesThoseInFlight) {
   EXPECT_TRUE(done->ok()) << *done;
   EXPECT_TRUE(agg_.AwaitRoundsDone(absl::Now()));
   EXPECT_EQ(agg_.GetJob("a")->committed_step, 1);
+}
+
+TEST(MessageSizeTest, NamesTheFlagItsValueAndTheSize) {
+  EXPECT_TRUE(CheckMessageSize(100, "a request", 100).ok());
+  EXPECT_TRUE(CheckMessageSize(1 << 30, "a request", 0).ok()) << "no limit";
+  absl::Status s = CheckMessageSize(101, "a ReduceOnce request", 100);
+  ExpectLimit(s, "max_message_bytes");
+  EXPECT_NE(s.message().find("a ReduceOnce request of 101 bytes"),
+            std::string::npos)
+      << s;
+  Limits limits;
+  limits.max_message_bytes = 1000;
+  EXPECT_EQ(ReceiveCeiling(limits), 2000);
+  limits.max_message_bytes = int64_t{3} << 30;
+  EXPECT_EQ(ReceiveCeiling(limits), INT_MAX);
+  limits.max_message_bytes = 0;
+  EXPECT_EQ(ReceiveCeiling(limits), -1);
 }
 
 }  // namespace

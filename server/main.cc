@@ -67,7 +67,8 @@ ABSL_FLAG(std::string, tokens_file, "",
 
 // Limits: exceeding one is RESOURCE_EXHAUSTED naming it; <= 0: no limit.
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
-          "Largest request message, in bytes");
+          "Largest request message (serialized), in bytes; gRPC's transport "
+          "cuts off messages over twice this with its own error");
 ABSL_FLAG(int, max_jobs, 10000, "Jobs on this server");
 ABSL_FLAG(int, max_layers_per_job, 4096, "Layers of one job");
 ABSL_FLAG(int, max_channels, 65536, "Channels (num_features) of one layer");

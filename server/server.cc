@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -25,8 +24,8 @@ AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
   out.default_round_timeout = options.round_timeout;
   out.reaper_period = options.reaper_period;
   out.keep_checkpoints = options.keep_checkpoints;
-  out.straggler_threshold = options.straggler_threshold;
   out.limits = options.limits;
+  out.straggler_threshold = options.straggler_threshold;
   return out;
 }
 
@@ -106,6 +105,7 @@ absl::Status Server::Start() {
   ServiceOptions service_options;
   service_options.auth = auth_.get();
   service_options.max_streams = options_.limits.max_streams;
+  service_options.max_message_bytes = options_.limits.max_message_bytes;
   service_ = std::make_unique<AggregatorService>(aggregator_.get(),
                                                  service_options);
   grpc::EnableDefaultHealthCheckService(true);
@@ -117,10 +117,9 @@ absl::Status Server::Start() {
   // window and a few frames, so no window-update round trip per round.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
-  if (options_.limits.max_message_bytes > 0) {
-    builder.SetMaxReceiveMessageSize(static_cast<int>(
-        std::min<int64_t>(options_.limits.max_message_bytes, INT32_MAX)));
-  }
+  // Above the limit, so that the service sees a message somewhat over it
+  // and refuses it naming --max_message_bytes (see ReceiveCeiling).
+  builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.limits));
   builder.RegisterService(service_.get());
   if (metrics_ != nullptr) {
     builder.experimental().SetInterceptorCreators(

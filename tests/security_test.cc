@@ -386,16 +386,30 @@ TEST_F(LimitsTest, JobsAndTheirSizesAndMessages) {
   ASSERT_TRUE(client.DeleteJob("j2").ok());
   ExpectStillServes();
 
-  // A message over --max_message_bytes is refused by gRPC's transport
-  // (its message gives both sizes).
-  grpc::ClientContext context;
-  v1::RoundResult result;
-  grpc::Status s =
-      stub_->ReduceOnce(&context, Forward("j1", 1, 0, 10000), &result);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << s.error_message();
-  EXPECT_TRUE(absl::StrContains(s.error_message(), "65536"))
-      << s.error_message();
+  // A message over --max_message_bytes (80 kB) is refused naming the flag
+  // and the message's size; one over twice the limit (160 kB) by gRPC's
+  // transport, whose message gives both sizes.
+  {
+    grpc::ClientContext context;
+    v1::RoundResult result;
+    grpc::Status s =
+        stub_->ReduceOnce(&context, Forward("j1", 1, 0, 5000), &result);
+    ExpectLimit(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                             s.error_message()),
+                "max_message_bytes");
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "80"))
+        << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    v1::RoundResult result;
+    grpc::Status s =
+        stub_->ReduceOnce(&context, Forward("j1", 1, 0, 10000), &result);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "131072"))
+        << s.error_message();
+  }
   ASSERT_TRUE(client.DeleteJob("j1").ok());
   ExpectStillServes();
 }
