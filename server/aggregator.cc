@@ -109,6 +109,15 @@ void Aggregator::ReaperLoop() {
 }
 
 absl::Status Aggregator::NotFound(absl::string_view job_id) {
+  // No job has a longer id, and echoing one would let a request make the
+  // error larger than what a client takes in its trailers.
+  constexpr size_t kLongestId = 128;
+  if (job_id.size() > kLongestId) {
+    return absl::NotFoundError(absl::StrCat(
+        "job '", job_id.substr(0, 32), "...' (a job_id of ", job_id.size(),
+        " characters; job ids have at most ", kLongestId,
+        ") not found; create it with CreateJob first"));
+  }
   return absl::NotFoundError(absl::StrCat(
       "job '", job_id, "' not found; create it with CreateJob first"));
 }

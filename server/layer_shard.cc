@@ -85,6 +85,15 @@ absl::Status LayerShard::Conflict(const Contribution& c) const {
       ", rank ", c.rank, "); a retry must resend the identical contribution"));
 }
 
+absl::Status LayerShard::Replaced(const Contribution& c) const {
+  return absl::AbortedError(absl::StrCat(
+      "a newer retry of this contribution (job ", c.job_id, ", layer ", c.layer,
+      ", step ", c.step, ", ", PhaseName(c.phase), ", rank ", c.rank,
+      ") took its place: at most ", Round::kMaxWaitersPerRank,
+      " retries of one rank wait for a round, the newest ones get its "
+      "result"));
+}
+
 bool LayerShard::Contribute(Contribution c, RoundCallback done,
                             absl::Time now, Deliveries& out) {
   bool applied = false;
@@ -132,8 +141,12 @@ void LayerShard::ContributeLocked(Contribution c, RoundCallback done,
 void LayerShard::AddToRound(const RoundKey& key, Round& round, Contribution c,
                             RoundCallback done, absl::Time now,
                             Deliveries& out, bool& applied) {
+  RoundCallback evicted;
   const Round::AddResult added =
-      round.Add(c.rank, std::move(c.payload), std::move(done), now);
+      round.Add(c.rank, std::move(c.payload), std::move(done), now, &evicted);
+  if (evicted != nullptr) {
+    out.push_back(Failure(std::move(evicted), Replaced(c)));
+  }
   if (added == Round::AddResult::kConflict) {
     // The round keeps going unharmed; only this contribution is refused.
     out.push_back(Failure(std::move(done), Conflict(c)));

@@ -180,6 +180,8 @@ class LayerShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Superseded(const RoundKey& key, int64_t latest) const;
   absl::Status Conflict(const Contribution& c) const;
+  // For the waiter a retry evicted (Round::kMaxWaitersPerRank).
+  absl::Status Replaced(const Contribution& c) const;
 
   // Constant after construction.
   const JobSpec& spec_;

@@ -1,5 +1,7 @@
 #include "server/limits.h"
 
+#include <climits>
+
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 
@@ -32,7 +34,36 @@ absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits) {
       }
     }
   }
+  if (limits.max_channels_per_job > 0) {
+    int64_t channels = 0;
+    for (const LayerConfig& layer : spec.layers) channels += layer.channels;
+    channels *= spec.num_groups();
+    if (channels > limits.max_channels_per_job) {
+      return LimitExceeded(
+          absl::StrCat(channels, " channels in all (num_features summed over ",
+                       spec.layers.size(), " layers, times ", spec.num_groups(),
+                       " groups)"),
+          "max_channels_per_job", limits.max_channels_per_job);
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::Status CheckMessageSize(size_t bytes, absl::string_view what,
+                              int64_t max_message_bytes) {
+  if (max_message_bytes <= 0 ||
+      bytes <= static_cast<uint64_t>(max_message_bytes)) {
+    return absl::OkStatus();
+  }
+  return LimitExceeded(absl::StrCat(what, " of ", bytes, " bytes"),
+                       "max_message_bytes", max_message_bytes);
+}
+
+int ReceiveCeiling(const Limits& limits) {
+  if (limits.max_message_bytes <= 0) return -1;
+  return limits.max_message_bytes >= INT_MAX / 2
+             ? INT_MAX
+             : static_cast<int>(limits.max_message_bytes * 2);
 }
 
 RoundAdmission::Stripe& RoundAdmission::StripeOf(const Key& key) {

@@ -22,7 +22,9 @@ namespace syncnorm {
 // Each limit is a flag of the server binary of the same name; exceeding one
 // is RESOURCE_EXHAUSTED with a message naming it. Zero or less: no limit.
 struct Limits {
-  // Largest message a client may send (gRPC's receive limit).
+  // Largest request message, by its serialized size. gRPC's transport
+  // takes messages up to twice this (see ReceiveCeiling) so that the
+  // service can refuse the ones above it with a message naming the flag.
   int64_t max_message_bytes = 64 << 20;
   // Jobs on the server.
   int max_jobs = 10000;
@@ -32,6 +34,9 @@ struct Limits {
   int max_channels = 65536;
   // Contributors (world_size) of one job.
   int max_world_size = 65536;
+  // Channels of one job summed over its layers, once per group: the
+  // running statistics (and the retry window) a job keeps grow with it.
+  int64_t max_channels_per_job = 1 << 22;
   // Rounds in flight (waiting for ranks) across the server.
   int max_pending_rounds = 100000;
   // Open Reduce streams.
@@ -43,8 +48,22 @@ absl::Status LimitExceeded(absl::string_view what, absl::string_view flag,
                            int64_t limit);
 
 // A new job's spec against the per-job limits (layers, channels, world
-// size). OK or RESOURCE_EXHAUSTED naming the limit.
+// size, channels per job). OK or RESOURCE_EXHAUSTED naming the limit.
 absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits);
+
+// A received message of `bytes` (serialized) against `max_message_bytes`
+// (<= 0: no limit): OK, or RESOURCE_EXHAUSTED naming --max_message_bytes,
+// its value and `bytes`. `what` names the message, e.g. "a ReduceOnce
+// request".
+absl::Status CheckMessageSize(size_t bytes, absl::string_view what,
+                              int64_t max_message_bytes);
+
+// The receive limit for gRPC's transport: twice max_message_bytes (at most
+// INT32_MAX), so that messages up to there reach CheckMessageSize and get
+// its message; larger ones get the transport's own RESOURCE_EXHAUSTED
+// ("Received message larger than max"). -1 (none) when max_message_bytes
+// is not positive.
+int ReceiveCeiling(const Limits& limits);
 
 // Counts the rounds in flight, by (job, group, layer, step, phase), from
 // the contributions that wait for them. A contribution enters before it is

@@ -2,6 +2,7 @@
 // draining of rounds at shutdown.
 #include "server/limits.h"
 
+#include <climits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,7 @@ Limits Small() {
   l.max_channels = 8;
   l.max_world_size = 4;
   l.max_pending_rounds = 2;
+  l.max_channels_per_job = 48;
   return l;
 }
 
@@ -87,6 +89,17 @@ TEST_F(LimitsTest, JobSizes) {
               "max_layers_per_job");
   ExpectLimit(agg_.CreateJob(Spec("c", 2, 1, 9)).status(), "max_channels");
   EXPECT_TRUE(agg_.CreateJob(Spec("ok", 4, 3, 8)).ok());
+}
+
+TEST_F(LimitsTest, ChannelsPerJobCountEveryGroup) {
+  JobSpec spec = Spec("g", 4, 3, 8);  // 24 channels
+  spec.group_size = 2;                // 2 groups: 48
+  ASSERT_TRUE(agg_.CreateJob(spec).ok());
+  spec.job_id = "g1";
+  spec.group_size = 1;  // 4 groups: 96
+  absl::Status s = agg_.CreateJob(spec).status();
+  ExpectLimit(s, "max_channels_per_job");
+  EXPECT_NE(s.message().find("96 channels"), std::string::npos) << s;
 }
 
 TEST_F(LimitsTest, JobsButTheSameJobAgainIsFine) {
@@ -128,6 +141,23 @@ TEST_F(LimitsTest, DrainingRefusesNewRoundsAndFinishesThoseInFlight) {
   EXPECT_TRUE(done->ok()) << *done;
   EXPECT_TRUE(agg_.AwaitRoundsDone(absl::Now()));
   EXPECT_EQ(agg_.GetJob("a")->committed_step, 1);
+}
+
+TEST(MessageSizeTest, NamesTheFlagItsValueAndTheSize) {
+  EXPECT_TRUE(CheckMessageSize(100, "a request", 100).ok());
+  EXPECT_TRUE(CheckMessageSize(1 << 30, "a request", 0).ok()) << "no limit";
+  absl::Status s = CheckMessageSize(101, "a ReduceOnce request", 100);
+  ExpectLimit(s, "max_message_bytes");
+  EXPECT_NE(s.message().find("a ReduceOnce request of 101 bytes"),
+            std::string::npos)
+      << s;
+  Limits limits;
+  limits.max_message_bytes = 1000;
+  EXPECT_EQ(ReceiveCeiling(limits), 2000);
+  limits.max_message_bytes = int64_t{3} << 30;
+  EXPECT_EQ(ReceiveCeiling(limits), INT_MAX);
+  limits.max_message_bytes = 0;
+  EXPECT_EQ(ReceiveCeiling(limits), -1);
 }
 
 }  // namespace

@@ -38,6 +38,10 @@ ABSL_FLAG(bool, sync_writes, false,
 ABSL_FLAG(int, keep_checkpoints, 5,
           "Untagged checkpoints kept per job (newest); tagged ones are "
           "always kept; 0 keeps all");
+ABSL_FLAG(int64_t, straggler_threshold_ms, 1000,
+          "A contributor that arrives more than this after its round's "
+          "first one is a straggler (event=straggler log line, "
+          "syncnorm_stragglers_total)");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once serving");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -65,11 +69,15 @@ ABSL_FLAG(std::string, tokens_file, "",
 
 // Limits: exceeding one is RESOURCE_EXHAUSTED naming it; <= 0: no limit.
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
-          "Largest request message, in bytes");
+          "Largest request message (serialized), in bytes; gRPC's transport "
+          "cuts off messages over twice this with its own error");
 ABSL_FLAG(int, max_jobs, 10000, "Jobs on this server");
 ABSL_FLAG(int, max_layers_per_job, 4096, "Layers of one job");
 ABSL_FLAG(int, max_channels, 65536, "Channels (num_features) of one layer");
 ABSL_FLAG(int, max_world_size, 65536, "Contributors (world_size) of one job");
+ABSL_FLAG(int64_t, max_channels_per_job, 1 << 22,
+          "Channels of one job: num_features summed over its layers, times "
+          "its groups (each keeps its own running statistics)");
 ABSL_FLAG(int, max_pending_rounds, 100000,
           "Rounds in flight (waiting for ranks) across the server");
 ABSL_FLAG(int, max_streams, 10000, "Open Reduce streams");
@@ -119,6 +127,9 @@ absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
   }
   if (options.keep_checkpoints < 0) {
     return absl::InvalidArgumentError("--keep_checkpoints must be >= 0");
+  }
+  if (options.straggler_threshold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--straggler_threshold_ms must be >= 0");
   }
   if (const size_t m = options.metrics_listen.rfind(':');
       !options.metrics_listen.empty() &&
@@ -209,6 +220,8 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  options.straggler_threshold =
+      absl::Milliseconds(absl::GetFlag(FLAGS_straggler_threshold_ms));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
@@ -220,6 +233,8 @@ int main(int argc, char** argv) {
   options.limits.max_layers_per_job = absl::GetFlag(FLAGS_max_layers_per_job);
   options.limits.max_channels = absl::GetFlag(FLAGS_max_channels);
   options.limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  options.limits.max_channels_per_job =
+      absl::GetFlag(FLAGS_max_channels_per_job);
   options.limits.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
   options.limits.max_streams = absl::GetFlag(FLAGS_max_streams);
   const absl::Duration shutdown_grace = absl::Milliseconds(
@@ -240,15 +255,18 @@ int main(int argc, char** argv) {
     std::printf(
         "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
         "data_dir=%s sync_writes=%d keep_checkpoints=%d "
+        "straggler_threshold_ms=%lld "
         "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
         "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
-        "max_channels=%d max_world_size=%d max_pending_rounds=%d "
-        "max_streams=%d\n",
+        "max_channels=%d max_world_size=%d max_channels_per_job=%lld "
+        "max_pending_rounds=%d max_streams=%d\n",
         options.listen.c_str(),
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.round_timeout)),
         options.data_dir.c_str(), options.sync_writes ? 1 : 0,
         options.keep_checkpoints,
+        static_cast<long long>(
+            absl::ToInt64Milliseconds(options.straggler_threshold)),
         static_cast<long long>(absl::ToInt64Milliseconds(shutdown_grace)),
         options.tls_cert.empty()          ? "off"
         : options.tls_client_ca.empty() ? "on"
@@ -258,6 +276,7 @@ int main(int argc, char** argv) {
         static_cast<long long>(options.limits.max_message_bytes),
         options.limits.max_jobs, options.limits.max_layers_per_job,
         options.limits.max_channels, options.limits.max_world_size,
+        static_cast<long long>(options.limits.max_channels_per_job),
         options.limits.max_pending_rounds, options.limits.max_streams);
     return 0;
   }

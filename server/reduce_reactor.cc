@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "server/grpc_status.h"
+#include "server/limits.h"
 #include "server/proto_convert.h"
 #include "server/stream_set.h"
 
@@ -24,11 +25,13 @@ StreamSet* Admit(StreamSet* streams, ReduceReactor* reactor,
 }  // namespace
 
 ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
-                             std::string authorization, StreamSet* streams)
+                             std::string authorization, StreamSet* streams,
+                             int64_t max_message_bytes)
     : aggregator_(aggregator),
       auth_(auth),
       authorization_(std::move(authorization)),
-      streams_(Admit(streams, this, refused_)) {
+      streams_(Admit(streams, this, refused_)),
+      max_message_bytes_(max_message_bytes) {
   if (!refused_.ok()) {
     {
       absl::MutexLock lock(&mu_);
@@ -38,6 +41,18 @@ ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
     return;
   }
   StartRead(&request_);
+}
+
+bool ReduceReactor::FullLocked() const {
+  return pending_ + queue_.size() >= static_cast<size_t>(kMaxUnanswered) ||
+         (max_message_bytes_ > 0 &&
+          held_bytes_ >= kHeldMessages * max_message_bytes_);
+}
+
+bool ReduceReactor::RoomLocked() const {
+  return pending_ + queue_.size() < static_cast<size_t>(kMaxUnanswered / 2) &&
+         (max_message_bytes_ <= 0 ||
+          held_bytes_ < kHeldMessages * max_message_bytes_ / 2);
 }
 
 void ReduceReactor::OnReadDone(bool ok) {
@@ -51,20 +66,24 @@ void ReduceReactor::OnReadDone(bool ok) {
     if (finish.has_value()) Finish(*std::move(finish));
     return;
   }
+  const size_t bytes = request_.ByteSizeLong();
+  absl::Status refused =
+      CheckMessageSize(bytes, "a Reduce stream message", max_message_bytes_);
+  // An oversized payload goes no further than this check.
+  if (!refused.ok()) request_.clear_payload();
   Contribution c = ContributionFromProto(std::move(request_));
   request_.Clear();
-  {
-    absl::MutexLock lock(&mu_);
-    ++pending_;
-  }
-  refs_.fetch_add(1, std::memory_order_relaxed);
   bool read_now = true;
   {
     absl::MutexLock lock(&mu_);
-    // A client that sends without reading its results waits for them.
-    if (queue_.size() >= kMaxQueuedResults) read_now = false;
+    ++pending_;
+    held_bytes_ += bytes;
+    // A client that sends without reading its results, or faster than its
+    // rounds complete, waits until the stream holds less.
+    read_now = !FullLocked();
     read_paused_ = !read_now;
   }
+  refs_.fetch_add(1, std::memory_order_relaxed);
   // Safe even after Finish: this reaction holds the call open until it
   // returns, and a read on a finished call just fails.
   if (read_now) StartRead(&request_);
@@ -73,33 +92,35 @@ void ReduceReactor::OnReadDone(bool ok) {
   key.layer = c.layer;
   key.step = c.step;
   key.phase = c.phase;
-  if (auth_ != nullptr) {
-    absl::Status allowed = auth_->AuthorizeJob(authorization_, c.job_id);
-    if (!allowed.ok()) {
-      RoundOutcome refused;
-      refused.status = std::move(allowed);
-      Answer(key, refused);
-      Unref();
-      return;
-    }
+  if (refused.ok() && auth_ != nullptr) {
+    refused = auth_->AuthorizeJob(authorization_, c.job_id);
   }
-  aggregator_->Contribute(
-      std::move(c), [this, key = std::move(key)](const RoundOutcome& outcome) {
-        Answer(key, outcome);
-        Unref();
-      });
+  if (!refused.ok()) {
+    RoundOutcome outcome;
+    outcome.status = std::move(refused);
+    Answer(key, bytes, outcome);
+    Unref();
+    return;
+  }
+  aggregator_->Contribute(std::move(c), [this, key = std::move(key),
+                                         bytes](const RoundOutcome& outcome) {
+    Answer(key, bytes, outcome);
+    Unref();
+  });
 }
 
-void ReduceReactor::Answer(const Contribution& key,
+void ReduceReactor::Answer(const Contribution& key, size_t bytes,
                            const RoundOutcome& outcome) {
   const v1::RoundResult* next = nullptr;
   std::optional<grpc::Status> finish;
   {
     absl::MutexLock lock(&mu_);
     --pending_;
+    held_bytes_ -= static_cast<int64_t>(bytes);
     if (!cancelled_ && !finished_) {
       queue_.emplace_back();
       RoundResultToProto(key, outcome, queue_.back());
+      held_bytes_ += static_cast<int64_t>(queue_.back().ByteSizeLong());
       if (!writing_) {
         writing_ = true;
         next = &queue_.front();
@@ -117,10 +138,15 @@ void ReduceReactor::OnWriteDone(bool ok) {
   bool resume_reading = false;
   {
     absl::MutexLock lock(&mu_);
+    // Serialized already, so the size is cached.
+    held_bytes_ -= static_cast<int64_t>(queue_.front().GetCachedSize());
     queue_.pop_front();
     if (!ok) cancelled_ = true;  // the stream is broken
-    if (cancelled_) queue_.clear();
-    if (read_paused_ && !cancelled_ && queue_.size() < kMaxQueuedResults / 2) {
+    if (cancelled_) {
+      for (const v1::RoundResult& r : queue_) held_bytes_ -= r.GetCachedSize();
+      queue_.clear();
+    }
+    if (read_paused_ && !cancelled_ && RoomLocked()) {
       read_paused_ = false;
       resume_reading = true;
     }

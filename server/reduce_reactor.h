@@ -34,25 +34,33 @@ class StreamSet;
 // the stream stays usable.
 //
 // Limits: a stream beyond StreamSet's limit ends at once
-// (RESOURCE_EXHAUSTED); while kMaxQueuedResults results wait to be written
-// (a client that sends without reading), no more contributions are read.
-// Close() (shutdown) ends the stream UNAVAILABLE once every contribution it
-// read is answered and written.
+// (RESOURCE_EXHAUSTED). A message over max_message_bytes is answered
+// in-band (RoundError RESOURCE_EXHAUSTED naming --max_message_bytes; its
+// job, layer, step and phase echoed) and goes no further; the stream stays
+// usable. What one stream holds is bounded: while kMaxUnanswered
+// contributions are unanswered or results unwritten, or they hold
+// kHeldMessages x max_message_bytes (a client that sends without reading,
+// or sends faster than its rounds complete), no more contributions are
+// read. Close() (shutdown) ends the stream UNAVAILABLE once every
+// contribution it read is answered and written.
 //
 // Lifetime: deletes itself once gRPC is done with it (OnDone) and every
 // aggregator callback it issued has fired (a reference count). Thread-safe.
 class ReduceReactor final
     : public grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult> {
  public:
-  static constexpr size_t kMaxQueuedResults = 256;
+  static constexpr int kMaxUnanswered = 256;
+  static constexpr int64_t kHeldMessages = 16;
 
   // `aggregator` must outlive every callback the reactor hands it; `auth`
   // (null: no checks) and `streams` (null: not counted) the reactor.
-  // `authorization` is the stream's authorization metadata.
+  // `authorization` is the stream's authorization metadata;
+  // `max_message_bytes` <= 0: no limit.
   ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
-                std::string authorization, StreamSet* streams);
+                std::string authorization, StreamSet* streams,
+                int64_t max_message_bytes);
   explicit ReduceReactor(Aggregator* aggregator)
-      : ReduceReactor(aggregator, nullptr, "", nullptr) {}
+      : ReduceReactor(aggregator, nullptr, "", nullptr, 0) {}
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -67,10 +75,14 @@ class ReduceReactor final
  private:
   ~ReduceReactor() override = default;
 
-  // Queues the answer to `key`; called by the aggregator exactly once per
-  // contribution, from any thread.
-  void Answer(const Contribution& key, const RoundOutcome& outcome)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues the answer to `key`, a contribution that held `bytes`; called
+  // by the aggregator exactly once per contribution, from any thread.
+  void Answer(const Contribution& key, size_t bytes,
+              const RoundOutcome& outcome) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the stream holds all it may (no more reads), and whether a
+  // paused one holds little enough again (half) to read on.
+  bool FullLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides, under mu_, whether the stream may finish now; marks it so.
   std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -79,6 +91,7 @@ class ReduceReactor final
   const std::string authorization_;  // a secret: never logged
   absl::Status refused_;             // why streams refused it, if they did
   StreamSet* const streams_;         // null when refused or not counted
+  const int64_t max_message_bytes_;  // <= 0: no limit
   // Owners: gRPC until OnDone, and one per outstanding aggregator callback.
   std::atomic<int> refs_{1};
   // Only the read path touches it, and only one read is outstanding.
@@ -94,6 +107,8 @@ class ReduceReactor final
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // contributions not yet answered
+  // Serialized bytes of the unanswered contributions and unwritten results.
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace syncnorm

@@ -10,14 +10,26 @@ Round::Round(int first_rank, int group_size, absl::Time deadline)
       deadline_(deadline),
       payloads_(group_size),
       fingerprints_(group_size),
-      arrivals_(group_size, absl::InfiniteFuture()) {}
+      arrivals_(group_size, absl::InfiniteFuture()),
+      waiting_(group_size, 0) {}
 
 Round::AddResult Round::Add(int rank, Payload payload, RoundCallback&& done,
-                            absl::Time now) {
-  std::optional<Payload>& slot = payloads_[rank - first_rank_];
+                            absl::Time now, RoundCallback* evicted) {
+  const int index = rank - first_rank_;
+  std::optional<Payload>& slot = payloads_[index];
+  *evicted = nullptr;
   if (slot.has_value()) {
     if (!SamePayload(*slot, payload)) return AddResult::kConflict;
-    waiters_.push_back(std::move(done));
+    if (waiting_[index] >= kMaxWaitersPerRank) {
+      auto oldest =
+          std::find_if(waiters_.begin(), waiters_.end(),
+                       [&](const Waiter& w) { return w.index == index; });
+      *evicted = std::move(oldest->done);
+      waiters_.erase(oldest);
+      --waiting_[index];
+    }
+    waiters_.push_back(Waiter{index, std::move(done)});
+    ++waiting_[index];
     return AddResult::kDuplicate;
   }
   // The contributing thread hashes its own payload, so the thread that
@@ -27,7 +39,8 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundCallback&& done,
   arrivals_[rank - first_rank_] = now;
   first_arrival_ = std::min(first_arrival_, now);
   ++received_;
-  waiters_.push_back(std::move(done));
+  waiters_.push_back(Waiter{index, std::move(done)});
+  ++waiting_[index];
   return AddResult::kAdded;
 }
 
@@ -105,7 +118,10 @@ const std::vector<std::optional<uint64_t>>& Round::Fingerprints() const {
 
 std::vector<RoundCallback> Round::TakeWaiters() {
   std::vector<RoundCallback> out;
-  out.swap(waiters_);
+  out.reserve(waiters_.size());
+  for (Waiter& w : waiters_) out.push_back(std::move(w.done));
+  waiters_.clear();
+  std::fill(waiting_.begin(), waiting_.end(), 0);
   return out;
 }
 

@@ -17,8 +17,15 @@ namespace syncnorm {
 
 // Collects payloads per rank and the callbacks of every contributor
 // (including retries). Not thread-safe: its owner's mutex guards it.
+//
+// Memory: at most kMaxWaitersPerRank callbacks wait per rank; a retry
+// beyond that evicts the oldest one of its rank (whose caller, a broken
+// stream or a cancelled call, is most likely gone), so retries cannot grow
+// a round without bound.
 class Round {
  public:
+  static constexpr int kMaxWaitersPerRank = 8;
+
   enum class AddResult {
     kAdded,      // first contribution of this rank
     kDuplicate,  // same payload again: the callback also gets the outcome
@@ -34,10 +41,12 @@ class Round {
 
   // Records `rank`'s payload and callback; see AddResult. `done` is moved
   // from only when kept (kAdded, kDuplicate); on kConflict the caller still
-  // owns it. `now` is when the payload arrived (kAdded). REQUIRES: rank
-  // within the group.
-  AddResult Add(int rank, Payload payload, RoundCallback&& done,
-                absl::Time now);
+  // owns it. `now` is when the payload arrived (kAdded). A kDuplicate that
+  // finds kMaxWaitersPerRank callbacks of its rank waiting moves the oldest
+  // into `*evicted` (left empty otherwise), which the caller must answer.
+  // REQUIRES: rank within the group; evicted not null.
+  AddResult Add(int rank, Payload payload, RoundCallback&& done, absl::Time now,
+                RoundCallback* evicted);
 
   bool complete() const { return received_ == payloads_.size(); }
   // Ranks that have contributed.
@@ -79,7 +88,12 @@ class Round {
   std::vector<absl::Time> arrivals_;              // indexed by rank - first
   absl::Time first_arrival_ = absl::InfiniteFuture();
   size_t received_ = 0;
-  std::vector<RoundCallback> waiters_;
+  struct Waiter {
+    int index;  // rank - first_rank_
+    RoundCallback done;
+  };
+  std::vector<Waiter> waiters_;  // oldest first
+  std::vector<int> waiting_;     // waiters per rank - first_rank_
 };
 
 }  // namespace syncnorm

@@ -24,11 +24,15 @@ TEST(RoundTest, TracksRanksRetriesAndConflicts) {
   int calls = 0;
   RoundCallback cb = [&](const RoundOutcome&) { ++calls; };
   RoundCallback a = cb, b = cb, c = cb;
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(a), absl::UnixEpoch()),
+  RoundCallback evicted;
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(a),
+                      absl::UnixEpoch(), &evicted),
             Round::AddResult::kAdded);
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(b), absl::UnixEpoch()),
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(b),
+                      absl::UnixEpoch(), &evicted),
             Round::AddResult::kDuplicate);
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.25), std::move(c), absl::UnixEpoch()),
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.25), std::move(c),
+                      absl::UnixEpoch(), &evicted),
             Round::AddResult::kConflict);
   EXPECT_TRUE(c != nullptr) << "a refused callback stays with the caller";
   EXPECT_FALSE(round.complete());
@@ -39,14 +43,55 @@ TEST(RoundTest, TracksRanksRetriesAndConflicts) {
   EXPECT_EQ(round.TakeWaiters().size(), 2u);
 }
 
+TEST(RoundTest, RetriesBeyondTheCapEvictTheOldestWaiterOfTheirRank) {
+  Round round(0, 2, absl::UnixEpoch());
+  std::vector<int> answered;
+  auto waiter = [&](int id) {
+    return [&answered, id](const RoundOutcome&) { answered.push_back(id); };
+  };
+  RoundCallback evicted;
+  ASSERT_EQ(round.Add(1, MomentsOf(2, 1.0, 0.5), waiter(0), absl::UnixEpoch(),
+                      &evicted),
+            Round::AddResult::kAdded);
+  EXPECT_TRUE(evicted == nullptr);
+  for (int i = 1; i < Round::kMaxWaitersPerRank; ++i) {
+    ASSERT_EQ(round.Add(1, MomentsOf(2, 1.0, 0.5), waiter(i), absl::UnixEpoch(),
+                        &evicted),
+              Round::AddResult::kDuplicate);
+    EXPECT_TRUE(evicted == nullptr) << i;
+  }
+  // One more: waiter 0, the oldest of rank 1, comes back to the caller.
+  ASSERT_EQ(
+      round.Add(1, MomentsOf(2, 1.0, 0.5), waiter(Round::kMaxWaitersPerRank),
+                absl::UnixEpoch(), &evicted),
+      Round::AddResult::kDuplicate);
+  ASSERT_TRUE(evicted != nullptr);
+  evicted(RoundOutcome{});
+  EXPECT_EQ(answered, std::vector<int>{0});
+  // Rank 0 has its own allowance.
+  ASSERT_EQ(round.Add(0, MomentsOf(1, 0.0, 0.0), waiter(100), absl::UnixEpoch(),
+                      &evicted),
+            Round::AddResult::kAdded);
+  EXPECT_TRUE(evicted == nullptr);
+  std::vector<RoundCallback> waiters = round.TakeWaiters();
+  EXPECT_EQ(waiters.size(), static_cast<size_t>(Round::kMaxWaitersPerRank) + 1);
+  for (RoundCallback& w : waiters) w(RoundOutcome{});
+  EXPECT_EQ(answered.size(),
+            static_cast<size_t>(Round::kMaxWaitersPerRank) + 2);
+}
+
 TEST(RoundTest, MergesInRankOrder) {
   Round round(0, 3, absl::UnixEpoch());
-  round.Add(2, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {},
-            absl::UnixEpoch());
-  round.Add(0, MomentsOf(0, 0.0, 0.0), [](const RoundOutcome&) {},
-            absl::UnixEpoch());
-  round.Add(1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {},
-            absl::UnixEpoch());
+  RoundCallback evicted;
+  round.Add(
+      2, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {}, absl::UnixEpoch(),
+      &evicted);
+  round.Add(
+      0, MomentsOf(0, 0.0, 0.0), [](const RoundOutcome&) {}, absl::UnixEpoch(),
+      &evicted);
+  round.Add(
+      1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {}, absl::UnixEpoch(),
+      &evicted);
   ASSERT_TRUE(round.complete());
   Moments expected = Moments::Zero(1);
   MergeMoments(expected, std::get<Moments>(MomentsOf(0, 0.0, 0.0)));
@@ -61,12 +106,16 @@ TEST(RoundTest, MergesInRankOrder) {
 TEST(RoundTest, PartialMergeSkipsAbsentRanksAndTimesArrivals) {
   const absl::Time t0 = absl::UnixEpoch();
   Round round(0, 4, t0 + absl::Seconds(10));
+  RoundCallback evicted;
   EXPECT_EQ(round.first_arrival(), absl::InfiniteFuture());
-  round.Add(3, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {},
-            t0 + absl::Seconds(2));
-  round.Add(1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {}, t0);
-  round.Add(0, MomentsOf(2, 1.0, 0.5), [](const RoundOutcome&) {},
-            t0 + absl::Milliseconds(100));
+  round.Add(
+      3, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {},
+      t0 + absl::Seconds(2), &evicted);
+  round.Add(
+      1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {}, t0, &evicted);
+  round.Add(
+      0, MomentsOf(2, 1.0, 0.5), [](const RoundOutcome&) {},
+      t0 + absl::Milliseconds(100), &evicted);
   EXPECT_EQ(round.received(), 3);
   EXPECT_EQ(round.first_arrival(), t0);
   EXPECT_EQ(round.PresentRanks(), (std::vector<int>{0, 1, 3}));

@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +25,7 @@ AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
   out.reaper_period = options.reaper_period;
   out.keep_checkpoints = options.keep_checkpoints;
   out.limits = options.limits;
+  out.straggler_threshold = options.straggler_threshold;
   return out;
 }
 
@@ -57,6 +57,9 @@ absl::Status Server::Start() {
       options_.reaper_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "round_timeout and reaper_period must be positive");
+  }
+  if (options_.straggler_threshold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("straggler_threshold must be >= 0");
   }
   if (options_.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(
@@ -102,6 +105,7 @@ absl::Status Server::Start() {
   ServiceOptions service_options;
   service_options.auth = auth_.get();
   service_options.max_streams = options_.limits.max_streams;
+  service_options.max_message_bytes = options_.limits.max_message_bytes;
   service_ = std::make_unique<AggregatorService>(aggregator_.get(),
                                                  service_options);
   grpc::EnableDefaultHealthCheckService(true);
@@ -113,10 +117,9 @@ absl::Status Server::Start() {
   // window and a few frames, so no window-update round trip per round.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
-  if (options_.limits.max_message_bytes > 0) {
-    builder.SetMaxReceiveMessageSize(static_cast<int>(
-        std::min<int64_t>(options_.limits.max_message_bytes, INT32_MAX)));
-  }
+  // Above the limit, so that the service sees a message somewhat over it
+  // and refuses it naming --max_message_bytes (see ReceiveCeiling).
+  builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.limits));
   builder.RegisterService(service_.get());
   if (metrics_ != nullptr) {
     builder.experimental().SetInterceptorCreators(
@@ -133,6 +136,9 @@ absl::Status Server::Start() {
     health->SetServingStatus(true);
   }
   aggregator_->StartReaper();
+  if (options_.memory_trim_period > absl::ZeroDuration()) {
+    trimmer_ = std::make_unique<MemoryTrimmer>(options_.memory_trim_period);
+  }
   server_ = std::move(server);
   bound_port_ = port;
   LogLine("start")

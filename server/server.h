@@ -13,6 +13,7 @@
 #include "server/aggregator.h"
 #include "server/auth.h"
 #include "server/clock.h"
+#include "server/memory_trimmer.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
 #include "server/service.h"
@@ -72,6 +73,7 @@ class Server {
   std::unique_ptr<Authenticator> auth_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AggregatorService> service_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<MemoryTrimmer> trimmer_ ABSL_GUARDED_BY(mu_);
   int bound_port_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -30,10 +30,17 @@ struct ServerOptions {
   int keep_checkpoints = 5;
   // How often overdue rounds are failed. Default 20 ms.
   absl::Duration reaper_period = absl::Milliseconds(20);
+  // A contributor that arrives more than this after its round's first one
+  // is a straggler (log lines, syncnorm_stragglers_total). Must be >= 0.
+  // Default 1 s.
+  absl::Duration straggler_threshold = absl::Seconds(1);
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics; see
   // server/metrics.h); port 0 picks a free one (Server::metrics_port()).
   // Empty: no metrics endpoint. Default empty.
   std::string metrics_listen;
+  // How often the heap freed since is given back to the kernel (see
+  // MemoryTrimmer). Zero or less: never. Default 5 s.
+  absl::Duration memory_trim_period = absl::Seconds(5);
 
   // ---- Security (see README.md, "Security") ----
   // TLS: the server's certificate chain and private key (PEM files); both

@@ -38,6 +38,20 @@ absl::Status AggregatorService::AuthorizeJob(
   return auth_->AuthorizeJob(AuthorizationOf(context), job_id);
 }
 
+absl::Status AggregatorService::Admit(
+    const grpc::CallbackServerContext* context,
+    const google::protobuf::MessageLite& request, absl::string_view what,
+    absl::string_view job_id) const {
+  // Before any work: the message was parsed, but nothing else is done with
+  // a message over the limit.
+  if (absl::Status s =
+          CheckMessageSize(request.ByteSizeLong(), what, max_message_bytes_);
+      !s.ok()) {
+    return s;
+  }
+  return AuthorizeJob(context, job_id);
+}
+
 absl::Status AggregatorService::AuthorizeAdmin(
     const grpc::CallbackServerContext* context) const {
   if (auth_ == nullptr) return absl::OkStatus();
@@ -47,7 +61,8 @@ absl::Status AggregatorService::AuthorizeAdmin(
 grpc::ServerUnaryReactor* AggregatorService::CreateJob(
     grpc::CallbackServerContext* context, const v1::CreateJobRequest* request,
     v1::JobInfo* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied =
+          Admit(context, *request, "a CreateJob request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -60,7 +75,8 @@ grpc::ServerUnaryReactor* AggregatorService::CreateJob(
 grpc::ServerUnaryReactor* AggregatorService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::JobInfo* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied =
+          Admit(context, *request, "a GetJob request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -72,7 +88,8 @@ grpc::ServerUnaryReactor* AggregatorService::GetJob(
 grpc::ServerUnaryReactor* AggregatorService::DeleteJob(
     grpc::CallbackServerContext* context, const v1::DeleteJobRequest* request,
     v1::DeleteJobResponse* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied =
+          Admit(context, *request, "a DeleteJob request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -83,13 +100,14 @@ grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>*
 AggregatorService::Reduce(grpc::CallbackServerContext* context) {
   return new ReduceReactor(aggregator_, auth_,
                            auth_ != nullptr ? AuthorizationOf(context) : "",
-                           &streams_);  // deletes itself
+                           &streams_, max_message_bytes_);  // deletes itself
 }
 
 grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(
     grpc::CallbackServerContext* context, const v1::Contribution* request,
     v1::RoundResult* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied =
+          Admit(context, *request, "a ReduceOnce request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -99,7 +117,8 @@ grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(
 grpc::ServerUnaryReactor* AggregatorService::GetRunningStats(
     grpc::CallbackServerContext* context,
     const v1::GetRunningStatsRequest* request, v1::RunningStats* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied = Admit(
+          context, *request, "a GetRunningStats request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -118,7 +137,8 @@ grpc::ServerUnaryReactor* AggregatorService::GetRunningStats(
 grpc::ServerUnaryReactor* AggregatorService::SetRunningStats(
     grpc::CallbackServerContext* context,
     const v1::SetRunningStatsRequest* request, v1::RunningStats* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied = Admit(
+          context, *request, "a SetRunningStats request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -139,6 +159,11 @@ grpc::ServerUnaryReactor* AggregatorService::SetRunningStats(
 grpc::ServerUnaryReactor* AggregatorService::ListJobs(
     grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
     v1::ListJobsResponse* response) {
+  if (absl::Status denied = CheckMessageSize(
+          request->ByteSizeLong(), "a ListJobs request", max_message_bytes_);
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
   if (absl::Status denied = AuthorizeAdmin(context); !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -151,7 +176,8 @@ grpc::ServerUnaryReactor* AggregatorService::ListJobs(
 grpc::ServerUnaryReactor* AggregatorService::Checkpoint(
     grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
     v1::CheckpointInfo* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied =
+          Admit(context, *request, "a Checkpoint request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -163,7 +189,8 @@ grpc::ServerUnaryReactor* AggregatorService::ListCheckpoints(
     grpc::CallbackServerContext* context,
     const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied = Admit(
+          context, *request, "a ListCheckpoints request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }
@@ -180,7 +207,8 @@ grpc::ServerUnaryReactor* AggregatorService::ListCheckpoints(
 grpc::ServerUnaryReactor* AggregatorService::RestoreCheckpoint(
     grpc::CallbackServerContext* context,
     const v1::RestoreCheckpointRequest* request, v1::JobInfo* response) {
-  if (absl::Status denied = AuthorizeJob(context, request->job_id());
+  if (absl::Status denied = Admit(
+          context, *request, "a RestoreCheckpoint request", request->job_id());
       !denied.ok()) {
     return FinishWith(context, denied);
   }

@@ -7,6 +7,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "server/aggregator.h"
 #include "server/auth.h"
+#include "server/limits.h"
 #include "server/stream_set.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
@@ -20,6 +21,9 @@ struct ServiceOptions {
   const Authenticator* auth = nullptr;
   // Open Reduce streams at most (--max_streams); <= 0: no limit.
   int max_streams = 0;
+  // Largest request message, each message of a stream included, by its
+  // serialized size (--max_message_bytes); <= 0: no limit.
+  int64_t max_message_bytes = 0;
 };
 
 // Thread-safe; no thread per call or stream (a Checkpoint that waits for
@@ -31,6 +35,7 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
                              ServiceOptions options = {})
       : aggregator_(aggregator),
         auth_(options.auth),
+        max_message_bytes_(options.max_message_bytes),
         streams_(options.max_streams) {}
 
   // Shutdown: ends every Reduce stream (UNAVAILABLE) once it has answered
@@ -81,9 +86,14 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   absl::Status AuthorizeJob(const grpc::CallbackServerContext* context,
                             absl::string_view job_id) const;
   absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* context) const;
+  // The request against --max_message_bytes, then AuthorizeJob.
+  absl::Status Admit(const grpc::CallbackServerContext* context,
+                     const google::protobuf::MessageLite& request,
+                     absl::string_view what, absl::string_view job_id) const;
 
   Aggregator* const aggregator_;
   const Authenticator* const auth_;
+  const int64_t max_message_bytes_;
   StreamSet streams_;
 };
 

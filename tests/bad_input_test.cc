@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -73,7 +74,23 @@ struct Case {
   std::string what;
   grpc::StatusCode code;
   std::function<grpc::Status(Stub&)> call;
+  // What the message must say, when it matters; empty: anything.
+  std::string says;
 };
+
+// The server's --max_message_bytes in this test; gRPC's transport takes
+// up to twice that, the service refuses what is over it.
+constexpr int kMaxMessageBytes = 1 << 20;
+constexpr char kSaysMessageLimit[] = "--max_message_bytes=1048576";
+
+// `c` grown to about `bytes` serialized: channels the job does not have.
+void Inflate(v1::Contribution& c, int64_t bytes) {
+  const int64_t channels = bytes / 16;
+  for (int64_t i = 0; i < channels; ++i) {
+    c.mutable_moments()->add_mean(1);
+    c.mutable_moments()->add_m2(1);
+  }
+}
 
 grpc::Status CreateJob(Stub& stub, const v1::CreateJobRequest& r) {
   v1::JobInfo info;
@@ -113,11 +130,13 @@ std::vector<Case> CreateJobCases() {
   std::vector<Case> cases;
   auto add = [&](std::string what, grpc::StatusCode code,
                  std::function<void(v1::CreateJobRequest&)> mutate) {
-    cases.push_back({"CreateJob: " + what, code, [mutate](Stub& stub) {
+    cases.push_back({"CreateJob: " + what, code,
+                     [mutate](Stub& stub) {
                        v1::CreateJobRequest r = GoodJob("fresh-job");
                        mutate(r);
                        return CreateJob(stub, r);
-                     }});
+                     },
+                     ""});
   };
   const auto kInvalid = grpc::INVALID_ARGUMENT;
   add("job_id empty", kInvalid, [](auto& r) { r.set_job_id(""); });
@@ -184,23 +203,37 @@ std::vector<Case> CreateJobCases() {
   });
   add("same job_id, other spec", grpc::ALREADY_EXISTS,
       [](auto& r) { r.set_job_id("bad"), r.set_world_size(4); });
+  cases.push_back(
+      {"CreateJob: message over --max_message_bytes", grpc::RESOURCE_EXHAUSTED,
+       [](Stub& stub) {
+         v1::CreateJobRequest r = GoodJob("fresh-job");
+         r.mutable_layers(0)->set_name(std::string(kMaxMessageBytes, 'n'));
+         return CreateJob(stub, r);
+       },
+       kSaysMessageLimit});
   return cases;
 }
 
 std::vector<Case> ContributionCases() {
   std::vector<Case> cases;
   auto add = [&](std::string what, grpc::StatusCode code,
-                 std::function<void(v1::Contribution&)> mutate) {
+                 std::function<void(v1::Contribution&)> mutate,
+                 std::string says = "") {
     v1::Contribution c = GoodForward();
     mutate(c);
     cases.push_back({"ReduceOnce: " + what, code,
-                     [c](Stub& stub) { return ReduceOnce(stub, c); }});
+                     [c](Stub& stub) { return ReduceOnce(stub, c); }, says});
     cases.push_back({"Reduce stream: " + what, code,
-                     [c](Stub& stub) { return ReduceStream(stub, c); }});
+                     [c](Stub& stub) { return ReduceStream(stub, c); }, says});
   };
   const auto kInvalid = grpc::INVALID_ARGUMENT;
   add("job_id unknown", grpc::NOT_FOUND, [](auto& c) { c.set_job_id("nope"); });
   add("job_id empty", grpc::NOT_FOUND, [](auto& c) { c.set_job_id(""); });
+  // The error must still fit what a client takes in its trailers.
+  add(
+      "job_id 100000 characters", grpc::NOT_FOUND,
+      [](auto& c) { c.set_job_id(std::string(100000, 'j')); },
+      "a job_id of 100000 characters");
   add("layer out of range", kInvalid, [](auto& c) { c.set_layer(1); });
   add("layer negative", kInvalid, [](auto& c) { c.set_layer(-1); });
   add("step negative", kInvalid, [](auto& c) { c.set_step(-4); });
@@ -256,6 +289,17 @@ std::vector<Case> ContributionCases() {
     c.set_job_id("single-biased");
     c.set_step(5);  // never sent; step 100000 was applied
   });
+  // Refused before anything else is looked at (the payload would be
+  // INVALID_ARGUMENT too), naming the flag, its value and the size.
+  add(
+      "message over --max_message_bytes", grpc::RESOURCE_EXHAUSTED,
+      [](auto& c) { Inflate(c, kMaxMessageBytes + 4096); }, kSaysMessageLimit);
+  // Beyond twice the limit gRPC's transport cuts the message off first,
+  // with its own RESOURCE_EXHAUSTED (the stream ends; see README, Limits).
+  add(
+      "message over twice --max_message_bytes", grpc::RESOURCE_EXHAUSTED,
+      [](auto& c) { Inflate(c, 2 * kMaxMessageBytes + 4096); },
+      "larger than max");
   return cases;
 }
 
@@ -263,7 +307,7 @@ std::vector<Case> OtherCases() {
   std::vector<Case> cases;
   auto add = [&](std::string what, grpc::StatusCode code,
                  std::function<grpc::Status(Stub&)> call) {
-    cases.push_back({what, code, std::move(call)});
+    cases.push_back({what, code, std::move(call), ""});
   };
   add("GetJob: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
     v1::GetJobRequest r;
@@ -365,7 +409,8 @@ std::vector<Case> OtherCases() {
 
 TEST(BadInputTest, EveryMalformedRequestGetsItsStatusAndTheServerServesOn) {
   const std::string dir = MakeScratchDir("bad-input");
-  auto agg = LocalAggregator::Start(dir);
+  auto agg = LocalAggregator::Start(
+      dir, {absl::StrCat("--max_message_bytes=", kMaxMessageBytes)});
   ASSERT_TRUE(agg.ok()) << agg.status();
   auto channel = grpc::CreateChannel((*agg)->address(),
                                      grpc::InsecureChannelCredentials());
@@ -402,6 +447,9 @@ TEST(BadInputTest, EveryMalformedRequestGetsItsStatusAndTheServerServesOn) {
     EXPECT_EQ(s.error_code(), c.code)
         << c.what << ": got " << s.error_code() << " " << s.error_message();
     EXPECT_FALSE(s.error_message().empty()) << c.what;
+    EXPECT_TRUE(absl::StrContains(s.error_message(), c.says))
+        << c.what << ": the message should say '" << c.says
+        << "': " << s.error_message();
   }
   std::fprintf(stderr, "%zu malformed requests checked\n", cases.size());
 

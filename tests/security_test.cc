@@ -456,7 +456,8 @@ class LimitsTest : public SecurityTest {
 
 TEST_F(LimitsTest, JobsAndTheirSizesAndMessages) {
   Start({"--max_jobs=2", "--max_layers_per_job=2", "--max_channels=8",
-         "--max_world_size=4", "--max_message_bytes=65536"});
+         "--max_world_size=4", "--max_channels_per_job=16",
+         "--max_message_bytes=65536"});
   Client client(Options(server_->address()));
   ExpectLimit(client.CreateJob(Job("w", 5)).status(), "max_world_size");
   ExpectStillServes();
@@ -464,22 +465,40 @@ TEST_F(LimitsTest, JobsAndTheirSizesAndMessages) {
   ExpectStillServes();
   ExpectLimit(client.CreateJob(Job("c", 1, 1, 9)).status(), "max_channels");
   ExpectStillServes();
+  v1::CreateJobRequest per_group = Job("cj", 4, 2, 8);  // 16 channels
+  per_group.set_group_size(2);                          // 2 groups: 32
+  ExpectLimit(client.CreateJob(per_group).status(), "max_channels_per_job");
+  ExpectStillServes();
   ASSERT_TRUE(client.CreateJob(Job("j1")).ok());
   ASSERT_TRUE(client.CreateJob(Job("j2")).ok());
   ExpectLimit(client.CreateJob(Job("j3")).status(), "max_jobs");
   ASSERT_TRUE(client.DeleteJob("j2").ok());
   ExpectStillServes();
 
-  // A message over --max_message_bytes is refused by gRPC's transport
-  // (its message gives both sizes).
-  grpc::ClientContext context;
-  v1::RoundResult result;
-  grpc::Status s =
-      stub_->ReduceOnce(&context, Forward("j1", 1, 0, 10000), &result);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << s.error_message();
-  EXPECT_TRUE(absl::StrContains(s.error_message(), "65536"))
-      << s.error_message();
+  // A message over --max_message_bytes (80 kB) is refused naming the flag
+  // and the message's size; one over twice the limit (160 kB) by gRPC's
+  // transport, whose message gives both sizes.
+  {
+    grpc::ClientContext context;
+    v1::RoundResult result;
+    grpc::Status s =
+        stub_->ReduceOnce(&context, Forward("j1", 1, 0, 5000), &result);
+    ExpectLimit(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                             s.error_message()),
+                "max_message_bytes");
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "80"))
+        << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    v1::RoundResult result;
+    grpc::Status s =
+        stub_->ReduceOnce(&context, Forward("j1", 1, 0, 10000), &result);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "131072"))
+        << s.error_message();
+  }
   ASSERT_TRUE(client.DeleteJob("j1").ok());
   ExpectStillServes();
 }
