@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "kernels/batch_norm.h"
+#include "kernels/cpu_sums.h"
 
 namespace syncnorm {
 namespace cpu {
@@ -22,6 +23,11 @@ inline constexpr int64_t kBlock = 4096;
 // Channels-last reductions: channels per task, so per-channel accumulators
 // stay in L1 however many channels there are.
 inline constexpr int64_t kChannelTile = 256;
+// Channels-last reductions: rows per block. Each channel adds a block's rows
+// into one accumulator, as many values as a channels-first block gives each
+// of its kLanes lanes; the per-block merge then costs one Chan merge per
+// channel per 512 rows, nothing next to reading them.
+inline constexpr int64_t kRowsPerMerge = kBlock / kLanes;
 
 // [begin, end) of a part.
 struct Range {
