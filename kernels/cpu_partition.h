@@ -80,6 +80,31 @@ void ForEachRowPiece(const Geometry& g, Range r, Fn&& fn) {
   }
 }
 
+// Calls fn(pos, rows, len, c) for runs of the flat element range r: `rows`
+// consecutive rows of `len` elements from element pos, within one batch
+// item. Whole rows are grouped into one run; a part of a row is a run of its
+// own (rows == 1). Channels-first (inner > 1): row k of the run holds
+// channel c + k. Channels-last: each row of the run holds channels
+// [c, c + len).
+template <typename Fn>
+void ForEachRowRun(const Geometry& g, Range r, Fn&& fn) {
+  const bool last = g.inner == 1;
+  const int64_t row_len = last ? g.channels : g.inner;
+  for (int64_t pos = r.begin; pos < r.end;) {
+    const int64_t row = pos / row_len;
+    const int64_t offset = pos % row_len;
+    const int64_t c = last ? offset : row % g.channels;
+    const int64_t len = std::min(row_len - offset, r.end - pos);
+    int64_t rows = 1;
+    if (len == row_len) {
+      rows = (r.end - pos) / row_len;
+      if (!last) rows = std::min(rows, g.channels - c);
+    }
+    fn(pos, rows, len, c);
+    pos += rows * len;
+  }
+}
+
 }  // namespace cpu
 }  // namespace syncnorm
 
