@@ -65,28 +65,12 @@ int64_t ElementwiseTasks(const Geometry& g);
 void RunTasks(ThreadPool* pool, int64_t tasks,
               const std::function<void(int64_t)>& fn);
 
-// Calls fn(pos, len, c) for each piece of the flat element range r that lies
-// within one contiguous row: [pos, pos + len) are elements of channel c
-// (inner > 1) or of channels [c, c + len) (inner == 1).
-template <typename Fn>
-void ForEachRowPiece(const Geometry& g, Range r, Fn&& fn) {
-  const bool last = g.inner == 1;
-  const int64_t row_len = last ? g.channels : g.inner;
-  for (int64_t pos = r.begin; pos < r.end;) {
-    const int64_t row = pos / row_len;
-    const int64_t offset = pos % row_len;
-    const int64_t len = std::min(row_len - offset, r.end - pos);
-    fn(pos, len, last ? offset : row % g.channels);
-    pos += len;
-  }
-}
-
 // Calls fn(pos, rows, len, c) for runs of the flat element range r: `rows`
-// consecutive rows of `len` elements from element pos, within one batch
-// item. Whole rows are grouped into one run; a part of a row is a run of its
-// own (rows == 1). Channels-first (inner > 1): row k of the run holds
-// channel c + k. Channels-last: each row of the run holds channels
-// [c, c + len).
+// consecutive rows of `len` elements from element pos. Whole rows are
+// grouped into one run; a part of a row is a run of its own (rows == 1).
+// Channels-first (inner > 1): row k of the run holds channel c + k (a run
+// ends with the batch item). Channels-last: each row of the run holds
+// channels [c, c + len).
 template <typename Fn>
 void ForEachRowRun(const Geometry& g, Range r, Fn&& fn) {
   const bool last = g.inner == 1;
