@@ -39,8 +39,8 @@ void BackwardRowsGeneric(const T* dy, const T* x, const T* y, T* grad_input,
 // generic loop: the tails of the SIMD loops.
 template <bool kLast, bool kMask, bool kGradZ>
 inline void BackwardSpan(const float* dy, const float* x, const float* y,
-                         float* grad_input, float* grad_z, int64_t r,
-                         int64_t o, int64_t begin, int64_t end,
+                         float* grad_input, float* grad_z, int64_t r, int64_t o,
+                         int64_t begin, int64_t end,
                          const BackwardCoefficients& co) {
   const int64_t c = kLast ? begin : r;
   const BackwardCoefficients shifted{co.mean + c, co.a + c, co.mean_dy + c,
@@ -55,8 +55,8 @@ inline void BackwardSpan(const float* dy, const float* x, const float* y,
 // Two doubles of one output pair: a * (d - mean_dy - (x - mean) * k).
 inline __m128d GradSse2(__m128d d, __m128d x, __m128d mean, __m128d a,
                         __m128d mean_dy, __m128d k) {
-  return _mm_mul_pd(
-      a, _mm_sub_pd(_mm_sub_pd(d, mean_dy), _mm_mul_pd(_mm_sub_pd(x, mean), k)));
+  return _mm_mul_pd(a, _mm_sub_pd(_mm_sub_pd(d, mean_dy),
+                                  _mm_mul_pd(_mm_sub_pd(x, mean), k)));
 }
 
 inline void WidenSse2(__m128 v, __m128d& lo, __m128d& hi) {
@@ -85,7 +85,8 @@ void BackwardRowsSse2(const float* dy, const float* x, const float* y,
       if (kLast) {
         m0 = _mm_loadu_pd(co.mean + j), m1 = _mm_loadu_pd(co.mean + j + 2);
         a0 = _mm_loadu_pd(co.a + j), a1 = _mm_loadu_pd(co.a + j + 2);
-        g0 = _mm_loadu_pd(co.mean_dy + j), g1 = _mm_loadu_pd(co.mean_dy + j + 2);
+        g0 = _mm_loadu_pd(co.mean_dy + j),
+        g1 = _mm_loadu_pd(co.mean_dy + j + 2);
         k0 = _mm_loadu_pd(co.k + j), k1 = _mm_loadu_pd(co.k + j + 2);
       }
       __m128d d0, d1, x0, x1;
@@ -108,12 +109,13 @@ void BackwardRowsSse2(const float* dy, const float* x, const float* y,
 }
 
 // The AVX2 version (no FMA, see BackwardRowsGeneric), chosen at run time.
-__attribute__((target("avx2"))) inline __m256d GradAvx2(
-    __m256d d, __m256d x, __m256d mean, __m256d a, __m256d mean_dy,
-    __m256d k) {
-  return _mm256_mul_pd(
-      a, _mm256_sub_pd(_mm256_sub_pd(d, mean_dy),
-                       _mm256_mul_pd(_mm256_sub_pd(x, mean), k)));
+__attribute__((target("avx2"))) inline __m256d GradAvx2(__m256d d, __m256d x,
+                                                        __m256d mean, __m256d a,
+                                                        __m256d mean_dy,
+                                                        __m256d k) {
+  return _mm256_mul_pd(a,
+                       _mm256_sub_pd(_mm256_sub_pd(d, mean_dy),
+                                     _mm256_mul_pd(_mm256_sub_pd(x, mean), k)));
 }
 
 __attribute__((target("avx2"))) inline __m256 NarrowAvx2(__m256d lo,

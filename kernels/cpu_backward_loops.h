@@ -44,8 +44,7 @@ using BackwardRowsFn = void (*)(const T* dy, const T* x, const T* y,
 
 // The loop for `options` on `isa`. REQUIRES: IsaSupported(isa).
 template <typename T>
-BackwardRowsFn<T> PickBackwardRows(Isa isa,
-                                   const BackwardLoopOptions& options);
+BackwardRowsFn<T> PickBackwardRows(Isa isa, const BackwardLoopOptions& options);
 
 }  // namespace cpu
 }  // namespace syncnorm

@@ -95,18 +95,17 @@ TEST(BackwardLoopsTest, EveryIsaAndOptionMatchesFloat64) {
           const Outputs out = RunLoop(isa, o, c);
           for (int64_t i = 0; i < rows * len; ++i) {
             const int64_t m = o.last ? i % len : i / len;
-            const long double d =
-                (!o.mask || c.y[i] > 0) ? static_cast<long double>(c.dy[i])
-                                        : 0.0L;
-            const long double t = (static_cast<long double>(c.x[i]) -
-                                   c.mean[m]) * c.k[m];
+            const long double d = (!o.mask || c.y[i] > 0)
+                                      ? static_cast<long double>(c.dy[i])
+                                      : 0.0L;
+            const long double t =
+                (static_cast<long double>(c.x[i]) - c.mean[m]) * c.k[m];
             const long double ref = c.a[m] * (d - c.mean_dy[m] - t);
             const long double slack =
                 1e-15L * c.a[m] *
                 (std::fabs(d) + std::fabs(c.mean_dy[m]) + std::fabs(t));
-            const std::string where =
-                absl::StrCat(Name(isa, o), " rows=", rows, " len=", len,
-                             " i=", i);
+            const std::string where = absl::StrCat(Name(isa, o), " rows=", rows,
+                                                   " len=", len, " i=", i);
             if (std::isnan(ref)) {
               EXPECT_TRUE(std::isnan(out.grad_input[i])) << where;
             } else {
@@ -137,8 +136,8 @@ TEST(BackwardLoopsTest, EveryIsaGivesTheSameBits) {
       if (!IsaSupported(isa)) continue;
       const Outputs got = RunLoop(isa, o, c);
       const size_t bytes = want.grad_input.size() * sizeof(float);
-      EXPECT_EQ(0, std::memcmp(got.grad_input.data(), want.grad_input.data(),
-                               bytes))
+      EXPECT_EQ(
+          0, std::memcmp(got.grad_input.data(), want.grad_input.data(), bytes))
           << Name(isa, o);
       EXPECT_EQ(0, std::memcmp(got.grad_z.data(), want.grad_z.data(), bytes))
           << Name(isa, o);
@@ -184,9 +183,8 @@ TEST(BackwardLoopsTest, HalfTypesRoundTheDoubleResultOnce) {
     for (int64_t i = 0; i < c.rows * c.len; ++i) {
       const int64_t r = i / c.len;
       const double d = HalfToDouble(y[i]) > 0 ? HalfToDouble(dy[i]) : 0.0;
-      const double g =
-          c.a[r] *
-          (d - c.mean_dy[r] - (HalfToDouble(x[i]) - c.mean[r]) * c.k[r]);
+      const double g = c.a[r] * (d - c.mean_dy[r] -
+                                 (HalfToDouble(x[i]) - c.mean[r]) * c.k[r]);
       EXPECT_EQ(gi[i].bits, DoubleToHalf(g).bits) << i;
       EXPECT_EQ(gz[i].bits, DoubleToHalf(d).bits) << i;
     }

@@ -31,8 +31,8 @@ inline double ForwardValue(double x, double mean, double scale, double shift,
 }
 
 template <typename T, bool kLast, bool kResidual, bool kRelu>
-void ForwardRowsGeneric(const T* x, const T* z, T* y, int64_t rows,
-                        int64_t len, const double* mean, const double* scale,
+void ForwardRowsGeneric(const T* x, const T* z, T* y, int64_t rows, int64_t len,
+                        const double* mean, const double* scale,
                         const double* shift) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < len; ++j) {

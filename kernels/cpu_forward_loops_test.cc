@@ -97,15 +97,14 @@ long double Reference(const Case& c, const ForwardLoopOptions& o, int64_t i,
 // past a 64-byte boundary; returns the rows * len outputs and checks that
 // the guard elements around them stay unwritten.
 std::vector<float> RunLoop(Isa isa, const ForwardLoopOptions& o, const Case& c,
-                       int64_t offset) {
+                           int64_t offset) {
   const int64_t n = c.rows * c.len;
   std::vector<float> buffer(n + 2 * kGuard + 32, kNaNf);
   const uintptr_t a = reinterpret_cast<uintptr_t>(buffer.data() + kGuard);
-  float* y = buffer.data() + kGuard + (64 - a % 64) % 64 / sizeof(float) +
-             offset;
+  float* y =
+      buffer.data() + kGuard + (64 - a % 64) % 64 / sizeof(float) + offset;
   PickForwardRows<float>(isa, o)(c.x.data(), c.z.data(), y, c.rows, c.len,
-                                 c.mean.data(), c.scale.data(),
-                                 c.shift.data());
+                                 c.mean.data(), c.scale.data(), c.shift.data());
   StoreFence();
   for (float* p = buffer.data(); p < y; ++p) EXPECT_TRUE(std::isnan(*p));
   for (float* p = y + n; p < buffer.data() + buffer.size(); ++p) {

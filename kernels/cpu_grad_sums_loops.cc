@@ -59,8 +59,8 @@ inline const float* MaskAt(const float* y, int64_t i) {
 
 // The tail and the lanes of the SIMD GradLaneSums, in LaneSum's order.
 template <bool kMask>
-void FinishLaneSums(const float* dy, const float* x, const float* y,
-                    int64_t i, int64_t len, double mean, const double* la,
+void FinishLaneSums(const float* dy, const float* x, const float* y, int64_t i,
+                    int64_t len, double mean, const double* la,
                     const double* lb, double& sum_dy, double& sum_dy_xmu) {
   sum_dy = 0;
   sum_dy_xmu = 0;
@@ -239,8 +239,8 @@ __attribute__((target("avx2"))) void GradLaneSumsAvx2(
 template <bool kMask>
 __attribute__((target("avx2"))) void AddRowsAvx2(
     const float* dy, const float* x, const float* y, int64_t stride,
-    int64_t rows, int64_t width, const double* mean,
-    double* __restrict sum_dy, double* __restrict sum_dy_xmu) {
+    int64_t rows, int64_t width, const double* mean, double* __restrict sum_dy,
+    double* __restrict sum_dy_xmu) {
   int64_t j = 0;
   for (; j + 16 <= width; j += 16) {
     const __m256d m0 = _mm256_loadu_pd(mean + j),
@@ -263,25 +263,26 @@ __attribute__((target("avx2"))) void AddRowsAvx2(
       const __m256d d0 = MaskedAvx2<kMask>(dy + o, MaskAt<kMask>(y, o));
       const __m256d d1 = MaskedAvx2<kMask>(dy + o + 4, MaskAt<kMask>(y, o + 4));
       const __m256d d2 = MaskedAvx2<kMask>(dy + o + 8, MaskAt<kMask>(y, o + 8));
-      const __m256d d3 = MaskedAvx2<kMask>(dy + o + 12, MaskAt<kMask>(y, o + 12));
+      const __m256d d3 =
+          MaskedAvx2<kMask>(dy + o + 12, MaskAt<kMask>(y, o + 12));
       a0 = _mm256_add_pd(a0, d0);
       a1 = _mm256_add_pd(a1, d1);
       a2 = _mm256_add_pd(a2, d2);
       a3 = _mm256_add_pd(a3, d3);
       b0 = _mm256_add_pd(
-          b0, _mm256_mul_pd(d0, _mm256_sub_pd(
-                                    _mm256_cvtps_pd(_mm_loadu_ps(x + o)), m0)));
+          b0, _mm256_mul_pd(
+                  d0, _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + o)), m0)));
       b1 = _mm256_add_pd(
-          b1, _mm256_mul_pd(d1, _mm256_sub_pd(
-                                    _mm256_cvtps_pd(_mm_loadu_ps(x + o + 4)),
-                                    m1)));
+          b1,
+          _mm256_mul_pd(
+              d1, _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + o + 4)), m1)));
       b2 = _mm256_add_pd(
-          b2, _mm256_mul_pd(d2, _mm256_sub_pd(
-                                    _mm256_cvtps_pd(_mm_loadu_ps(x + o + 8)),
-                                    m2)));
+          b2,
+          _mm256_mul_pd(
+              d2, _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + o + 8)), m2)));
       b3 = _mm256_add_pd(
-          b3, _mm256_mul_pd(d3, _mm256_sub_pd(
-                                    _mm256_cvtps_pd(_mm_loadu_ps(x + o + 12)),
+          b3, _mm256_mul_pd(
+                  d3, _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + o + 12)),
                                     m3)));
     }
     _mm256_storeu_pd(sum_dy + j, a0);
@@ -299,18 +300,15 @@ __attribute__((target("avx2"))) void AddRowsAvx2(
 #endif  // __SSE2__
 
 template <bool kMask, typename T>
-void GradLaneSumsFor(Isa isa, const T* dy, const T* x, const T* y,
-                     int64_t len, double mean, double& sum_dy,
-                     double& sum_dy_xmu) {
+void GradLaneSumsFor(Isa isa, const T* dy, const T* x, const T* y, int64_t len,
+                     double mean, double& sum_dy, double& sum_dy_xmu) {
 #ifdef __SSE2__
   if constexpr (std::is_same_v<T, float>) {
     switch (isa) {
       case Isa::kAvx2:
-        return GradLaneSumsAvx2<kMask>(dy, x, y, len, mean, sum_dy,
-                                       sum_dy_xmu);
+        return GradLaneSumsAvx2<kMask>(dy, x, y, len, mean, sum_dy, sum_dy_xmu);
       case Isa::kSse2:
-        return GradLaneSumsSse2<kMask>(dy, x, y, len, mean, sum_dy,
-                                       sum_dy_xmu);
+        return GradLaneSumsSse2<kMask>(dy, x, y, len, mean, sum_dy, sum_dy_xmu);
       default:
         break;
     }
@@ -321,8 +319,8 @@ void GradLaneSumsFor(Isa isa, const T* dy, const T* x, const T* y,
 
 template <bool kMask, typename T>
 void AddRowsFor(Isa isa, const T* dy, const T* x, const T* y, int64_t stride,
-                int64_t rows, int64_t width, const double* mean,
-                double* sum_dy, double* sum_dy_xmu) {
+                int64_t rows, int64_t width, const double* mean, double* sum_dy,
+                double* sum_dy_xmu) {
 #ifdef __SSE2__
   if constexpr (std::is_same_v<T, float>) {
     switch (isa) {

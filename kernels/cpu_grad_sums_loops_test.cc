@@ -106,9 +106,8 @@ TEST(GradSumsLoopsTest, RowSumsMatchFloat64OnEveryIsa) {
         }
         const float* y = mask ? t.y.data() : nullptr;
         std::vector<double> want_dy = start_dy, want_xmu = start_xmu;
-        AddRowGradSums(Isa::kGeneric, t.dy.data(), t.x.data(), y, stride,
-                       rows, width, mean.data(), want_dy.data(),
-                       want_xmu.data());
+        AddRowGradSums(Isa::kGeneric, t.dy.data(), t.x.data(), y, stride, rows,
+                       width, mean.data(), want_dy.data(), want_xmu.data());
         for (Isa isa : kIsas) {
           if (!IsaSupported(isa)) continue;
           std::vector<double> s_dy = start_dy, s_xmu = start_xmu;

@@ -156,7 +156,8 @@ void ChunkSse2(const float* x, int64_t stride, int64_t rows, int64_t j,
                int64_t width, const double* __restrict shift,
                double* __restrict s1, double* __restrict s2) {
   for (; j + 8 <= width; j += 8) {
-    const __m128d h0 = _mm_loadu_pd(shift + j), h1 = _mm_loadu_pd(shift + j + 2),
+    const __m128d h0 = _mm_loadu_pd(shift + j),
+                  h1 = _mm_loadu_pd(shift + j + 2),
                   h2 = _mm_loadu_pd(shift + j + 4),
                   h3 = _mm_loadu_pd(shift + j + 6);
     __m128d a0 = _mm_loadu_pd(s1 + j), a1 = _mm_loadu_pd(s1 + j + 2),
@@ -198,10 +199,12 @@ void ChunkSse2(const float* x, int64_t stride, int64_t rows, int64_t j,
 
 // Sixteen channels at a time (eight independent addition chains), then
 // ChunkSse2 for the rest.
-__attribute__((target("avx2"))) void ChunkAvx2(
-    const float* x, int64_t stride, int64_t rows, int64_t j, int64_t width,
-    const double* __restrict shift, double* __restrict s1,
-    double* __restrict s2) {
+__attribute__((target("avx2"))) void ChunkAvx2(const float* x, int64_t stride,
+                                               int64_t rows, int64_t j,
+                                               int64_t width,
+                                               const double* __restrict shift,
+                                               double* __restrict s1,
+                                               double* __restrict s2) {
   for (; j + 16 <= width; j += 16) {
     const __m256d h0 = _mm256_loadu_pd(shift + j),
                   h1 = _mm256_loadu_pd(shift + j + 4),
@@ -247,9 +250,9 @@ using ChunkFn = void (*)(const float*, int64_t, int64_t, int64_t, int64_t,
                          const double*, double*, double*);
 
 // All rows, a chunk of about kChunkValues values at a time.
-void AddRowsChunked(ChunkFn chunk, const float* x, int64_t stride,
-                    int64_t rows, int64_t width, const double* shift,
-                    double* s1, double* s2) {
+void AddRowsChunked(ChunkFn chunk, const float* x, int64_t stride, int64_t rows,
+                    int64_t width, const double* shift, double* s1,
+                    double* s2) {
   const int64_t per_chunk = std::max<int64_t>(1, kChunkValues / width);
   for (int64_t r = 0; r < rows; r += per_chunk) {
     chunk(x + r * stride, stride, std::min(per_chunk, rows - r), 0, width,
@@ -299,12 +302,11 @@ void AddRowShiftedSums(Isa isa, const T* x, int64_t stride, int64_t rows,
   AddRowsGeneric(x, stride, rows, width, shift, s1, s2);
 }
 
-#define SYNCNORM_INSTANTIATE(T)                                              \
-  template void ShiftedSums<T>(Isa, const T*, int64_t, double, double&,      \
-                               double&);                                     \
-  template void AddRowShiftedSums<T>(Isa, const T*, int64_t, int64_t,        \
-                                     int64_t, const double*, double*,        \
-                                     double*);
+#define SYNCNORM_INSTANTIATE(T)                                                \
+  template void ShiftedSums<T>(Isa, const T*, int64_t, double, double&,        \
+                               double&);                                       \
+  template void AddRowShiftedSums<T>(Isa, const T*, int64_t, int64_t, int64_t, \
+                                     const double*, double*, double*);
 SYNCNORM_INSTANTIATE(float)
 SYNCNORM_INSTANTIATE(Half)
 SYNCNORM_INSTANTIATE(BFloat16)

@@ -56,9 +56,9 @@ TEST(MomentsLoopsTest, ShiftedSumsMatchFloat64OnEveryIsa) {
         ShiftedSums(Isa::kGeneric, p, len, shift, want1, want2);
         for (Isa isa : kIsas) {
           if (!IsaSupported(isa)) continue;
-          const std::string where = absl::StrCat(
-              "isa ", static_cast<int>(isa), " mean ", mean, " len ", len,
-              " offset ", offset);
+          const std::string where =
+              absl::StrCat("isa ", static_cast<int>(isa), " mean ", mean,
+                           " len ", len, " offset ", offset);
           double s1 = -1, s2 = -1;
           ShiftedSums(isa, p, len, shift, s1, s2);
           ExpectSumClose(s1, r1, m1, len, where + " s1");
