@@ -1,93 +1,20 @@
 // Forward and BackwardElementwise on the CPU. Each element is computed in
 // double from per-channel coefficients prepared once, and rounded once to
-// the element type. y may alias x (and grad_input or grad_z may alias dy): every element
-// is read before it is written, so the pointers carry no __restrict.
+// the element type; the loops are in cpu_forward_loops.h and
+// cpu_backward_loops.h. y may alias x (and grad_input or grad_z may alias
+// dy): every element is read before it is written.
 #include <cstdint>
 #include <vector>
 
 #include "kernels/batch_norm_cpu.h"
+#include "kernels/cpu_backward_loops.h"
+#include "kernels/cpu_forward_loops.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/cpu_partition.h"
 
 namespace syncnorm {
 namespace cpu {
 namespace {
-
-// Per-channel coefficients are indexed by element within a channels-last row
-// (kLast) and fixed within a channels-first row.
-template <bool kLast>
-inline int64_t Channel(int64_t j) {
-  return kLast ? j : 0;
-}
-
-// The fused ReLU; NaN passes through as in torch.
-inline double Relu(double v) { return v < 0.0 ? 0.0 : v; }
-
-// y = (x - mean) * scale + shift (+ z), ReLU'd if kRelu, over one row piece.
-template <typename T, bool kLast, bool kResidual, bool kRelu>
-void ForwardPiece(const T* x, const T* z, T* y, int64_t len,
-                  const double* mean, const double* scale,
-                  const double* shift) {
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t c = Channel<kLast>(j);
-    double v = (ToDouble(x[j]) - mean[c]) * scale[c] + shift[c];
-    if (kResidual) v += ToDouble(z[j]);
-    if (kRelu) v = Relu(v);
-    y[j] = FromDouble<T>(v);
-  }
-}
-
-template <typename T>
-using ForwardPieceFn = void (*)(const T*, const T*, T*, int64_t,
-                                const double*, const double*, const double*);
-
-template <typename T, bool kLast>
-ForwardPieceFn<T> PickForward(bool residual, bool relu) {
-  if (residual) {
-    return relu ? &ForwardPiece<T, kLast, true, true>
-                : &ForwardPiece<T, kLast, true, false>;
-  }
-  return relu ? &ForwardPiece<T, kLast, false, true>
-              : &ForwardPiece<T, kLast, false, false>;
-}
-
-// Per-channel coefficients of the backward elementwise formula:
-// grad_input = a * (dy - mean_dy - (x - mean) * k), a = weight * invstd,
-// k = invstd^2 * mean_dy_xmu.
-struct BackwardCoefficients {
-  const double* mean;
-  const double* a;
-  const double* mean_dy;
-  const double* k;
-};
-
-template <typename T, bool kLast, bool kMask, bool kGradZ>
-void BackwardPiece(const T* dy, const T* x, const T* y, T* grad_input,
-                   T* grad_z, int64_t len,
-                   const BackwardCoefficients& co) {
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t c = Channel<kLast>(j);
-    double d = ToDouble(dy[j]);
-    if (kMask) d = ToDouble(y[j]) > 0.0 ? d : 0.0;
-    const double xmu = ToDouble(x[j]) - co.mean[c];
-    grad_input[j] =
-        FromDouble<T>(co.a[c] * (d - co.mean_dy[c] - xmu * co.k[c]));
-    if (kGradZ) grad_z[j] = FromDouble<T>(d);
-  }
-}
-
-template <typename T>
-using BackwardPieceFn = void (*)(const T*, const T*, const T*, T*, T*,
-                                 int64_t, const BackwardCoefficients&);
-
-template <typename T, bool kLast>
-BackwardPieceFn<T> PickBackward(bool mask, bool grad_z) {
-  if (mask) {
-    return grad_z ? &BackwardPiece<T, kLast, true, true>
-                  : &BackwardPiece<T, kLast, true, false>;
-  }
-  return grad_z ? &BackwardPiece<T, kLast, false, true>
-                : &BackwardPiece<T, kLast, false, false>;
-}
 
 // `offset` elements past p, or nullptr for an absent optional tensor.
 template <typename T>
@@ -107,20 +34,25 @@ void Forward(ThreadPool* pool, const Geometry& g, const ForwardArgs& args) {
         (args.weight == nullptr ? 1.0 : static_cast<double>(args.weight[c]));
     shift[c] = args.bias == nullptr ? 0.0 : static_cast<double>(args.bias[c]);
   }
-  const bool residual = args.z != nullptr;
-  const ForwardPieceFn<T> piece =
-      g.inner == 1 ? PickForward<T, true>(residual, args.relu)
-                   : PickForward<T, false>(residual, args.relu);
+  ForwardLoopOptions options;
+  options.last = g.inner == 1;
+  options.residual = args.z != nullptr;
+  options.relu = args.relu;
+  options.stream = static_cast<int64_t>(sizeof(T)) * g.elements() >=
+                   StreamingStoreBytes();
+  const ForwardRowsFn<T> loop = PickForwardRows<T>(BestIsa(), options);
   const auto* x = static_cast<const T*>(args.x);
   const auto* z = static_cast<const T*>(args.z);
   auto* y = static_cast<T*>(args.y);
   const int64_t tasks = ElementwiseTasks(g);
   RunTasks(pool, tasks, [&](int64_t task) {
-    ForEachRowPiece(g, PartRange(g.elements(), tasks, task),
-                    [&](int64_t pos, int64_t len, int64_t c) {
-                      piece(x + pos, Advance(z, pos), y + pos, len,
-                            args.mean + c, scale.data() + c, shift.data() + c);
-                    });
+    ForEachRowRun(g, PartRange(g.elements(), tasks, task),
+                  [&](int64_t pos, int64_t rows, int64_t len, int64_t c) {
+                    loop(x + pos, Advance(z, pos), y + pos, rows, len,
+                         args.mean + c, scale.data() + c, shift.data() + c);
+                  });
+    // The pool's hand-off orders ordinary stores; streaming ones need this.
+    if (options.stream) StoreFence();
   });
 }
 
@@ -136,10 +68,11 @@ void BackwardElementwise(ThreadPool* pool, const Geometry& g,
     a[c] = w * invstd;
     k[c] = invstd * invstd * args.mean_dy_xmu[c];
   }
-  const BackwardPieceFn<T> piece =
-      g.inner == 1
-          ? PickBackward<T, true>(args.y != nullptr, args.grad_z != nullptr)
-          : PickBackward<T, false>(args.y != nullptr, args.grad_z != nullptr);
+  BackwardLoopOptions options;
+  options.last = g.inner == 1;
+  options.mask = args.y != nullptr;
+  options.grad_z = args.grad_z != nullptr;
+  const BackwardRowsFn<T> loop = PickBackwardRows<T>(BestIsa(), options);
   const auto* dy = static_cast<const T*>(args.dy);
   const auto* x = static_cast<const T*>(args.x);
   const auto* y = static_cast<const T*>(args.y);
@@ -147,17 +80,16 @@ void BackwardElementwise(ThreadPool* pool, const Geometry& g,
   auto* grad_z = static_cast<T*>(args.grad_z);
   const int64_t tasks = ElementwiseTasks(g);
   RunTasks(pool, tasks, [&](int64_t task) {
-    ForEachRowPiece(g, PartRange(g.elements(), tasks, task),
-                    [&](int64_t pos, int64_t len, int64_t c) {
-                      const BackwardCoefficients co{args.mean + c, a.data() + c,
-                                                    args.mean_dy + c,
-                                                    k.data() + c};
-                      piece(dy + pos, x + pos, Advance(y, pos),
-                            grad_input + pos, Advance(grad_z, pos), len, co);
-                    });
+    ForEachRowRun(g, PartRange(g.elements(), tasks, task),
+                  [&](int64_t pos, int64_t rows, int64_t len, int64_t c) {
+                    const BackwardCoefficients co{args.mean + c, a.data() + c,
+                                                  args.mean_dy + c,
+                                                  k.data() + c};
+                    loop(dy + pos, x + pos, Advance(y, pos), grad_input + pos,
+                         Advance(grad_z, pos), rows, len, co);
+                  });
   });
 }
-
 
 #define SYNCNORM_INSTANTIATE(T) \
   template void Forward<T>(ThreadPool*, const Geometry&, const ForwardArgs&); \

@@ -397,7 +397,9 @@ TEST_P(KernelTest, BackwardElementwiseMatchesReferenceForEveryOption) {
 
 // Shapes: every rank in both layouts, plus sizes that cross the kernels'
 // internal splits (rows longer than a block, more channels than a tile,
-// several tasks per channel).
+// several tasks per channel, channels-last tasks of several row blocks with
+// channel counts that use every SIMD column width: 24 = 16 + 8, 300 = 256 +
+// 32 + 8 + 4).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, KernelTest,
     testing::Values(Layout{{9, 6}, false}, Layout{{9, 6}, true},
@@ -407,18 +409,23 @@ INSTANTIATE_TEST_SUITE_P(
                     Layout{{2, 4, 5, 6, 3}, true}, Layout{{1, 1, 1, 1}, false},
                     Layout{{3, 1, 1}, true}, Layout{{2, 2, 80, 60}, false},
                     Layout{{5, 3, 300}, true}, Layout{{40, 3, 32, 32}, false},
-                    Layout{{16, 40, 40, 5}, true}, Layout{{24, 8, 520}, true}),
+                    Layout{{16, 40, 40, 5}, true}, Layout{{24, 8, 520}, true},
+                    Layout{{8, 64, 80, 24}, true}, Layout{{2, 30, 30, 300}, true},
+                    Layout{{2, 7, 9, 11, 13}, false}),
     [](const testing::TestParamInfo<Layout>& info) {
       return info.param.Name();
     });
 
 // ---- numerics and determinism ---------------------------------------------
 
-// Catastrophic cancellation test: values around +-1e4 with unit spread.
+// Catastrophic cancellation test: values around +-1e4 with unit spread, in
+// the generic loops (2 channels) and the SIMD ones (32 channels
+// channels-last, rows of 4096).
 TEST(LocalMomentsTest, StableWhenMeanIsFarLargerThanStd) {
   for (const Layout& l :
        {Layout{{8, 2, 64, 64}, false}, Layout{{8, 64, 64, 2}, true},
-        Layout{{40000, 2}, false}}) {
+        Layout{{40000, 2}, false}, Layout{{8, 64, 64, 32}, true},
+        Layout{{4, 3, 64, 64}, false}}) {
     std::vector<float> x(l.size());
     std::mt19937_64 rng(31);
     std::normal_distribution<double> unit(0.0, 1.0);
@@ -430,7 +437,7 @@ TEST(LocalMomentsTest, StableWhenMeanIsFarLargerThanStd) {
     ASSERT_TRUE(LocalMoments(KernelContext{}, DType::kFloat32, x.data(),
                              l.geometry(), &m)
                     .ok());
-    for (int c = 0; c < 2; ++c) {
+    for (int c = 0; c < l.c(); ++c) {
       const long double ref_var = ref.m2[c] / ref.count;
       const long double var = m.m2[c] / m.count;
       EXPECT_LT(std::fabs(var - ref_var) / ref_var, kStatsTol)
@@ -508,7 +515,7 @@ TEST(DeterminismTest, ResultsAreBitwiseIdenticalForAnyPoolSize) {
   for (const Layout& l :
        {Layout{{40, 3, 32, 32}, false}, Layout{{16, 40, 40, 5}, true},
         Layout{{24, 8, 520}, true}, Layout{{3000, 7}, false},
-        Layout{{2, 2, 80, 60}, false}}) {
+        Layout{{2, 2, 80, 60}, false}, Layout{{8, 64, 80, 24}, true}}) {
     const AllOutputs serial = RunAll(l, nullptr);
     for (int threads : {2, 3}) {
       ThreadPool pool(threads);

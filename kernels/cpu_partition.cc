@@ -54,7 +54,11 @@ ReducePlan MakeReducePlan(const Geometry& g) {
 }
 
 int64_t ElementwiseTasks(const Geometry& g) {
-  return std::max<int64_t>(1, CeilDiv(g.elements(), kMinTaskValues));
+  // At most kTargetTasks: each task a long contiguous stream, which the
+  // hardware prefetcher keeps ahead of (a new task restarts it), and few
+  // claims on the pool's lock.
+  const int64_t by_size = CeilDiv(g.elements(), kMinTaskValues);
+  return std::max<int64_t>(1, std::min(by_size, kTargetTasks));
 }
 
 void RunTasks(ThreadPool* pool, int64_t tasks,

@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "kernels/batch_norm.h"
+#include "kernels/cpu_sums.h"
 
 namespace syncnorm {
 namespace cpu {
@@ -22,6 +23,11 @@ inline constexpr int64_t kBlock = 4096;
 // Channels-last reductions: channels per task, so per-channel accumulators
 // stay in L1 however many channels there are.
 inline constexpr int64_t kChannelTile = 256;
+// Channels-last reductions: rows per block. Each channel adds a block's rows
+// into one accumulator, as many values as a channels-first block gives each
+// of its kLanes lanes; the per-block merge then costs one Chan merge per
+// channel per 512 rows, nothing next to reading them.
+inline constexpr int64_t kRowsPerMerge = kBlock / kLanes;
 
 // [begin, end) of a part.
 struct Range {
@@ -50,7 +56,8 @@ struct ReducePlan {
 // REQUIRES: g is valid (see ValidateGeometry in batch_norm.cc).
 ReducePlan MakeReducePlan(const Geometry& g);
 
-// The number of tasks an elementwise kernel splits g.elements() into.
+// The number of tasks an elementwise kernel splits g.elements() into. The
+// split changes no result, only the speed.
 int64_t ElementwiseTasks(const Geometry& g);
 
 // Runs fn(task) for every task in [0, tasks): on `pool` when given, else on
@@ -58,19 +65,28 @@ int64_t ElementwiseTasks(const Geometry& g);
 void RunTasks(ThreadPool* pool, int64_t tasks,
               const std::function<void(int64_t)>& fn);
 
-// Calls fn(pos, len, c) for each piece of the flat element range r that lies
-// within one contiguous row: [pos, pos + len) are elements of channel c
-// (inner > 1) or of channels [c, c + len) (inner == 1).
+// Calls fn(pos, rows, len, c) for runs of the flat element range r: `rows`
+// consecutive rows of `len` elements from element pos. Whole rows are
+// grouped into one run; a part of a row is a run of its own (rows == 1).
+// Channels-first (inner > 1): row k of the run holds channel c + k (a run
+// ends with the batch item). Channels-last: each row of the run holds
+// channels [c, c + len).
 template <typename Fn>
-void ForEachRowPiece(const Geometry& g, Range r, Fn&& fn) {
+void ForEachRowRun(const Geometry& g, Range r, Fn&& fn) {
   const bool last = g.inner == 1;
   const int64_t row_len = last ? g.channels : g.inner;
   for (int64_t pos = r.begin; pos < r.end;) {
     const int64_t row = pos / row_len;
     const int64_t offset = pos % row_len;
+    const int64_t c = last ? offset : row % g.channels;
     const int64_t len = std::min(row_len - offset, r.end - pos);
-    fn(pos, len, last ? offset : row % g.channels);
-    pos += len;
+    int64_t rows = 1;
+    if (len == row_len) {
+      rows = (r.end - pos) / row_len;
+      if (!last) rows = std::min(rows, g.channels - c);
+    }
+    fn(pos, rows, len, c);
+    pos += rows * len;
   }
 }
 
