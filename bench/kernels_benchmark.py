@@ -1,6 +1,7 @@
 """CPU kernels (issue 8, item 3): GB/s of local moments, forward and backward
 for NCHW and NHWC fp32 (//kernels:batch_norm on a 2-thread pool), against a
-read-bandwidth loop and memcpy measured by the same binary in the same run,
+vectorized read loop (AVX2 where the CPU has it) and memcpy measured by the
+same binary in the same run,
 and against torch's CPU var_mean and batch_norm (2 threads) on the same
 shape, measured right after."""
 
