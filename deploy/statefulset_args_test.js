@@ -101,4 +101,8 @@ test('--check_config rejects what a rollout would trip on', () => {
   run = checkConfig([...pod.args, '--round_timeout_ms=0']);
   assert.equal(run.status, 2);
   assert.match(run.stderr, /round_timeout_ms must be positive/);
+  // A message limit raised past half of what gRPC's transport may hold.
+  run = checkConfig([...pod.args, '--max_message_bytes=1073741824']);
+  assert.equal(run.status, 2);
+  assert.match(run.stderr, /--max_transport_bytes=\d+ is below twice/);
 });

@@ -66,6 +66,20 @@ int ReceiveCeiling(const Limits& limits) {
              : static_cast<int>(limits.max_message_bytes * 2);
 }
 
+absl::Status CheckTransportBytes(int64_t max_transport_bytes,
+                                 const Limits& limits) {
+  const int ceiling = ReceiveCeiling(limits);
+  if (max_transport_bytes <= 0 || ceiling < 0 ||
+      max_transport_bytes >= ceiling) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--max_transport_bytes=", max_transport_bytes,
+      " is below twice --max_message_bytes=", limits.max_message_bytes,
+      " (gRPC's receive ceiling, ", ceiling,
+      "): raise it, lower --max_message_bytes, or lift either with 0"));
+}
+
 RoundAdmission::Stripe& RoundAdmission::StripeOf(const Key& key) {
   return stripes_[absl::Hash<Key>()(key) % kStripes];
 }

@@ -65,6 +65,14 @@ absl::Status CheckMessageSize(size_t bytes, absl::string_view what,
 // is not positive.
 int ReceiveCeiling(const Limits& limits);
 
+// --max_transport_bytes (what gRPC's transport may hold; see ServerOptions)
+// against the limits: INVALID_ARGUMENT naming both flags when it is below
+// ReceiveCeiling(limits), where gRPC would cut off with its own error
+// messages that the service is meant to take or refuse naming
+// --max_message_bytes; OK otherwise, or when either is not positive.
+absl::Status CheckTransportBytes(int64_t max_transport_bytes,
+                                 const Limits& limits);
+
 // Counts the rounds in flight, by (job, group, layer, step, phase), from
 // the contributions that wait for them. A contribution enters before it is
 // handed to its round and leaves once it is answered. Thread-safe; the hot

@@ -160,5 +160,20 @@ TEST(MessageSizeTest, NamesTheFlagItsValueAndTheSize) {
   EXPECT_EQ(ReceiveCeiling(limits), -1);
 }
 
+TEST(TransportBytesTest, MustHoldOneMessageAtTheReceiveCeiling) {
+  Limits limits;
+  limits.max_message_bytes = 1000;
+  EXPECT_TRUE(CheckTransportBytes(2000, limits).ok());
+  EXPECT_TRUE(CheckTransportBytes(0, limits).ok()) << "no quota";
+  absl::Status s = CheckTransportBytes(1999, limits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("--max_transport_bytes=1999"), std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("--max_message_bytes=1000"), std::string::npos)
+      << s;
+  limits.max_message_bytes = 0;
+  EXPECT_TRUE(CheckTransportBytes(1, limits).ok()) << "no message limit";
+}
+
 }  // namespace
 }  // namespace syncnorm

@@ -81,6 +81,18 @@ ABSL_FLAG(int64_t, max_channels_per_job, 1 << 22,
 ABSL_FLAG(int, max_pending_rounds, 100000,
           "Rounds in flight (waiting for ranks) across the server");
 ABSL_FLAG(int, max_streams, 10000, "Open Reduce streams");
+// Enforced by gRPC, with its own error; <= 0: no quota.
+ABSL_FLAG(int64_t, max_transport_bytes, int64_t{1} << 30,
+          "Memory gRPC's transport may hold, in bytes: messages still "
+          "arriving (gRPC takes a whole message before its size check), "
+          "every stream's unread data, read buffers. Past it gRPC cancels "
+          "streams, its oldest connections' first, with its own "
+          "RESOURCE_EXHAUSTED ('Received RST_STREAM with error code 11', "
+          "naming no flag). At least twice --max_message_bytes. The "
+          "default holds 8 messages at that ceiling (default "
+          "--max_message_bytes), or 1000 of the largest contributions "
+          "--max_channels allows (1 MiB), arriving at once; not an 8 MiB "
+          "HTTP/2 window for each of --max_streams");
 
 ABSL_FLAG(bool, check_config, false,
           "Check the flags (--flagfile included) and exit without serving: "
@@ -139,6 +151,11 @@ absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics_listen='", options.metrics_listen,
                      "' is not HOST:PORT with a port in 0..65535 (or empty)"));
+  }
+  if (absl::Status s = syncnorm::CheckTransportBytes(
+          options.max_transport_bytes, options.limits);
+      !s.ok()) {
+    return s;
   }
   if (absl::Status s = CheckDataDir(options.data_dir); !s.ok()) return s;
   const syncnorm::TlsFiles tls{options.tls_cert, options.tls_key,
@@ -237,6 +254,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_channels_per_job);
   options.limits.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
   options.limits.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.max_transport_bytes = absl::GetFlag(FLAGS_max_transport_bytes);
   const absl::Duration shutdown_grace = absl::Milliseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
   if (options.data_dir.empty()) {
@@ -259,7 +277,7 @@ int main(int argc, char** argv) {
         "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
         "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
         "max_channels=%d max_world_size=%d max_channels_per_job=%lld "
-        "max_pending_rounds=%d max_streams=%d\n",
+        "max_pending_rounds=%d max_streams=%d max_transport_bytes=%lld\n",
         options.listen.c_str(),
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.round_timeout)),
@@ -277,7 +295,8 @@ int main(int argc, char** argv) {
         options.limits.max_jobs, options.limits.max_layers_per_job,
         options.limits.max_channels, options.limits.max_world_size,
         static_cast<long long>(options.limits.max_channels_per_job),
-        options.limits.max_pending_rounds, options.limits.max_streams);
+        options.limits.max_pending_rounds, options.limits.max_streams,
+        static_cast<long long>(options.max_transport_bytes));
     return 0;
   }
 

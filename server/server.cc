@@ -8,9 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/kv_state_store.h"
+#include "server/limits.h"
 #include "server/log.h"
 #include "server/memory_engine.h"
 #include "server/rocksdb_engine.h"
@@ -64,6 +66,11 @@ absl::Status Server::Start() {
   if (options_.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(
         "keep_checkpoints must be >= 0 (0 keeps all)");
+  }
+  if (absl::Status s = CheckTransportBytes(options_.max_transport_bytes,
+                                           options_.limits);
+      !s.ok()) {
+    return s;
   }
   const TlsFiles tls{options_.tls_cert, options_.tls_key,
                      options_.tls_client_ca};
@@ -120,6 +127,14 @@ absl::Status Server::Start() {
   // Above the limit, so that the service sees a message somewhat over it
   // and refuses it naming --max_message_bytes (see ReceiveCeiling).
   builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.limits));
+  // gRPC 1.51 buffers a whole message before checking its size, and the
+  // length prefix allows 4 GiB: the quota is what bounds the transport's
+  // memory. Past it gRPC cancels streams until it is back under.
+  if (options_.max_transport_bytes > 0) {
+    grpc::ResourceQuota quota("syncnorm-aggregator");
+    quota.Resize(static_cast<size_t>(options_.max_transport_bytes));
+    builder.SetResourceQuota(quota);  // takes its own reference
+  }
   builder.RegisterService(service_.get());
   if (metrics_ != nullptr) {
     builder.experimental().SetInterceptorCreators(

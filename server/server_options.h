@@ -2,6 +2,7 @@
 #ifndef SYNCNORM_SERVER_SERVER_OPTIONS_H_
 #define SYNCNORM_SERVER_SERVER_OPTIONS_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/time/time.h"
@@ -59,6 +60,17 @@ struct ServerOptions {
 
   // ---- Limits (see limits.h) ----
   Limits limits;
+  // What gRPC's transport may hold in memory, in bytes (a
+  // grpc::ResourceQuota): data it has read and not yet handed to the
+  // service (every message still arriving, whole, and every stream's
+  // unread data), its read buffers and per-call arenas. Past it gRPC
+  // cancels streams, those of its oldest connections first, until it is
+  // back under: that cuts off a message too large to hold before all of it
+  // has arrived, and may cut legitimate streams too. Their clients get
+  // gRPC's RESOURCE_EXHAUSTED, naming no flag. Zero or less: no quota.
+  // When both are set it must be at least ReceiveCeiling(limits)
+  // (CheckTransportBytes). Default 1 GiB.
+  int64_t max_transport_bytes = int64_t{1} << 30;
 };
 
 }  // namespace syncnorm

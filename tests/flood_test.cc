@@ -6,7 +6,8 @@
 // naming its flag; the server's resident memory must stay under a bound
 // derived from the limits (at its peak and after), come back near where it
 // started once the abusers are gone, and the server must then still serve
-// correct rounds.
+// correct rounds. A message far above every limit is cut off by gRPC's
+// transport quota before much of it arrives, and the server serves on.
 #include <signal.h>
 
 #include <atomic>
@@ -25,8 +26,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "grpcpp/completion_queue.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 #include "tests/testing/cluster.h"
@@ -50,6 +55,10 @@ constexpr int kMaxWorldSize = 3;
 constexpr int64_t kMaxChannelsPerJob = 2 * kMaxChannels;
 constexpr int kMaxPendingRounds = 48;
 constexpr int kMaxStreams = 12;
+// What gRPC's transport may hold: well above what the floods below make it
+// hold (two clients' unread HTTP/2 windows, near-max messages being
+// received), so that its reclaimer cuts none of their streams.
+constexpr int64_t kMaxTransportBytes = 64 << 20;
 
 // Server constants the bound depends on (server/reduce_reactor.h,
 // server/server.cc, server/round.h, server/rocksdb_engine.h).
@@ -67,7 +76,8 @@ constexpr absl::Duration kTrimWait = absl::Seconds(8);
 
 // The most the server may hold above its warmed-up footprint, in kB.
 //   streams: each holds what its client sent and the server did not read
-//     yet (the HTTP/2 window), up to kHeldMessages x max_message_bytes of
+//     yet (the HTTP/2 window; all streams' together are also capped by
+//     --max_transport_bytes), up to kHeldMessages x max_message_bytes of
 //     unanswered contributions and unwritten results, and the message being
 //     received (up to twice the limit: gRPC's receive ceiling) and parsed;
 //   unary calls: a message being received and parsed each;
@@ -91,6 +101,23 @@ int64_t BoundKb() {
   return (streams + calls + rounds + jobs + kRocksDbBytes + slack) / 1024;
 }
 
+// A message far above both --max_message_bytes and the quota.
+constexpr int64_t kHugeMessageBytes = int64_t{256} << 20;
+
+// The most the server may hold above its footprint while it is sent the
+// huge message, in kB: what the transport holds, up to
+// --max_transport_bytes; what it reads past that before the stream is
+// cancelled (gRPC's quota is soft: reads go on while its reclaimer runs,
+// and it cancels other streams first; up to 44 MiB measured on a loaded
+// 2-core machine); slack for the allocator, thread stacks and gRPC's
+// bookkeeping. Without the quota the transport takes all of the message
+// before its size check, 256 MiB: over this bound.
+int64_t HugeMessageBoundKb() {
+  const int64_t overshoot = 64 << 20;
+  const int64_t slack = 16 << 20;
+  return (kMaxTransportBytes + overshoot + slack) / 1024;
+}
+
 // Shorter than the default (1 s), so that the test sees it honoured.
 constexpr absl::Duration kStragglerThreshold = absl::Milliseconds(100);
 
@@ -104,7 +131,8 @@ std::vector<std::string> ServerFlags() {
           absl::StrCat("--max_world_size=", kMaxWorldSize),
           absl::StrCat("--max_channels_per_job=", kMaxChannelsPerJob),
           absl::StrCat("--max_pending_rounds=", kMaxPendingRounds),
-          absl::StrCat("--max_streams=", kMaxStreams)};
+          absl::StrCat("--max_streams=", kMaxStreams),
+          absl::StrCat("--max_transport_bytes=", kMaxTransportBytes)};
 }
 
 v1::CreateJobRequest Job(const std::string& id, int world, int layers,
@@ -165,6 +193,42 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address, int tag) {
   args.SetInt("syncnorm.flood_test.connection", tag);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                    args);
+}
+
+// A ReduceOnce request of `bytes` (a multiple of 1 MiB), sent on a
+// connection of its own by a client that lets gRPC send any size; its
+// status. The request is unparsed bytes: one block of zeros referenced over
+// and over, so that the client holds 1 MiB whatever the size. The server
+// never parses it: gRPC cuts it off first.
+grpc::Status SendRawRequest(const std::string& address, int64_t bytes) {
+  const std::string block(1 << 20, '\0');
+  const grpc::Slice slice(block.data(), block.size(),
+                          grpc::Slice::STATIC_SLICE);
+  const std::vector<grpc::Slice> slices(bytes / block.size(), slice);
+  const grpc::ByteBuffer request(slices.data(), slices.size());
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt("syncnorm.flood_test.connection", -1);
+  grpc::GenericStub stub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(
+      &context,
+      absl::StrCat("/", v1::Aggregator::service_full_name(), "/ReduceOnce"),
+      request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, nullptr);
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
 }
 
 // Samples the server's resident memory until stopped; keeps the peak.
@@ -614,6 +678,70 @@ TEST_F(FloodTest, MemoryStaysBoundedAndEveryLimitIsNamed) {
         << "flood " << pass << ": the server held on to "
         << after[pass] - rss_start << " kB";
   }
+}
+
+// gRPC 1.51 takes a whole message before its size check. Past
+// --max_transport_bytes its quota cancels streams, one at a time, until the
+// transport is back under it: the huge message is cut off early and its
+// client gets gRPC's RESOURCE_EXHAUSTED. gRPC picks the streams by the age
+// of their connection, not by what they hold: a stream opened before, on
+// an older connection, is cancelled first, with the same status. A new
+// stream then serves correct rounds, and the server stays SERVING.
+TEST_F(FloodTest, MessageOverTheTransportQuotaIsCutOffEarly) {
+  const absl::Time start = absl::Now();
+  grpc::ClientContext older_context;
+  older_context.set_deadline(absl::ToChronoTime(start + absl::Seconds(20)));
+  std::unique_ptr<Stream> older = stub_->Reduce(&older_context);
+  auto [answer, rank0] =
+      NormalRound(*older, 1, RoundContribution("normal", 0, 1, 1, 512));
+  ASSERT_TRUE(answer.ok() && rank0.ok()) << answer << rank0.status();
+  const int64_t rss_start = RssKb();
+  const int64_t bound = rss_start + HugeMessageBoundKb();
+  RssSampler sampler(server_->process().pid());
+  const absl::Time sent = absl::Now();
+  const grpc::Status cut =
+      SendRawRequest(server_->address(), kHugeMessageBytes);
+  const absl::Duration took = absl::Now() - sent;
+  absl::SleepFor(absl::Milliseconds(100));  // a last sample or more
+  sampler.Stop();
+  EXPECT_EQ(cut.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << cut.error_message();
+  EXPECT_LE(sampler.peak_kb(), bound);
+
+  v1::RoundResult r;
+  EXPECT_FALSE(older->Read(&r)) << "the older stream was not cancelled";
+  const grpc::Status collateral = older->Finish();
+  EXPECT_EQ(collateral.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << collateral.error_message();
+
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub_->Reduce(&context);
+  for (int64_t step = 2; step <= 4; ++step) {
+    auto [answer, rank0] = NormalRound(
+        *stream, step, RoundContribution("normal", 0, step, 1, 512));
+    ASSERT_TRUE(answer.ok()) << answer;
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
+    EXPECT_EQ(CheckGlobal(rank0->moments(),
+                          ReferenceMerge("normal", 0, step, {0, 1}, 512)),
+              "")
+        << "step " << step;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  auto health = CheckHealth(channel_);
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, 1) << "SERVING";
+  std::fprintf(stderr,
+               "huge message: %lld MiB cut off after %.2f s (%s); the older "
+               "stream: %s; server rss %lld kB before, %lld kB at the peak, "
+               "bound %lld kB; %.1f s\n",
+               static_cast<long long>(kHugeMessageBytes >> 20),
+               absl::ToDoubleSeconds(took), FromGrpc(cut).ToString().c_str(),
+               FromGrpc(collateral).ToString().c_str(),
+               static_cast<long long>(rss_start),
+               static_cast<long long>(sampler.peak_kb()),
+               static_cast<long long>(bound),
+               absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 }  // namespace
