@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything and runs the whole test suite, then the system tests
-# again under AddressSanitizer (scripts/sanitizers.sh), and prints
-# "N passed, N failed" counted from Bazel's test summaries of both runs.
+# again under AddressSanitizer and ThreadSanitizer (scripts/sanitizers.sh),
+# and prints "N passed, N failed" counted from Bazel's test summaries of
+# all three runs.
 # Extra arguments go to the main `bazel test` (e.g. --test_output=all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -9,18 +10,19 @@ bash scripts/deps.sh || exit 1
 log=$(mktemp)
 bazel test //... "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
-bash scripts/sanitizers.sh 2>&1 | sed 's|^//|asan //|' | tee -a "$log"
-asan_rc=${PIPESTATUS[0]}
-passed=$(grep -cE '^(asan )?//[^ ]+ +(\(cached\) )?PASSED' "$log")
-failed=$(grep -cE '^(asan )?//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)' "$log")
+# It labels its summary lines "asan //..." and "tsan //...".
+bash scripts/sanitizers.sh 2>&1 | tee -a "$log"
+san_rc=${PIPESTATUS[0]}
+passed=$(grep -cE '^((asan|tsan) )?//[^ ]+ +(\(cached\) )?PASSED' "$log")
+failed=$(grep -cE '^((asan|tsan) )?//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)' "$log")
 rm -f "$log"
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   echo "bazel test exited with $rc (a build error?)" >&2
   failed=1
 fi
-if [ "$asan_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
-  echo "the AddressSanitizer run exited with $asan_rc (a build error?)" >&2
+if [ "$san_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  echo "the sanitizer runs exited with $san_rc (a build error?)" >&2
   failed=1
 fi
 echo "${passed} passed, ${failed} failed"
-[ "$rc" -eq 0 ] && [ "$asan_rc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$san_rc" -eq 0 ]

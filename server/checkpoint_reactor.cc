@@ -39,13 +39,17 @@ void CheckpointReactor::Answer(const absl::StatusOr<CheckpointMeta>& result) {
   Finish(ToGrpcStatus(result.status()));
 }
 
+// Holds a reference while it runs, as ReduceReactor::OnCancel does.
 void CheckpointReactor::OnCancel() {
+  refs_.fetch_add(1, std::memory_order_relaxed);
+  bool finish = false;
   {
     absl::MutexLock lock(&mu_);
-    if (finished_) return;
+    finish = !finished_;
     finished_ = true;
   }
-  Finish(grpc::Status::CANCELLED);
+  if (finish) Finish(grpc::Status::CANCELLED);
+  Unref();
 }
 
 void CheckpointReactor::OnDone() { Unref(); }

@@ -39,7 +39,8 @@ class CheckpointReactor final : public grpc::ServerUnaryReactor {
   void Unref();
 
   v1::CheckpointInfo* const response_;
-  // Owners: gRPC until OnDone, and the outstanding aggregator callback.
+  // Owners: gRPC until OnDone, the outstanding aggregator callback, and
+  // OnCancel while it runs.
   std::atomic<int> refs_{2};
 
   absl::Mutex mu_;

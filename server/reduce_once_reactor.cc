@@ -50,13 +50,17 @@ void ReduceOnceReactor::Answer(const Contribution& key,
   Finish(ToGrpcStatus(status));
 }
 
+// Holds a reference while it runs, as ReduceReactor::OnCancel does.
 void ReduceOnceReactor::OnCancel() {
+  refs_.fetch_add(1, std::memory_order_relaxed);
+  bool finish = false;
   {
     absl::MutexLock lock(&mu_);
-    if (finished_) return;
+    finish = !finished_;
     finished_ = true;
   }
-  Finish(grpc::Status::CANCELLED);
+  if (finish) Finish(grpc::Status::CANCELLED);
+  Unref();
 }
 
 void ReduceOnceReactor::OnDone() { Unref(); }

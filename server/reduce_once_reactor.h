@@ -38,7 +38,8 @@ class ReduceOnceReactor final : public grpc::ServerUnaryReactor {
   void Unref();
 
   v1::RoundResult* const response_;
-  // Owners: gRPC until OnDone, and the outstanding aggregator callback.
+  // Owners: gRPC until OnDone, the outstanding aggregator callback, and
+  // OnCancel while it runs.
   std::atomic<int> refs_{2};
 
   absl::Mutex mu_;

@@ -92,7 +92,8 @@ class ReduceReactor final
   absl::Status refused_;             // why streams refused it, if they did
   StreamSet* const streams_;         // null when refused or not counted
   const int64_t max_message_bytes_;  // <= 0: no limit
-  // Owners: gRPC until OnDone, and one per outstanding aggregator callback.
+  // Owners: gRPC until OnDone, one per outstanding aggregator callback, and
+  // OnCancel while it runs.
   std::atomic<int> refs_{1};
   // Only the read path touches it, and only one read is outstanding.
   v1::Contribution request_;

@@ -319,7 +319,10 @@ TEST(FaultTest, ClientThatVanishesFreesWhatItHeld) {
     std::fprintf(stderr, "cycle %d: server rss %lld kB, %d fds, %d threads\n",
                  cycle, static_cast<long long>(now->rss_kb), now->fds,
                  now->threads);
-    if (cycle == 0) warm = *now;
+    // gRPC's thread pools grow during the first cycles, and take longer to
+    // in slow builds (TSan: 17, 18, then 20 threads); compare with the
+    // second cycle, so a leak still shows over the three after it.
+    if (cycle == 1) warm = *now;
   }
   auto end = ReadProcStats(agg->process().pid());
   ASSERT_TRUE(end.ok());
