@@ -15,10 +15,12 @@ log="$(mktemp)"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-} log_path=stderr"
 
 failures=0
-# expect BINARY CASE MODE clean|race
-expect() {
+got=
+# run_case BINARY CASE MODE clean|race: runs it, sets $got; true if as
+# expected.
+run_case() {
   "$1" "$2" "$3" >"$log" 2>&1
-  local rc=$? reports races got
+  local rc=$? reports races
   reports=$(grep -c 'WARNING: ThreadSanitizer' "$log")
   races=$(grep -c "Location is global '.*shared_data'" "$log")
   if [ "$rc" -eq 0 ] && [ "$reports" -eq 0 ]; then
@@ -28,6 +30,12 @@ expect() {
   else
     got="exit $rc, $reports report(s), $races on shared_data"
   fi
+  [ "$got" = "$4" ]
+}
+
+# report BINARY CASE MODE clean|race: prints the last run's outcome, counts
+# a failure.
+report() {
   printf '%-14s %-32s %-7s %s\n' "$(basename "$1")" "$2" "$3" "$got"
   if [ "$got" != "$4" ]; then
     echo "  expected $4; its output:"
@@ -38,10 +46,18 @@ expect() {
 
 names=$("$cases" --list) || exit 1
 for name in $names; do
-  expect "$cases" "$name" synced clean
-  expect "$cases" "$name" racy race
+  run_case "$cases" "$name" synced clean
+  report "$cases" "$name" synced clean
+  # TSan can miss a race now and then (it drops a report whose other stack
+  # it cannot restore); an annotation that orders too much misses it every
+  # time. So a racy case gets three runs to report one.
+  for try in 1 2 3; do
+    run_case "$cases" "$name" racy race && break
+  done
+  report "$cases" "$name" racy race
 done
-expect "$plain" lock synced race
+run_case "$plain" lock synced race
+report "$plain" lock synced race
 
 rm -f "$log"
 if [ "$failures" -ne 0 ]; then
