@@ -248,10 +248,7 @@ absl::StatusOr<ForwardReply> Contributor::ReduceForward(int layer, int64_t step,
         "the server answered round ", Describe(*c),
         " without global moments of ", local.channels(), " channels"));
   }
-  ForwardReply reply;
-  reply.global = FromProto(r->moments());
-  reply.version = r->version();
-  return reply;
+  return ForwardReplyFromProto(*r);
 }
 
 absl::StatusOr<GradSums> Contributor::ReduceBackward(int layer, int64_t step,

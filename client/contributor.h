@@ -24,6 +24,11 @@ namespace syncnorm {
 struct ForwardReply {
   GlobalMoments global;
   int64_t version = 0;  // the layer's running-stats version after the round
+  // Ranks of the group whose contributions the round did not count,
+  // ascending: a round the job's quorum policy completed without them
+  // (RoundResult.missing_ranks). It names the receiver itself when its
+  // contribution came too late. Empty when every rank was counted.
+  std::vector<int> missing_ranks;
 };
 
 // Sends one rank's contributions of a job over one bidirectional Reduce

@@ -37,6 +37,15 @@ GlobalMoments FromProto(const v1::GlobalMoments& m) {
   return g;
 }
 
+ForwardReply ForwardReplyFromProto(const v1::RoundResult& r) {
+  ForwardReply reply;
+  reply.global = FromProto(r.moments());
+  reply.version = r.version();
+  reply.missing_ranks.assign(r.missing_ranks().begin(),
+                             r.missing_ranks().end());
+  return reply;
+}
+
 GradSums FromProto(const v1::GradSums& g) {
   GradSums s;
   s.sum_dy.assign(g.sum_dy().begin(), g.sum_dy().end());

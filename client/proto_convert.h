@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/contributor.h"
 #include "grpcpp/support/status.h"
 #include "kernels/moments.h"
 #include "syncnorm/v1/aggregator.pb.h"
@@ -21,6 +22,9 @@ void ToProto(const Moments& m, v1::Moments* out);
 void ToProto(const GradSums& g, v1::GradSums* out);
 GlobalMoments FromProto(const v1::GlobalMoments& m);
 GradSums FromProto(const v1::GradSums& g);
+// A FORWARD round's result: global moments, version and missing ranks.
+// REQUIRES: r.has_moments().
+ForwardReply ForwardReplyFromProto(const v1::RoundResult& r);
 
 absl::Status FromGrpcStatus(const grpc::Status& s);
 
