@@ -49,6 +49,38 @@ struct OutcomeHeader {
 // then mean[C] and m2[C].
 constexpr int kForwardHeader = 4;
 
+// A forward result's missing ranks travel as a mask of world_size bits
+// (rank r: bit r % 8 of byte r / 8): its size is fixed by the job, so the
+// other local ranks know the broadcast's size before it arrives.
+std::vector<uint8_t> EmptyRankMask(int world_size) {
+  return std::vector<uint8_t>((static_cast<size_t>(world_size) + 7) / 8, 0);
+}
+
+// Sets the bits of `ranks`; INTERNAL when one is outside [0, world_size).
+absl::Status MaskRanks(const std::vector<int>& ranks, int world_size,
+                       std::vector<uint8_t>& mask) {
+  for (int r : ranks) {
+    if (r < 0 || r >= world_size) {
+      return absl::InternalError(absl::StrCat(
+          "the aggregator named missing rank ", r, ", outside the job's ",
+          world_size, " ranks (NcclNodeGroupOptions::world_size)"));
+    }
+    mask[r / 8] |= static_cast<uint8_t>(1u << (r % 8));
+  }
+  return absl::OkStatus();
+}
+
+// The ranks of a mask, ascending.
+std::vector<int> RanksOf(const std::vector<uint8_t>& mask) {
+  std::vector<int> ranks;
+  for (size_t byte = 0; byte < mask.size(); ++byte) {
+    for (int bit = 0; bit < 8; ++bit) {
+      if (mask[byte] & (1u << bit)) ranks.push_back(byte * 8 + bit);
+    }
+  }
+  return ranks;
+}
+
 }  // namespace
 
 FileUniqueIdExchange::FileUniqueIdExchange(std::string path,
@@ -103,11 +135,12 @@ absl::StatusOr<std::unique_ptr<NcclNodeGroup>> NcclNodeGroup::Create(
     std::unique_ptr<NodeGroup> upstream) {
   if (options.local_size < 1 || options.local_rank < 0 ||
       options.local_rank >= options.local_size ||
-      options.timeout <= absl::ZeroDuration()) {
+      options.timeout <= absl::ZeroDuration() || options.world_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "NcclNodeGroup: need 0 <= local_rank < local_size and a positive "
-        "timeout; got local_rank ", options.local_rank, ", local_size ",
-        options.local_size));
+        "NcclNodeGroup: need 0 <= local_rank < local_size, a positive "
+        "timeout and the job's world_size (>= 1); got local_rank ",
+        options.local_rank, ", local_size ", options.local_size,
+        ", world_size ", options.world_size));
   }
   const bool leader = options.local_rank == 0;
   if (leader && upstream == nullptr) {
@@ -147,10 +180,12 @@ NcclNodeGroup::~NcclNodeGroup() = default;
 
 absl::Status NcclNodeGroup::ShareOutcome(const absl::Status& leader_status,
                                          int64_t* ints,
-                                         std::vector<double>& payload) {
+                                         std::vector<double>& payload,
+                                         std::vector<uint8_t>& mask) {
   const bool leader = options_.local_rank == 0;
-  std::vector<char> buffer(sizeof(OutcomeHeader) +
-                           payload.size() * sizeof(double));
+  const size_t payload_bytes = payload.size() * sizeof(double);
+  std::vector<char> buffer(sizeof(OutcomeHeader) + payload_bytes +
+                           mask.size());
   OutcomeHeader header{};
   if (leader) {
     header.code = static_cast<int64_t>(leader_status.code());
@@ -160,7 +195,9 @@ absl::Status NcclNodeGroup::ShareOutcome(const absl::Status& leader_status,
     std::strncpy(header.message, message.c_str(), sizeof(header.message) - 1);
     std::memcpy(buffer.data(), &header, sizeof(header));
     std::memcpy(buffer.data() + sizeof(header), payload.data(),
-                payload.size() * sizeof(double));
+                payload_bytes);
+    std::memcpy(buffer.data() + sizeof(header) + payload_bytes, mask.data(),
+                mask.size());
   }
   absl::Status s =
       ToStatus(comm_->Broadcast(buffer.data(), buffer.size(), /*root=*/0));
@@ -176,8 +213,9 @@ absl::Status NcclNodeGroup::ShareOutcome(const absl::Status& leader_status,
   }
   ints[0] = header.ints[0];
   ints[1] = header.ints[1];
-  std::memcpy(payload.data(), buffer.data() + sizeof(header),
-              payload.size() * sizeof(double));
+  std::memcpy(payload.data(), buffer.data() + sizeof(header), payload_bytes);
+  std::memcpy(mask.data(), buffer.data() + sizeof(header) + payload_bytes,
+              mask.size());
   return absl::OkStatus();
 }
 
@@ -218,10 +256,11 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer,
   }
   int64_t ints[2] = {0, 0};
   std::vector<double> payload(2 * static_cast<size_t>(channels));
-  absl::StatusOr<ForwardReply> reply;
+  std::vector<uint8_t> mask = EmptyRankMask(options_.world_size);
   absl::Status leader_status;
   if (options_.local_rank == 0) {
-    reply = upstream_->SyncForward(layer, step, merged);
+    absl::StatusOr<ForwardReply> reply =
+        upstream_->SyncForward(layer, step, merged);
     leader_status = reply.status();
     if (reply.ok() && (reply->global.mean.size() != payload.size() / 2 ||
                        reply->global.var.size() != payload.size() / 2)) {
@@ -235,16 +274,20 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer,
                 payload.begin());
       std::copy(reply->global.var.begin(), reply->global.var.end(),
                 payload.begin() + channels);
+      leader_status =
+          MaskRanks(reply->missing_ranks, options_.world_size, mask);
     }
   }
-  s = ShareOutcome(leader_status, ints, payload);
+  s = ShareOutcome(leader_status, ints, payload, mask);
   if (!s.ok()) return s;
-  if (options_.local_rank == 0) return reply;
+  // The leader too builds its reply from what it broadcast: the same reply
+  // on every local rank.
   ForwardReply out;
   out.global.count = ints[0];
   out.version = ints[1];
   out.global.mean.assign(payload.begin(), payload.begin() + channels);
   out.global.var.assign(payload.begin() + channels, payload.end());
+  out.missing_ranks = RanksOf(mask);
   return out;
 }
 
@@ -280,7 +323,8 @@ absl::StatusOr<GradSums> NcclNodeGroup::SyncBackward(int layer, int64_t step,
                 payload.begin() + channels);
     }
   }
-  s = ShareOutcome(leader_status, ints, payload);
+  std::vector<uint8_t> no_mask;
+  s = ShareOutcome(leader_status, ints, payload, no_mask);
   if (!s.ok()) return s;
   GradSums out;
   out.sum_dy.assign(payload.begin(), payload.begin() + channels);

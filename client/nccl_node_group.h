@@ -4,8 +4,10 @@
 #ifndef SYNCNORM_CLIENT_NCCL_NODE_GROUP_H_
 #define SYNCNORM_CLIENT_NCCL_NODE_GROUP_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,6 +56,11 @@ struct NcclNodeGroupOptions {
   int local_rank = 0;
   // Workers (GPUs) of the node. Default 1.
   int local_size = 1;
+  // The job's world size (CreateJobRequest.world_size: contributor ranks,
+  // one per node). It sizes the mask of missing ranks that the leader
+  // broadcasts with each forward result (ForwardReply::missing_ranks), so
+  // every local rank must pass the same value. Required: >= 1.
+  int world_size = 0;
   // The CUDA device of this rank; -1: local_rank. NCCL needs one rank per
   // GPU: two ranks on one device fail at creation, saying so.
   int cuda_device = -1;
@@ -67,8 +74,10 @@ struct NcclNodeGroupOptions {
 // One local rank's view of an NCCL node. SyncForward all-gathers every
 // local rank's moments and folds them in local-rank order (identical bits
 // on every rank); the leader sends the result upstream and broadcasts the
-// answer (or its error) to the others. SyncBackward all-reduces the
-// gradient sums, the leader sends them upstream and broadcasts the result.
+// answer (or its error) to the others, missing ranks included, in one
+// broadcast of a size every rank knows beforehand (from the channel count
+// and world_size). SyncBackward all-reduces the gradient sums, the leader
+// sends them upstream and broadcasts the result.
 // Every local rank must make the same calls in the same order with the same
 // channel count; a forward round whose (layer, step) differs between ranks
 // fails on every rank with FAILED_PRECONDITION. After any NCCL failure or
@@ -95,9 +104,11 @@ class NcclNodeGroup : public NodeGroup {
                 std::unique_ptr<NodeGroup> upstream,
                 std::unique_ptr<nccl::Comm> comm);
 
-  // Broadcasts the leader's outcome; `payload` (doubles) travels on success.
+  // Broadcasts the leader's outcome; `payload` (doubles) and `mask`
+  // (bytes) travel on success. Both have the same size on every rank.
   absl::Status ShareOutcome(const absl::Status& leader_status,
-                            int64_t* ints, std::vector<double>& payload)
+                            int64_t* ints, std::vector<double>& payload,
+                            std::vector<uint8_t>& mask)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.

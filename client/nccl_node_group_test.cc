@@ -1,5 +1,7 @@
-// NcclNodeGroup: the id handout everywhere; the NCCL rounds with one rank
-// per visible GPU (threads of this process), skipped without a GPU.
+// NcclNodeGroup: the id handout everywhere; the rounds with one rank per
+// visible GPU (threads of this process), skipped without a GPU. Built with
+// SYNCNORM_NCCL_FAKE_COMM (//client:nccl_node_group_fake_comm_test), the
+// rounds run on three local ranks over the in-process fake communicator.
 #include "client/nccl_node_group.h"
 
 #include <cstdio>
@@ -11,12 +13,31 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/batch_norm_cuda.h"
 #include "kernels/moments.h"
 
 namespace syncnorm {
 namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+// The job's world size in these tests: the missing-ranks mask spans two
+// bytes.
+constexpr int kWorldSize = 12;
+
+// How many local ranks the round tests run: one per visible GPU over NCCL
+// (0: skip, `why` says why), three over the fake communicator.
+int LocalRanks(std::string* why) {
+#ifdef SYNCNORM_NCCL_FAKE_COMM
+  return 3;
+#else
+  return cuda::VisibleDevices(why);
+#endif
+}
 
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -46,13 +67,25 @@ TEST(FileUniqueIdExchangeTest, StaleSessionTimesOutClearly) {
 TEST(NcclNodeGroupTest, LeaderWithoutUpstreamIsInvalid) {
   FileUniqueIdExchange exchange(TempPath("id_invalid"), "s");
   NcclNodeGroupOptions options;
+  options.world_size = kWorldSize;
   absl::StatusOr<std::unique_ptr<NcclNodeGroup>> g =
       NcclNodeGroup::Create(options, exchange, nullptr);
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(NcclNodeGroupTest, MissingWorldSizeIsInvalid) {
+  FileUniqueIdExchange exchange(TempPath("id_no_world"), "s");
+  NcclNodeGroupOptions options;  // world_size unset
+  absl::StatusOr<std::unique_ptr<NcclNodeGroup>> g =
+      NcclNodeGroup::Create(options, exchange, nullptr);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(g.status().message(), HasSubstr("world_size"));
+}
+
 // Stands in for the aggregator: finalizes the node's moments and returns
-// the node's sums, recording what it got.
+// the node's sums. Step 7 is a quorum round without ranks 2, 9 and 11 (both
+// bytes of the mask), step 8 counts every rank, and step 6 names a rank
+// outside the job.
 class FakeUpstream : public NodeGroup {
  public:
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
@@ -60,6 +93,8 @@ class FakeUpstream : public NodeGroup {
     ForwardReply r;
     r.global = Finalize(local);
     r.version = step + 1;
+    if (step == 7) r.missing_ranks = {2, 9, 11};
+    if (step == 6) r.missing_ranks = {kWorldSize};
     return r;
   }
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
@@ -81,7 +116,7 @@ Moments LocalOf(int rank, int channels) {
 
 TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
   std::string why;
-  const int gpus = cuda::VisibleDevices(&why);
+  const int gpus = LocalRanks(&why);
   if (gpus == 0) {
     std::printf("SKIPPED: no CUDA device visible (%s)\n", why.c_str());
     GTEST_SKIP() << why;
@@ -91,7 +126,8 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
   Moments expected = Moments::Zero(kChannels);
   for (int r = 0; r < gpus; ++r) MergeMoments(expected, LocalOf(r, kChannels));
   const GlobalMoments global = Finalize(expected);
-  std::vector<absl::StatusOr<ForwardReply>> forward(gpus);
+  std::vector<absl::StatusOr<ForwardReply>> forward(gpus), all_in(gpus),
+      outside(gpus);
   std::vector<absl::StatusOr<GradSums>> backward(gpus), failed(gpus);
   std::vector<std::thread> threads;
   for (int r = 0; r < gpus; ++r) {
@@ -100,6 +136,7 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
       NcclNodeGroupOptions options;
       options.local_rank = r;
       options.local_size = gpus;
+      options.world_size = kWorldSize;
       options.timeout = absl::Seconds(60);
       auto group = NcclNodeGroup::Create(
           options, exchange, r == 0 ? std::make_unique<FakeUpstream>() : nullptr);
@@ -113,6 +150,8 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
       g.sum_dy_xmu.assign(kChannels, -2.0 * r);
       backward[r] = (*group)->SyncBackward(3, 7, g);
       failed[r] = (*group)->SyncBackward(3, 99, g);
+      all_in[r] = (*group)->SyncForward(3, 8, LocalOf(r, kChannels));
+      outside[r] = (*group)->SyncForward(3, 6, LocalOf(r, kChannels));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -122,12 +161,20 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
     EXPECT_EQ(forward[r]->global.mean, global.mean) << "bitwise, rank " << r;
     EXPECT_EQ(forward[r]->global.var, global.var) << "bitwise, rank " << r;
     EXPECT_EQ(forward[r]->version, 8);
+    EXPECT_THAT(forward[r]->missing_ranks, ElementsAre(2, 9, 11))
+        << "rank " << r;
     ASSERT_TRUE(backward[r].ok()) << backward[r].status();
     for (int c = 0; c < kChannels; ++c) {
       EXPECT_DOUBLE_EQ(backward[r]->sum_dy[c], gpus + gpus * (gpus - 1) / 2.0);
       EXPECT_DOUBLE_EQ(backward[r]->sum_dy_xmu[c], -1.0 * gpus * (gpus - 1));
     }
     EXPECT_EQ(failed[r].status().code(), absl::StatusCode::kDeadlineExceeded);
+    ASSERT_TRUE(all_in[r].ok()) << all_in[r].status();
+    EXPECT_THAT(all_in[r]->missing_ranks, IsEmpty()) << "rank " << r;
+    EXPECT_EQ(all_in[r]->version, 9);
+    // A rank the job does not have: the leader fails the round for all.
+    EXPECT_EQ(outside[r].status().code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(outside[r].status().message(), HasSubstr("rank 12"));
   }
 }
 
