@@ -127,11 +127,13 @@ absl::Status SyncBatchNorm::BatchStatistics(const TensorRef& x,
           "use eval or freeze");
     }
     const absl::Time start = absl::Now();
+    missing_ranks_.clear();
     absl::StatusOr<ForwardReply> reply =
         group_->SyncForward(layer_, step_, local);
     forward_sync_ = absl::Now() - start;
     if (!reply.ok()) return reply.status();
     global = std::move(reply->global);
+    missing_ranks_ = std::move(reply->missing_ranks);
     ApplyRound(rule_, global, running_);
   }
   saved_.global_count = global.count;

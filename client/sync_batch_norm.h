@@ -88,6 +88,17 @@ class SyncBatchNorm {
   // Wall time of the last forward and backward sync (0 without a round).
   absl::Duration last_forward_sync() const { return forward_sync_; }
   absl::Duration last_backward_sync() const { return backward_sync_; }
+  // The ranks of the group (job ranks) that the layer's last forward round
+  // did not count, ascending: the job's quorum policy completed the round
+  // without them (see QuorumPolicy in aggregator.proto). This worker's own
+  // rank is among them when its contribution came too late; its output
+  // still uses the round's statistics. Empty when every rank was counted,
+  // before the first round and after a failed round (whose status names
+  // the missing ranks). A Forward without a round (eval, freeze) leaves it
+  // as it was.
+  const std::vector<int>& last_missing_ranks() const {
+    return missing_ranks_;
+  }
 
  private:
   // What Backward needs from the last training Forward.
@@ -132,6 +143,7 @@ class SyncBatchNorm {
   RunningStats running_;
   Saved saved_;
   absl::Duration forward_sync_, backward_sync_;
+  std::vector<int> missing_ranks_;  // of the last forward round
 };
 
 }  // namespace syncnorm

@@ -39,8 +39,9 @@ constexpr int kSteps = 3;
 // ---- the fake service -------------------------------------------------------
 
 // Plays the aggregator for one node: a forward round is answered with the
-// finalized merged moments and a version counter, a backward round with the
-// summed sums. Records every call; a set error fails the following rounds.
+// finalized merged moments and a version counter (and the set missing
+// ranks, as a quorum round), a backward round with the summed sums. Records
+// every call; a set error fails the following rounds.
 class FakeAggregator : public NodeGroup {
  public:
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
@@ -52,6 +53,7 @@ class FakeAggregator : public NodeGroup {
     ForwardReply reply;
     reply.global = Finalize(merged);
     reply.version = ++version_;
+    reply.missing_ranks = missing_ranks_;
     return reply;
   }
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
@@ -65,6 +67,10 @@ class FakeAggregator : public NodeGroup {
   void FailForward(absl::Status s) {
     absl::MutexLock lock(&mu_);
     forward_error_ = std::move(s);
+  }
+  void NameMissing(std::vector<int> ranks) {
+    absl::MutexLock lock(&mu_);
+    missing_ranks_ = std::move(ranks);
   }
   void FailBackward(absl::Status s) {
     absl::MutexLock lock(&mu_);
@@ -95,6 +101,7 @@ class FakeAggregator : public NodeGroup {
   std::vector<int64_t> forward_steps_ ABSL_GUARDED_BY(mu_);
   int backward_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> missing_ranks_ ABSL_GUARDED_BY(mu_);
 };
 
 // k in-process workers: a ThreadNode whose upstream is a FakeAggregator.
@@ -755,6 +762,33 @@ struct SoloFixture {
   SyncBatchNormOptions options;
   std::unique_ptr<SyncBatchNorm> layer;
 };
+
+// last_missing_ranks: the last forward round's, kept over an eval forward,
+// cleared by a round that counts every rank and by a failed round.
+TEST(SyncBatchNormQuorumTest, LastMissingRanksFollowTheRounds) {
+  SoloFixture f(/*num_features=*/2);
+  std::mt19937_64 rng(11);
+  Layout l{4, 2, {3}, false};
+  std::vector<float> x = RandomTensor(l, rng, 0, 1), y = Poisoned(l);
+  EXPECT_TRUE(f.layer->last_missing_ranks().empty());
+  f.aggregator.NameMissing({0, 3});
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_EQ(f.layer->last_missing_ranks(), (std::vector<int>{0, 3}));
+  f.layer->set_training(false);
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_EQ(f.layer->last_missing_ranks(), (std::vector<int>{0, 3}))
+      << "eval runs no round";
+  f.layer->set_training(true);
+  f.aggregator.NameMissing({});
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_TRUE(f.layer->last_missing_ranks().empty());
+  f.aggregator.NameMissing({2});
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_EQ(f.layer->last_missing_ranks(), (std::vector<int>{2}));
+  f.aggregator.FailForward(absl::DeadlineExceededError("ranks [1]"));
+  EXPECT_FALSE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_TRUE(f.layer->last_missing_ranks().empty());
+}
 
 TEST(SyncBatchNormErrorTest, InferredChannelsThenAWrongCount) {
   SoloFixture f(/*num_features=*/0);

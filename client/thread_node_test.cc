@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,7 +31,8 @@ constexpr absl::Duration kLongTimeout = absl::Seconds(20);
 // The aggregator seen from the node: echoes the merged moments it receives
 // as they are (m2 in the var field, so members see the merged bits), returns
 // summed gradient sums unchanged, and records which thread sent. Fails with
-// the configured status when one is set.
+// the configured status when one is set; names the configured missing ranks
+// (a quorum round).
 class EchoUpstream : public NodeGroup {
  public:
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
@@ -44,6 +46,7 @@ class EchoUpstream : public NodeGroup {
     reply.global.mean = merged.mean;
     reply.global.var = merged.m2;
     reply.version = ++version_;
+    reply.missing_ranks = missing_ranks_;
     return reply;
   }
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
@@ -59,6 +62,10 @@ class EchoUpstream : public NodeGroup {
     absl::MutexLock lock(&mu_);
     forward_error_ = std::move(forward);
     backward_error_ = std::move(backward);
+  }
+  void NameMissing(std::vector<int> ranks) {
+    absl::MutexLock lock(&mu_);
+    missing_ranks_ = std::move(ranks);
   }
   int forward_calls() {
     absl::MutexLock lock(&mu_);
@@ -80,6 +87,7 @@ class EchoUpstream : public NodeGroup {
   int forward_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int backward_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> missing_ranks_ ABSL_GUARDED_BY(mu_);
   std::set<std::thread::id> senders_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -266,6 +274,35 @@ TEST(ThreadNodeTest, FoldedMomentsAreThoseOfTheWholeNode) {
                 1e-12 * std::fabs(static_cast<double>(mean)));
     EXPECT_NEAR(got[r]->global.var[0], static_cast<double>(m2),
                 1e-12 * static_cast<double>(m2));
+  }
+}
+
+TEST(ThreadNodeTest, EveryMemberGetsTheRoundsMissingRanks) {
+  constexpr int kMembers = 3;
+  auto upstream = std::make_unique<EchoUpstream>();
+  EchoUpstream* fake = upstream.get();
+  ThreadNode node(kMembers, std::move(upstream), kLongTimeout);
+  std::mt19937_64 rng(31);
+  const Moments part = RandomMoments(2, rng);
+  auto run_round = [&](int64_t step) {
+    std::vector<absl::StatusOr<ForwardReply>> got(kMembers);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kMembers; ++r) {
+      threads.emplace_back(
+          [&, r] { got[r] = node.Member(r)->SyncForward(0, step, part); });
+    }
+    for (std::thread& t : threads) t.join();
+    return got;
+  };
+  fake->NameMissing({1, 6});  // a quorum round without job ranks 1 and 6
+  for (const auto& got : run_round(0)) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_THAT(got->missing_ranks, ::testing::ElementsAre(1, 6));
+  }
+  fake->NameMissing({});
+  for (const auto& got : run_round(1)) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_THAT(got->missing_ranks, ::testing::IsEmpty());
   }
 }
 
