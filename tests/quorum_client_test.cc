@@ -3,8 +3,9 @@
 // to step 0, so every worker of ranks 0 and 1 (leaders and the other local
 // ranks of their nodes) must read exactly [2] from its layer's
 // last_missing_ranks(); at step 1 every rank contributes and it is empty.
-// Nodes are a ThreadNode, a worker alone (SoloNodeGroup) and NcclNodeGroups
-// over the in-process fake communicator.
+// Nodes are a ThreadNode, a worker alone (SoloNodeGroup), NcclNodeGroups
+// over the in-process fake communicator, and workers of a job spread over
+// two aggregator shards (ShardedNodeGroup).
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/nccl_node_group.h"
@@ -84,9 +86,10 @@ class QuorumClientTest : public ::testing::Test {
     return o;
   }
 
-  // Creates the job: one layer, rounds complete with 2 of the 3 ranks
-  // kGraceMs after their first contribution.
-  void CreateJob(const std::string& job_id) {
+  // Creates the job: `layers` layers, rounds complete with 2 of the 3
+  // ranks kGraceMs after their first contribution.
+  void CreateJob(const std::string& job_id) { CreateJobOn(client_, job_id, 1); }
+  void CreateJobOn(Client& client, const std::string& job_id, int layers) {
     options_.num_features = kChannels;
     v1::CreateJobRequest job;
     job.set_job_id(job_id);
@@ -94,21 +97,25 @@ class QuorumClientTest : public ::testing::Test {
     job.set_round_timeout_ms(20000);
     job.mutable_quorum()->set_min_ranks(kWorldSize - 1);
     job.mutable_quorum()->set_grace_ms(kGraceMs);
-    auto spec = ToLayerSpec(options_, "bn");
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    *job.add_layers() = *spec;
-    auto info = client_.CreateJob(job);
+    for (int l = 0; l < layers; ++l) {
+      auto spec = ToLayerSpec(options_, absl::StrCat("bn", l));
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      *job.add_layers() = *spec;
+    }
+    auto info = client.CreateJob(job);
     ASSERT_TRUE(info.ok()) << info.status();
   }
 
-  // Gives worker w random input of `batch` rows and its layer.
-  void Prepare(Worker& w, int64_t batch, std::mt19937_64& rng) {
+  // Gives worker w random input of `batch` rows and its layer (`layer` of
+  // the job) on `group` (default: its own).
+  void Prepare(Worker& w, int64_t batch, std::mt19937_64& rng, int layer = 0,
+               NodeGroup* group = nullptr) {
     std::normal_distribution<float> normal(1.5f, 2.0f);
     w.batch = batch;
     w.x.resize(batch * kChannels * kSpatial);
     for (float& v : w.x) v = normal(rng);
-    w.layer = std::make_unique<SyncBatchNorm>(0, options_, w.group.get(),
-                                              nullptr);
+    w.layer = std::make_unique<SyncBatchNorm>(
+        layer, options_, group != nullptr ? group : w.group.get(), nullptr);
   }
 
   // One training forward of worker w at the layer's next step.
@@ -279,6 +286,50 @@ TEST_F(QuorumClientTest, NcclNodesNameTheAbsentRankOnEveryLocalRank) {
   std::mt19937_64 rng(43);
   for (Worker& w : workers) Prepare(w, 2 + w.rank, rng);
   RunTwoSteps(workers, job);
+}
+
+// A job spread over two aggregator shards: each rank's ShardedNodeGroup
+// sends each layer's rounds to the shard holding it, and every layer's
+// workers (of ranks 0 and 1, in parallel) name the absent rank.
+TEST_F(QuorumClientTest, ShardedNodeGroupNamesTheAbsentRankOnEveryShard) {
+  constexpr int kLayers = 4;
+  std::vector<std::unique_ptr<LocalAggregator>> shards;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    auto a = LocalAggregator::Start(MakeScratchDir(absl::StrCat("shard", i)),
+                                    {"--round_timeout_ms=20000"});
+    ASSERT_TRUE(a.ok()) << a.status();
+    addresses.push_back((*a)->address());
+    shards.push_back(*std::move(a));
+  }
+  ClientOptions o = Options();
+  o.address = absl::StrJoin(addresses, ",");
+  Client client(o);
+  const std::string job = "quorum-sharded";
+  CreateJobOn(client, job, kLayers);
+  std::vector<int> holders;
+  for (int l = 0; l < kLayers; ++l) holders.push_back(client.ShardOf(job, l));
+  EXPECT_THAT(holders, ::testing::Contains(0));
+  EXPECT_THAT(holders, ::testing::Contains(1));
+  std::unique_ptr<NodeGroup> groups[2] = {client.NewNodeGroup(job, 0),
+                                          client.NewNodeGroup(job, 1)};
+  std::vector<Worker> workers(2 * kLayers);  // (rank, layer)
+  std::mt19937_64 rng(44);
+  std::vector<int> all;
+  for (int i = 0; i < 2 * kLayers; ++i) {
+    workers[i].rank = i / kLayers;
+    Prepare(workers[i], 3, rng, i % kLayers, groups[i / kLayers].get());
+    all.push_back(i);
+  }
+  std::vector<absl::Status> status(workers.size());
+  InParallel(all, [&](int i) { status[i] = Forward(workers[i]); });
+  for (int i : all) {
+    SCOPED_TRACE(absl::StrCat("rank ", workers[i].rank, " layer ",
+                              i % kLayers));
+    ASSERT_TRUE(status[i].ok()) << status[i];
+    EXPECT_THAT(workers[i].layer->last_missing_ranks(),
+                ElementsAre(kAbsentRank));
+  }
 }
 
 }  // namespace
