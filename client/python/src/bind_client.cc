@@ -97,7 +97,8 @@ py::tuple SyncForward(NodeGroup& group, int layer, int64_t step, int64_t count,
   }
   ThrowIfServiceError(reply.status());
   return py::make_tuple(reply->global.count, ToArray(reply->global.mean),
-                        ToArray(reply->global.var), reply->version);
+                        ToArray(reply->global.var), reply->version,
+                        py::tuple(py::cast(reply->missing_ranks)));
 }
 
 py::tuple SyncBackward(NodeGroup& group, int layer, int64_t step,
@@ -120,8 +121,10 @@ void BindNodeGroups(py::module_& m) {
                         "One worker's way to the group's global statistics.")
       .def("sync_forward", &SyncForward, py::arg("layer"), py::arg("step"),
            py::arg("count"), py::arg("mean"), py::arg("m2"),
-           "Sends local moments; returns (count, mean, var, version) of the "
-           "group (var biased). Raises ServiceError.")
+           "Sends local moments; returns (count, mean, var, version, "
+           "missing_ranks) of the group (var biased; missing_ranks: the "
+           "ranks a quorum round did not count, a tuple, empty when every "
+           "rank was counted). Raises ServiceError.")
       .def("sync_backward", &SyncBackward, py::arg("layer"), py::arg("step"),
            py::arg("sum_dy"), py::arg("sum_dy_xmu"),
            "Sends local gradient sums; returns the group's (sum_dy, "

@@ -27,7 +27,7 @@ _MODE_WIRE = {1: "MOMENTUM_TORCH", 2: "MOMENTUM_DECAY",
 # int64 fields, which proto3 JSON writes as strings.
 _INT64_FIELDS = frozenset(
     ["committed_step", "step", "num_batches_tracked", "round_timeout_ms",
-     "created_unix_ms", "count", "checkpoint_step"])
+     "created_unix_ms", "count", "checkpoint_step", "grace_ms"])
 
 
 def momentum_mode_code(mode):
@@ -133,13 +133,18 @@ class Client:
         return self._raw.address
 
     def create_job(self, job_id, world_size, layers, group_size=0,
-                   round_timeout_ms=0):
+                   round_timeout_ms=0, quorum=None):
         """Creates the job (idempotent: the same spec again returns it).
 
         layers: LayerSpec dicts, e.g. from :func:`layer_spec`. group_size 0:
         one group of world_size ranks; k: ranks [g*k, (g+1)*k) form group g.
-        Returns the JobInfo dict. ServiceError ALREADY_EXISTS when the job
-        exists with another spec.
+        quorum: None (every round waits for every rank of its group) or a
+        QuorumPolicy dict {"min_ranks": k, "grace_ms": t}: grace_ms after a
+        round's first contribution, with at least k ranks of the group
+        present, the round completes without the others and its result
+        names them (SyncBatchNorm.last_missing_ranks). Returns the JobInfo
+        dict. ServiceError ALREADY_EXISTS when the job exists with another
+        spec.
         """
         request = {
             "job_id": job_id,
@@ -148,6 +153,11 @@ class Client:
             "group_size": int(group_size),
             "round_timeout_ms": str(int(round_timeout_ms)),
         }
+        if quorum:
+            request["quorum"] = {
+                "min_ranks": int(quorum.get("min_ranks", 0)),
+                "grace_ms": str(int(quorum.get("grace_ms", 0))),
+            }
         return _ints(json.loads(
             self._raw.create_job_json(json.dumps(request))))
 

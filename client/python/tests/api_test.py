@@ -1,8 +1,8 @@
 """syncnorm's Python API in one process against a real aggregator: errors,
 eval without the service, state_dict interchange with torch BatchNorm,
 convert_sync_batchnorm, in_channels=0, the client calls, checkpoints, round
-deadlines and in-process node groups (threads, which needs the GIL released
-while a round waits)."""
+deadlines, quorum rounds and in-process node groups (threads, which needs
+the GIL released while a round waits)."""
 
 import threading
 import unittest
@@ -281,6 +281,60 @@ class ApiTest(unittest.TestCase):
         self.assertFalse(errors, errors)
         want = F.batch_norm(x.double(), None, None, training=True)
         self.assertLess(harness.rel_error(torch.cat(outs), want), 1e-6)
+
+    def test_quorum_round_names_the_absent_rank(self):
+        """A job of 3 ranks whose rounds complete with 2: rank 0 is a node
+        of two threads, rank 1 a worker alone, rank 2 absent at step 0.
+        Every worker present reads (2,) and normalized with the batch of
+        ranks 0 and 1 only; at step 1 rank 2 joins and all read ()."""
+        job = job_name("quorum")
+        quorum = {"min_ranks": 2, "grace_ms": 1000}
+        node = self.client.thread_node(job, 0, 2, timeout=20)
+        groups = [node.member(0), node.member(1),
+                  self.client.node_group(job, 1), None]
+        ranks = [0, 0, 1, 2]
+        models = [nn.Sequential(snt.SyncBatchNorm(3)) for _ in ranks]
+        torch.manual_seed(5)
+        xs = [torch.randn(n, 3, 2) * 2 + 1 for n in (3, 2, 4, 3)]
+        for i in range(3):
+            snt.attach(models[i], self.client, job, ranks[i], 3,
+                       node_group=groups[i], quorum=quorum,
+                       round_timeout_ms=20000)
+        self.assertEqual(models[0][0].last_missing_ranks, ())
+        self.assertEqual(self.client.get_job(job)["quorum"],
+                         {"min_ranks": 2, "grace_ms": 1000})
+
+        def step(workers):
+            outs, errors = {}, []
+
+            def run(i):
+                try:
+                    outs[i] = models[i](xs[i]).detach()
+                except Exception as e:  # surfaced below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=run, args=(i,))
+                       for i in workers]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            self.assertFalse(errors, errors)
+            want = F.batch_norm(torch.cat([xs[i] for i in workers]).double(),
+                                None, None, training=True)
+            got = torch.cat([outs[i] for i in workers])
+            self.assertLess(harness.rel_error(got, want), 1e-5)
+
+        step([0, 1, 2])
+        for i in range(3):
+            self.assertEqual(models[i][0].last_missing_ranks, (2,), i)
+        # Rank 2 comes back: attach resumes at the committed step + 1.
+        snt.attach(models[3], self.client, job, 2, 3, quorum=quorum,
+                   round_timeout_ms=20000)
+        step([0, 1, 2, 3])
+        for i in range(4):
+            self.assertEqual(models[i][0].last_missing_ranks, (), i)
+        self.assertEqual(self.client.get_job(job)["committed_step"], 1)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,15 @@ class SyncBatchNorm(_BatchNorm):
     * ``biased_running_var``: running var from the biased M2/n (default:
       torch's unbiased n/(n-1)).
 
+    ``last_missing_ranks``: the ranks (job ranks, ascending, a tuple of
+    ints) that this layer's last training round did not count, because
+    the job's quorum (``attach(..., quorum=...)``) completed it without
+    them; this rank's own when its contribution came too late. Empty when
+    every rank was counted, before the first round and after a failed one
+    (whose ServiceError names the missing ranks); eval and freeze, which
+    run no round, leave it as it was. ``last_forward_sync`` and
+    ``last_backward_sync``: seconds the last rounds took.
+
     momentum=None is torch's cumulative average. process_group: None (all
     ranks of the job), an int k, or an object with size() (a torch
     ProcessGroup) of k ranks: the ranks form groups of k consecutive ranks,
@@ -90,6 +99,7 @@ class SyncBatchNorm(_BatchNorm):
         self._sn_step = 0
         self.last_forward_sync = 0.0
         self.last_backward_sync = 0.0
+        self.last_missing_ranks = ()
         self._allocate(num_features)
 
     # ---- parameters and buffers -------------------------------------------
@@ -288,9 +298,11 @@ class SyncBatchNorm(_BatchNorm):
         session = self._sn_session
         step = self._sn_step
         start = time.perf_counter()
-        gcount, gmean, gvar, _ = session.group.sync_forward(
+        self.last_missing_ranks = ()
+        gcount, gmean, gvar, _, missing = session.group.sync_forward(
             self._sn_layer, step, count, mean, m2)
         self.last_forward_sync = time.perf_counter() - start
+        self.last_missing_ranks = missing
         session.sync_seconds += self.last_forward_sync
         self._sn_step = step + 1
         if self.track_running_stats and gcount > 0:

@@ -125,7 +125,7 @@ def _dry_run(model, example_input):
 
 def attach(model, client, job_id, rank, world_size, *, group_size=None,
            round_timeout_ms=0, example_input=None, start_step=None,
-           num_threads=None, node_group=None):
+           num_threads=None, node_group=None, quorum=None):
     """Attaches every SyncBatchNorm of `model` to the job `job_id` as `rank`
     of `world_size` and returns the :class:`Session`.
 
@@ -141,7 +141,10 @@ def attach(model, client, job_id, rank, world_size, *, group_size=None,
     resumes a restored job). num_threads: CPU threads for the kernels
     (default: the caller's thread only). node_group: a NodeGroup to sync
     through instead of this rank's own Reduce stream (e.g. a ThreadNode
-    member).
+    member). quorum: the job's QuorumPolicy, {"min_ranks": k, "grace_ms":
+    t} (see :meth:`syncnorm.Client.create_job`); each layer's
+    ``last_missing_ranks`` then names the ranks its last round went
+    without.
     """
     if example_input is not None:
         _dry_run(model, example_input)
@@ -167,7 +170,7 @@ def attach(model, client, job_id, rank, world_size, *, group_size=None,
         client = Client(client)
     specs = [m.layer_spec(n or "bn") for n, m in named]
     info = client.create_job(job_id, world_size, specs, group_size,
-                             round_timeout_ms)
+                             round_timeout_ms, quorum)
     if node_group is None:
         node_group = client.node_group(job_id, rank)
     pool = _syncnorm.ThreadPool(num_threads) if num_threads else None
