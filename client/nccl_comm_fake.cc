@@ -76,8 +76,8 @@ bool Run(std::vector<Entry>& e) {
     switch (e[0].op) {
       case Op::kAllGather:
         for (int from = 0; from < size; ++from) {
-          std::memcpy(static_cast<double*>(e[r].recv) + from * n,
-                      e[from].send, n * sizeof(double));
+          std::memcpy(static_cast<double*>(e[r].recv) + from * n, e[from].send,
+                      n * sizeof(double));
         }
         break;
       case Op::kAllReduceSum: {
@@ -186,9 +186,9 @@ CommResult Comm::Create(const std::string& id, int size, int rank, int device,
     };
     if (!hub->mu.AwaitWithTimeout(absl::Condition(&all),
                                   absl::Milliseconds(timeout_ms))) {
-      return CommResult{CommResult::kTimeout,
-                        absl::StrCat("only ", hub->joined, " of ", size,
-                                     " ranks joined")};
+      return CommResult{
+          CommResult::kTimeout,
+          absl::StrCat("only ", hub->joined, " of ", size, " ranks joined")};
     }
   }
   auto state = std::make_unique<State>();
@@ -203,8 +203,7 @@ CommResult Comm::AllGather(const double* send, double* recv, size_t count) {
   return state_->Collective(Entry{Op::kAllGather, send, recv, count, 0});
 }
 
-CommResult Comm::AllReduceSum(const double* send, double* recv,
-                              size_t count) {
+CommResult Comm::AllReduceSum(const double* send, double* recv, size_t count) {
   return state_->Collective(Entry{Op::kAllReduceSum, send, recv, count, 0});
 }
 

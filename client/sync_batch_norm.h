@@ -96,9 +96,7 @@ class SyncBatchNorm {
   // before the first round and after a failed round (whose status names
   // the missing ranks). A Forward without a round (eval, freeze) leaves it
   // as it was.
-  const std::vector<int>& last_missing_ranks() const {
-    return missing_ranks_;
-  }
+  const std::vector<int>& last_missing_ranks() const { return missing_ranks_; }
 
  private:
   // What Backward needs from the last training Forward.

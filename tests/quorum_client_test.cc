@@ -41,7 +41,7 @@ constexpr int kChannels = 3;
 constexpr int64_t kSpatial = 2;
 // Long enough that the ranks of an all-present round (threads started
 // together) always arrive within it.
-constexpr int64_t kGraceMs = 1000;
+constexpr int64_t kGraceMs = 2000;
 
 // One worker: its contributor rank, its way to the aggregator, its layer
 // and its input (batch rows of kChannels x kSpatial).
@@ -86,8 +86,9 @@ class QuorumClientTest : public ::testing::Test {
     return o;
   }
 
-  // Creates the job: `layers` layers, rounds complete with 2 of the 3
-  // ranks kGraceMs after their first contribution.
+  // Creates the job through `client` (CreateJob: this suite's aggregator,
+  // one layer): `layers` layers, rounds complete with 2 of the 3 ranks
+  // kGraceMs after their first contribution.
   void CreateJob(const std::string& job_id) { CreateJobOn(client_, job_id, 1); }
   void CreateJobOn(Client& client, const std::string& job_id, int layers) {
     options_.num_features = kChannels;
@@ -324,8 +325,8 @@ TEST_F(QuorumClientTest, ShardedNodeGroupNamesTheAbsentRankOnEveryShard) {
   std::vector<absl::Status> status(workers.size());
   InParallel(all, [&](int i) { status[i] = Forward(workers[i]); });
   for (int i : all) {
-    SCOPED_TRACE(absl::StrCat("rank ", workers[i].rank, " layer ",
-                              i % kLayers));
+    SCOPED_TRACE(
+        absl::StrCat("rank ", workers[i].rank, " layer ", i % kLayers));
     ASSERT_TRUE(status[i].ok()) << status[i];
     EXPECT_THAT(workers[i].layer->last_missing_ranks(),
                 ElementsAre(kAbsentRank));

@@ -288,7 +288,7 @@ class ApiTest(unittest.TestCase):
         Every worker present reads (2,) and normalized with the batch of
         ranks 0 and 1 only; at step 1 rank 2 joins and all read ()."""
         job = job_name("quorum")
-        quorum = {"min_ranks": 2, "grace_ms": 1000}
+        quorum = {"min_ranks": 2, "grace_ms": 2000}
         node = self.client.thread_node(job, 0, 2, timeout=20)
         groups = [node.member(0), node.member(1),
                   self.client.node_group(job, 1), None]
@@ -302,7 +302,7 @@ class ApiTest(unittest.TestCase):
                        round_timeout_ms=20000)
         self.assertEqual(models[0][0].last_missing_ranks, ())
         self.assertEqual(self.client.get_job(job)["quorum"],
-                         {"min_ranks": 2, "grace_ms": 1000})
+                         {"min_ranks": 2, "grace_ms": 2000})
 
         def step(workers):
             outs, errors = {}, []
