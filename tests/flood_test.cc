@@ -39,6 +39,7 @@
 #include "tests/testing/health.h"
 #include "tests/testing/round_cluster.h"
 #include "tests/testing/round_payload.h"
+#include "tests/testing/scrape.h"
 #include "tests/testing/subprocess.h"
 
 namespace syncnorm::testing {
@@ -136,7 +137,9 @@ std::vector<std::string> ServerFlags() {
           absl::StrCat("--max_pending_rounds=", kMaxPendingRounds),
           absl::StrCat("--max_streams=", kMaxStreams),
           absl::StrCat("--max_waiting_calls=", kMaxWaitingCalls),
-          absl::StrCat("--max_transport_bytes=", kMaxTransportBytes)};
+          absl::StrCat("--max_transport_bytes=", kMaxTransportBytes),
+          // As deployed; the quota's cuts must show in its gRPC metrics.
+          "--metrics_listen=127.0.0.1:0"};
 }
 
 v1::CreateJobRequest Job(const std::string& id, int world, int layers,
@@ -704,7 +707,9 @@ TEST_F(FloodTest, MemoryStaysBoundedAndEveryLimitIsNamed) {
 // client gets gRPC's RESOURCE_EXHAUSTED. gRPC picks the streams by the age
 // of their connection, not by what they hold: a stream opened before, on
 // an older connection, is cancelled first, with the same status. A new
-// stream then serves correct rounds, and the server stays SERVING.
+// stream then serves correct rounds, and the server stays SERVING. The
+// gRPC metrics count the cut stream as cut (Canceled: the server is not
+// told why), not as the OK its service ends it with when its reads fail.
 TEST_F(FloodTest, MessageOverTheTransportQuotaIsCutOffEarly) {
   const absl::Time start = absl::Now();
   grpc::ClientContext older_context;
@@ -749,6 +754,19 @@ TEST_F(FloodTest, MessageOverTheTransportQuotaIsCutOffEarly) {
   auto health = CheckHealth(channel_);
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(*health, 1) << "SERVING";
+
+  // Counted once over on the server, a moment after the client knows.
+  const int port = MetricsPortFromLog(dir_ + "/aggregator.log");
+  ASSERT_GT(port, 0);
+  std::string metrics = ScrapeMetrics(port);
+  for (const absl::Time until = absl::Now() + absl::Seconds(10);
+       HandledCalls(metrics, "Reduce") < 2 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    metrics = ScrapeMetrics(port);
+  }
+  EXPECT_EQ(HandledCalls(metrics, "Reduce", "OK"), 1) << metrics;
+  EXPECT_EQ(HandledCalls(metrics, "Reduce", "Canceled"), 1) << metrics;
+  EXPECT_EQ(HandledCalls(metrics, "Reduce"), 2) << metrics;
   std::fprintf(stderr,
                "huge message: %lld MiB cut off after %.2f s (%s); the older "
                "stream: %s; server rss %lld kB before, %lld kB at the peak, "
