@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/bounded_text.h"
 #include "server/kv_state_store.h"
 #include "server/log.h"
 #include "server/memory_engine.h"
@@ -14,7 +15,7 @@ namespace {
 
 void LogJobCreated(const JobSpec& spec) {
   LogLine line("job_created");
-  line.Add("job", spec.job_id)
+  line.Add("job", BoundedText(spec.job_id))
       .Add("world_size", spec.world_size)
       .Add("group_size", spec.group_size)
       .Add("layers", spec.layers.size())
@@ -109,17 +110,13 @@ void Aggregator::ReaperLoop() {
 }
 
 absl::Status Aggregator::NotFound(absl::string_view job_id) {
-  // No job has a longer id, and echoing one would let a request make the
-  // error larger than what a client takes in its trailers.
-  constexpr size_t kLongestId = 128;
-  if (job_id.size() > kLongestId) {
-    return absl::NotFoundError(absl::StrCat(
-        "job '", job_id.substr(0, 32), "...' (a job_id of ", job_id.size(),
-        " characters; job ids have at most ", kLongestId,
-        ") not found; create it with CreateJob first"));
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "job '", job_id, "' not found; create it with CreateJob first"));
+  // No job has an id longer than kBoundedTextBytes (CreateJob refuses it).
+  return absl::NotFoundError(
+      absl::StrCat("job '", BoundedText(job_id), "' not found; ",
+                   job_id.size() > kBoundedTextBytes
+                       ? absl::StrCat("job ids have at most ",
+                                      kBoundedTextBytes, " characters")
+                       : "create it with CreateJob first"));
 }
 
 std::shared_ptr<Job> Aggregator::FindJob(absl::string_view job_id) const {
@@ -139,7 +136,7 @@ absl::StatusOr<JobSnapshot> Aggregator::CreateJob(JobSpec spec) {
     if (it != jobs_.end()) {
       if (it->second->spec() != *resolved) {
         return absl::AlreadyExistsError(
-            absl::StrCat("job '", resolved->job_id,
+            absl::StrCat("job '", BoundedText(resolved->job_id),
                          "' already exists with a different "
                          "spec; delete it first or choose another job_id"));
       }
@@ -201,10 +198,10 @@ absl::Status Aggregator::DeleteJob(absl::string_view job_id) {
     jobs_.erase(it);
   }
   job->Abort(absl::AbortedError(
-      absl::StrCat("job deleted: '", job_id,
+      absl::StrCat("job deleted: '", BoundedText(job_id),
                    "' was deleted while the round was waiting; "
                    "create the job again to continue")));
-  LogLine("job_deleted").Add("job", job_id);
+  LogLine("job_deleted").Add("job", BoundedText(job_id));
   return absl::OkStatus();
 }
 
@@ -250,7 +247,9 @@ absl::StatusOr<JobSnapshot> Aggregator::RestoreCheckpoint(
   std::shared_ptr<Job> job = FindJob(job_id);
   if (job == nullptr) return NotFound(job_id);
   absl::StatusOr<JobSnapshot> restored = job->Restore(step);
-  if (restored.ok()) LogLine("job_restored").Add("job", job_id).Add("step", step);
+  if (restored.ok()) {
+    LogLine("job_restored").Add("job", BoundedText(job_id)).Add("step", step);
+  }
   return restored;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/bounded_text.h"
 
 namespace syncnorm {
 namespace {
@@ -234,7 +235,7 @@ absl::Status Authenticator::AuthorizeJob(absl::string_view header,
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(
-      absl::StrCat("the bearer token does not grant job '", job_id,
+      absl::StrCat("the bearer token does not grant job '", BoundedText(job_id),
                    "' (its scopes: ", Scopes(g), ")"));
 }
 

@@ -1,6 +1,7 @@
 #include "server/checkpoint_reactor.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -12,8 +13,9 @@ namespace syncnorm {
 CheckpointReactor::CheckpointReactor(Aggregator* aggregator,
                                      grpc::CallbackServerContext* context,
                                      const v1::CheckpointRequest& request,
-                                     v1::CheckpointInfo* response)
-    : response_(response) {
+                                     v1::CheckpointInfo* response,
+                                     std::shared_ptr<WaitingCalls> waiting)
+    : response_(response), waiting_(std::move(waiting)) {
   // A call without a deadline carries the far future; the aggregator caps
   // the wait (AggregatorOptions::max_checkpoint_wait). The answer is due a
   // little before the caller gives up, so that it gets the reason (which
@@ -50,6 +52,10 @@ void CheckpointReactor::OnCancel() {
   }
   if (finish) Finish(grpc::Status::CANCELLED);
   Unref();
+}
+
+CheckpointReactor::~CheckpointReactor() {
+  if (waiting_ != nullptr) waiting_->Leave();
 }
 
 void CheckpointReactor::OnDone() { Unref(); }

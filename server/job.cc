@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "server/bounded_text.h"
 
 namespace syncnorm {
 namespace {
@@ -15,9 +16,9 @@ namespace {
 // client's shard list differs from the one the job was created with.
 absl::Status NotOwned(const JobSpec& spec, int layer) {
   return absl::FailedPreconditionError(absl::StrCat(
-      "layer ", layer, " of job '", spec.job_id,
-      "' is owned by another shard (this is shard ", spec.shard.shard,
-      " of ", spec.shard.num_shards, "); check the client's shard list"));
+      "layer ", layer, " of job '", BoundedText(spec.job_id),
+      "' is owned by another shard (this is shard ", spec.shard.shard, " of ",
+      spec.shard.num_shards, "); check the client's shard list"));
 }
 
 }  // namespace
@@ -48,8 +49,8 @@ absl::Status Job::Validate(const Contribution& c) const {
   const int num_layers = static_cast<int>(spec_.layers.size());
   if (c.layer < 0 || c.layer >= num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "layer ", c.layer, " is out of range: job '", spec_.job_id, "' has ",
-        num_layers, " layers (0..", num_layers - 1, ")"));
+        "layer ", c.layer, " is out of range: job '", BoundedText(spec_.job_id),
+        "' has ", num_layers, " layers (0..", num_layers - 1, ")"));
   }
   if (!spec_.shard.owns(c.layer)) return NotOwned(spec_, c.layer);
   if (c.step < 0) {
@@ -57,10 +58,10 @@ absl::Status Job::Validate(const Contribution& c) const {
         "step is ", c.step, "; steps are non-negative and increase per layer"));
   }
   if (c.rank < 0 || c.rank >= spec_.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", c.rank, " is out of range: job '", spec_.job_id,
-                     "' has world_size ", spec_.world_size, " (ranks 0..",
-                     spec_.world_size - 1, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", c.rank, " is out of range: job '", BoundedText(spec_.job_id),
+        "' has world_size ", spec_.world_size, " (ranks 0..",
+        spec_.world_size - 1, ")"));
   }
   if (c.phase != Phase::kForward && c.phase != Phase::kBackward) {
     return absl::InvalidArgumentError(
@@ -74,7 +75,7 @@ absl::Status Job::Validate(const Contribution& c) const {
 absl::Status Job::ValidatePayload(const Contribution& c) const {
   const LayerConfig& layer = spec_.layers[c.layer];
   const std::string where =
-      absl::StrCat("layer ", c.layer, " ('", layer.name, "'): ");
+      absl::StrCat("layer ", c.layer, " ('", BoundedText(layer.name), "'): ");
   if (c.phase == Phase::kForward) {
     const auto* m = std::get_if<Moments>(&c.payload);
     if (m == nullptr) {
@@ -113,7 +114,7 @@ void Job::Contribute(Contribution c, RoundCallback done, absl::Time now) {
   if (deleted) {
     RoundOutcome outcome;
     outcome.status = absl::AbortedError(
-        absl::StrCat("job deleted: '", spec_.job_id,
+        absl::StrCat("job deleted: '", BoundedText(spec_.job_id),
                      "' was deleted; create the job again to continue"));
     done(outcome);
     return;
@@ -169,9 +170,10 @@ absl::StatusOr<std::vector<int>> Job::Wanted(absl::Span<const int> layers,
                                              int group) const {
   const int num_layers = static_cast<int>(spec_.layers.size());
   if (group < 0 || group >= spec_.num_groups()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group ", group, " is out of range: job '", spec_.job_id, "' has ",
-        spec_.num_groups(), " groups (0..", spec_.num_groups() - 1, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", group, " is out of range: job '",
+                     BoundedText(spec_.job_id), "' has ", spec_.num_groups(),
+                     " groups (0..", spec_.num_groups() - 1, ")"));
   }
   std::vector<int> wanted(layers.begin(), layers.end());
   if (wanted.empty()) {
@@ -182,8 +184,8 @@ absl::StatusOr<std::vector<int>> Job::Wanted(absl::Span<const int> layers,
   for (int layer : wanted) {
     if (layer < 0 || layer >= num_layers) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "layer ", layer, " is out of range: job '", spec_.job_id, "' has ",
-          num_layers, " layers (0..", num_layers - 1, ")"));
+          "layer ", layer, " is out of range: job '", BoundedText(spec_.job_id),
+          "' has ", num_layers, " layers (0..", num_layers - 1, ")"));
     }
     if (!spec_.shard.owns(layer)) return NotOwned(spec_, layer);
   }
@@ -208,11 +210,12 @@ absl::Status Job::ValidateImport(const LayerStatsSnapshot& s) const {
   absl::StatusOr<std::vector<int>> wanted = Wanted({s.layer}, s.group);
   if (!wanted.ok()) return wanted.status();
   const LayerConfig& layer = spec_.layers[s.layer];
-  const std::string where =
-      absl::StrCat("layer ", s.layer, " ('", layer.name, "'), group ", s.group);
+  const std::string where = absl::StrCat(
+      "layer ", s.layer, " ('", BoundedText(layer.name), "'), group ", s.group);
   if (!s.name.empty() && s.name != layer.name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": the entry names layer '", s.name, "'; match names to indices"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the entry names layer '", BoundedText(s.name),
+                     "'; match names to indices"));
   }
   if (s.stats.mean.size() != static_cast<size_t>(layer.channels) ||
       s.stats.var.size() != static_cast<size_t>(layer.channels)) {
@@ -251,7 +254,7 @@ absl::StatusOr<std::vector<LayerStatsSnapshot>> Job::SetStats(
   absl::WriterMutexLock lock(&state_mu_);
   if (deleted_) {
     return absl::NotFoundError(
-        absl::StrCat("job '", spec_.job_id, "' was deleted"));
+        absl::StrCat("job '", BoundedText(spec_.job_id), "' was deleted"));
   }
   std::vector<LayerSlot> slots;
   for (const LayerStatsSnapshot& s : layers) {

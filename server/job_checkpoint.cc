@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/bounded_text.h"
 #include "server/job.h"
 #include "server/log.h"
 
@@ -77,7 +78,8 @@ void Job::Expire(absl::Time now) {
       answers.emplace_back(
           std::move(p.done),
           absl::DeadlineExceededError(absl::StrCat(
-              "checkpoint of job '", spec_.job_id, "' at step ", p.step,
+              "checkpoint of job '", BoundedText(spec_.job_id), "' at step ",
+              p.step,
               ": the step was not committed before the call's deadline; ",
               Lagging(p.step))));
     }
@@ -99,7 +101,8 @@ std::string Job::Lagging(int64_t step) const {
         ++more;
         continue;
       }
-      lag.push_back(absl::StrCat("layer ", l, " ('", spec_.layers[l].name,
+      lag.push_back(absl::StrCat("layer ", l, " ('",
+                                 BoundedText(spec_.layers[l].name),
                                  "') of group ", g, " at step ", applied));
     }
   }
@@ -112,8 +115,9 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
   if (auto it = checkpoints_.find(step); it != checkpoints_.end()) {
     if (tag.empty() || tag == it->second.tag) return it->second;
     return absl::AlreadyExistsError(absl::StrCat(
-        "job '", spec_.job_id, "' already has a checkpoint at step ", step,
-        " tagged '", it->second.tag, "'; checkpoints are immutable"));
+        "job '", BoundedText(spec_.job_id),
+        "' already has a checkpoint at step ", step, " tagged '",
+        BoundedText(it->second.tag), "'; checkpoints are immutable"));
   }
   const absl::Time start = clock_->Now();
   CheckpointData data;
@@ -123,7 +127,7 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
     absl::ReaderMutexLock lock(&state_mu_);
     if (deleted_) {
       return absl::NotFoundError(
-          absl::StrCat("job '", spec_.job_id, "' was deleted"));
+          absl::StrCat("job '", BoundedText(spec_.job_id), "' was deleted"));
     }
     // Each layer's state as of `step` is fixed once applied, so cutting
     // them one by one while rounds go on still gives one consistent step.
@@ -155,9 +159,9 @@ void Job::ReportCheckpoint(const CheckpointData& data,
         spec_.job_id, data.meta.step, duration, layers, status});
   }
   LogLine line(status.ok() ? "checkpoint" : "checkpoint_failed");
-  line.Add("job", spec_.job_id)
+  line.Add("job", BoundedText(spec_.job_id))
       .Add("step", data.meta.step)
-      .Add("tag", data.meta.tag)
+      .Add("tag", BoundedText(data.meta.tag))
       .Add("layers", layers)
       .Add("duration_ms", absl::ToDoubleMilliseconds(duration));
   if (!status.ok()) line.Add("error", status.ToString());
@@ -207,9 +211,10 @@ absl::StatusOr<JobSnapshot> Job::Restore(int64_t step) {
   absl::Status s = RestoreLocked(step, dropped);
   if (!s.ok()) return s;
   RoundOutcome failed;
-  failed.status = absl::AbortedError(absl::StrCat(
-      "job '", spec_.job_id, "' was restored to its checkpoint at step ", step,
-      " while this round waited; resume from step ", step + 1));
+  failed.status = absl::AbortedError(
+      absl::StrCat("job '", BoundedText(spec_.job_id),
+                   "' was restored to its checkpoint at step ", step,
+                   " while this round waited; resume from step ", step + 1));
   for (RoundCallback& done : dropped) done(failed);
   return Snapshot();
 }
@@ -219,8 +224,8 @@ absl::Status Job::RestoreLocked(int64_t step,
   absl::MutexLock admin(&admin_mu_);
   if (checkpoints_.count(step) == 0) {
     return absl::NotFoundError(absl::StrCat(
-        "job '", spec_.job_id, "' has no checkpoint at step ", step,
-        "; ListCheckpoints shows the steps it has"));
+        "job '", BoundedText(spec_.job_id), "' has no checkpoint at step ",
+        step, "; ListCheckpoints shows the steps it has"));
   }
   absl::StatusOr<CheckpointData> data =
       store_->GetCheckpoint(spec_.job_id, step);
@@ -236,7 +241,7 @@ absl::Status Job::RestoreLocked(int64_t step,
   absl::WriterMutexLock lock(&state_mu_);
   if (deleted_) {
     return absl::NotFoundError(
-        absl::StrCat("job '", spec_.job_id, "' was deleted"));
+        absl::StrCat("job '", BoundedText(spec_.job_id), "' was deleted"));
   }
   absl::Status s = store_->PutLayers(spec_.job_id, data->layers, true);
   if (!s.ok()) return s;

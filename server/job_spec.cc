@@ -7,11 +7,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "server/bounded_text.h"
 
 namespace syncnorm {
 namespace {
 
 constexpr size_t kMaxJobIdLength = 128;
+// Every valid job_id shows whole in messages.
+static_assert(kMaxJobIdLength <= kBoundedTextBytes);
 // Absolute bounds, whatever the server's (tighter, configurable) limits:
 // a spec beyond them would make resolution or the first round allocate
 // gigabytes (found by server/request_fuzz.cc).
@@ -32,9 +35,10 @@ absl::Status CheckJobId(absl::string_view id) {
   }
   for (size_t i = 0; i < id.size(); ++i) {
     if (!IsJobIdChar(id[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job_id '", id, "' has a forbidden character at position ", i,
-          "; use only [A-Za-z0-9._-]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("job_id '", BoundedText(id),
+                       "' has a forbidden character at position ", i,
+                       "; use only [A-Za-z0-9._-]"));
     }
   }
   return absl::OkStatus();
@@ -99,7 +103,7 @@ absl::Status CheckQuorum(const JobSpec& spec) {
 }
 
 std::string LayerLabel(size_t index, const LayerConfig& layer) {
-  return absl::StrCat("layers[", index, "] ('", layer.name, "')");
+  return absl::StrCat("layers[", index, "] ('", BoundedText(layer.name), "')");
 }
 
 absl::Status CheckInitial(const std::string& label, const char* field,

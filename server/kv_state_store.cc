@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "server/bounded_text.h"
 #include "server/state_codec.h"
 
 namespace syncnorm {
@@ -282,7 +283,7 @@ absl::StatusOr<CheckpointData> KvStateStore::GetCheckpoint(
   if (!value.ok()) return value.status();
   if (!value->has_value()) {
     return absl::NotFoundError(absl::StrCat(
-        "job '", job_id, "' has no checkpoint at step ", step,
+        "job '", BoundedText(job_id), "' has no checkpoint at step ", step,
         "; ListCheckpoints shows the steps it has"));
   }
   absl::StatusOr<std::optional<std::string>> job = engine_->Get(JobKey(job_id));

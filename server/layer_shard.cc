@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/bounded_text.h"
 
 namespace syncnorm {
 
@@ -62,8 +63,8 @@ LayerShard::Delivery LayerShard::Failure(RoundCallback done,
 std::string LayerShard::RoundLabel(const RoundKey& key) const {
   const std::string group =
       spec_.num_groups() > 1 ? absl::StrCat(", group ", std::get<0>(key)) : "";
-  return absl::StrCat("round (job ", spec_.job_id, group, ", layer ", layer_,
-                      ", step ", std::get<1>(key), ", ",
+  return absl::StrCat("round (job ", BoundedText(spec_.job_id), group,
+                      ", layer ", layer_, ", step ", std::get<1>(key), ", ",
                       PhaseName(std::get<2>(key)), ")");
 }
 
@@ -79,17 +80,19 @@ absl::Status LayerShard::Superseded(const RoundKey& key, int64_t latest) const {
 }
 
 absl::Status LayerShard::Conflict(const Contribution& c) const {
-  return absl::AbortedError(absl::StrCat(
-      "a different payload was already received for (job ", c.job_id,
-      ", layer ", c.layer, ", step ", c.step, ", ", PhaseName(c.phase),
-      ", rank ", c.rank, "); a retry must resend the identical contribution"));
+  return absl::AbortedError(
+      absl::StrCat("a different payload was already received for (job ",
+                   BoundedText(c.job_id), ", layer ", c.layer, ", step ",
+                   c.step, ", ", PhaseName(c.phase), ", rank ", c.rank,
+                   "); a retry must resend the identical contribution"));
 }
 
 absl::Status LayerShard::Replaced(const Contribution& c) const {
   return absl::AbortedError(absl::StrCat(
-      "a newer retry of this contribution (job ", c.job_id, ", layer ", c.layer,
-      ", step ", c.step, ", ", PhaseName(c.phase), ", rank ", c.rank,
-      ") took its place: at most ", Round::kMaxWaitersPerRank,
+      "a newer retry of this contribution (job ", BoundedText(c.job_id),
+      ", layer ", c.layer, ", step ", c.step, ", ", PhaseName(c.phase),
+      ", rank ", c.rank, ") took its place: at most ",
+      Round::kMaxWaitersPerRank,
       " retries of one rank wait for a round, the newest ones get its "
       "result"));
 }
@@ -426,10 +429,10 @@ absl::StatusOr<LayerState> LayerShard::StateAt(int group,
   }
   if (best == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "layer ", layer_, " ('", config_.name, "') of group ", group,
-        " has applied step ", g.state.last_applied, " and no longer knows its ",
-        "statistics at step ", step, " (the last ", recent_capacity_,
-        " rounds are kept); checkpoint a more recent step"));
+        "layer ", layer_, " ('", BoundedText(config_.name), "') of group ",
+        group, " has applied step ", g.state.last_applied,
+        " and no longer knows its ", "statistics at step ", step, " (the last ",
+        recent_capacity_, " rounds are kept); checkpoint a more recent step"));
   }
   LayerState s;
   s.stats = *best->stats_after;

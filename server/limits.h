@@ -41,6 +41,9 @@ struct Limits {
   int max_pending_rounds = 100000;
   // Open Reduce streams.
   int max_streams = 10000;
+  // ReduceOnce and Checkpoint calls in progress, each of which may wait
+  // (for its round, for its step to be committed) holding its request.
+  int max_waiting_calls = 10000;
 };
 
 // RESOURCE_EXHAUSTED "<what> exceeds the server's limit --<flag>=<limit>".

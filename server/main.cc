@@ -81,6 +81,9 @@ ABSL_FLAG(int64_t, max_channels_per_job, 1 << 22,
 ABSL_FLAG(int, max_pending_rounds, 100000,
           "Rounds in flight (waiting for ranks) across the server");
 ABSL_FLAG(int, max_streams, 10000, "Open Reduce streams");
+ABSL_FLAG(int, max_waiting_calls, 10000,
+          "ReduceOnce and Checkpoint calls in progress (each may wait for "
+          "its round or its step, holding its request)");
 // Enforced by gRPC, with its own error; <= 0: no quota.
 ABSL_FLAG(int64_t, max_transport_bytes, int64_t{1} << 30,
           "Memory gRPC's transport may hold, in bytes: messages still "
@@ -254,6 +257,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_channels_per_job);
   options.limits.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
   options.limits.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.limits.max_waiting_calls = absl::GetFlag(FLAGS_max_waiting_calls);
   options.max_transport_bytes = absl::GetFlag(FLAGS_max_transport_bytes);
   const absl::Duration shutdown_grace = absl::Milliseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
@@ -277,7 +281,8 @@ int main(int argc, char** argv) {
         "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
         "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
         "max_channels=%d max_world_size=%d max_channels_per_job=%lld "
-        "max_pending_rounds=%d max_streams=%d max_transport_bytes=%lld\n",
+        "max_pending_rounds=%d max_streams=%d max_waiting_calls=%d "
+        "max_transport_bytes=%lld\n",
         options.listen.c_str(),
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.round_timeout)),
@@ -286,9 +291,9 @@ int main(int argc, char** argv) {
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.straggler_threshold)),
         static_cast<long long>(absl::ToInt64Milliseconds(shutdown_grace)),
-        options.tls_cert.empty()          ? "off"
+        options.tls_cert.empty()        ? "off"
         : options.tls_client_ca.empty() ? "on"
-                                          : "mutual",
+                                        : "mutual",
         options.tokens_file.empty() ? "-" : options.tokens_file.c_str(),
         options.allow_insecure ? 1 : 0,
         static_cast<long long>(options.limits.max_message_bytes),
@@ -296,6 +301,7 @@ int main(int argc, char** argv) {
         options.limits.max_channels, options.limits.max_world_size,
         static_cast<long long>(options.limits.max_channels_per_job),
         options.limits.max_pending_rounds, options.limits.max_streams,
+        options.limits.max_waiting_calls,
         static_cast<long long>(options.max_transport_bytes));
     return 0;
   }

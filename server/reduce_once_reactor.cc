@@ -12,8 +12,9 @@ namespace syncnorm {
 
 ReduceOnceReactor::ReduceOnceReactor(Aggregator* aggregator,
                                      v1::Contribution request,
-                                     v1::RoundResult* response)
-    : response_(response) {
+                                     v1::RoundResult* response,
+                                     std::shared_ptr<WaitingCalls> waiting)
+    : response_(response), waiting_(std::move(waiting)) {
   Contribution c = ContributionFromProto(std::move(request));
   Contribution key;
   key.job_id = c.job_id;
@@ -61,6 +62,10 @@ void ReduceOnceReactor::OnCancel() {
   }
   if (finish) Finish(grpc::Status::CANCELLED);
   Unref();
+}
+
+ReduceOnceReactor::~ReduceOnceReactor() {
+  if (waiting_ != nullptr) waiting_->Leave();
 }
 
 void ReduceOnceReactor::OnDone() { Unref(); }

@@ -4,14 +4,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/bounded_text.h"
 
 namespace syncnorm {
 
 std::string LoggingRoundObserver::Line(const char* event,
                                        const RoundReport& r) {
   std::string line = absl::StrCat(
-      "syncnorm event=", event, " job=", r.job_id, " group=", r.group,
-      " layer=", r.layer, " step=", r.step, " phase=", PhaseName(r.phase),
+      "syncnorm event=", event, " job=", BoundedText(r.job_id),
+      " group=", r.group, " layer=", r.layer, " step=", r.step,
+      " phase=", PhaseName(r.phase),
       " latency_ms=", absl::ToInt64Milliseconds(r.latency),
       " last_arrival_ms=", absl::ToInt64Milliseconds(r.last_arrival),
       " contributors=[", absl::StrJoin(r.contributors, ","), "] stragglers=[",

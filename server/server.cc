@@ -112,6 +112,7 @@ absl::Status Server::Start() {
   ServiceOptions service_options;
   service_options.auth = auth_.get();
   service_options.max_streams = options_.limits.max_streams;
+  service_options.max_waiting_calls = options_.limits.max_waiting_calls;
   service_options.max_message_bytes = options_.limits.max_message_bytes;
   service_ = std::make_unique<AggregatorService>(aggregator_.get(),
                                                  service_options);

@@ -111,7 +111,14 @@ grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(
       !denied.ok()) {
     return FinishWith(context, denied);
   }
-  return new ReduceOnceReactor(aggregator_, *request, response);  // ditto
+  // Refused before the aggregator sees the contribution: nothing of it is
+  // kept.
+  if (absl::Status full = waiting_->Enter("a new ReduceOnce call");
+      !full.ok()) {
+    return FinishWith(context, full);
+  }
+  return new ReduceOnceReactor(aggregator_, *request, response,
+                               waiting_);  // ditto
 }
 
 grpc::ServerUnaryReactor* AggregatorService::GetRunningStats(
@@ -181,8 +188,12 @@ grpc::ServerUnaryReactor* AggregatorService::Checkpoint(
       !denied.ok()) {
     return FinishWith(context, denied);
   }
-  return new CheckpointReactor(aggregator_, context, *request,
-                               response);  // deletes itself
+  if (absl::Status full = waiting_->Enter("a new Checkpoint call");
+      !full.ok()) {
+    return FinishWith(context, full);
+  }
+  return new CheckpointReactor(aggregator_, context, *request, response,
+                               waiting_);  // deletes itself
 }
 
 grpc::ServerUnaryReactor* AggregatorService::ListCheckpoints(

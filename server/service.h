@@ -3,12 +3,15 @@
 #ifndef SYNCNORM_SERVER_SERVICE_H_
 #define SYNCNORM_SERVER_SERVICE_H_
 
+#include <memory>
+
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/aggregator.h"
 #include "server/auth.h"
 #include "server/limits.h"
 #include "server/stream_set.h"
+#include "server/waiting_calls.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
 namespace syncnorm {
@@ -21,6 +24,12 @@ struct ServiceOptions {
   const Authenticator* auth = nullptr;
   // Open Reduce streams at most (--max_streams); <= 0: no limit.
   int max_streams = 0;
+  // ReduceOnce and Checkpoint calls the server holds at most, from their
+  // start until both gRPC and the aggregator are done with them (a
+  // cancelled call's contribution or pending checkpoint is held until its
+  // round or deadline ends) (--max_waiting_calls); one more is refused at
+  // once, before the aggregator sees it. <= 0: no limit.
+  int max_waiting_calls = 0;
   // Largest request message, each message of a stream included, by its
   // serialized size (--max_message_bytes); <= 0: no limit.
   int64_t max_message_bytes = 0;
@@ -36,7 +45,8 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
       : aggregator_(aggregator),
         auth_(options.auth),
         max_message_bytes_(options.max_message_bytes),
-        streams_(options.max_streams) {}
+        streams_(options.max_streams),
+        waiting_(std::make_shared<WaitingCalls>(options.max_waiting_calls)) {}
 
   // Shutdown: ends every Reduce stream (UNAVAILABLE) once it has answered
   // what it read, and refuses new ones.
@@ -95,6 +105,10 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   const Authenticator* const auth_;
   const int64_t max_message_bytes_;
   StreamSet streams_;
+  // Shared with the reactors: a call leaves it when the aggregator has
+  // answered it too, which may be after the service is gone (the
+  // aggregator's destructor answers what still waits).
+  const std::shared_ptr<WaitingCalls> waiting_;
 };
 
 }  // namespace syncnorm

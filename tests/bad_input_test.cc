@@ -4,9 +4,12 @@
 // a good round, and hold unchanged state.
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -233,7 +236,7 @@ std::vector<Case> ContributionCases() {
   add(
       "job_id 100000 characters", grpc::NOT_FOUND,
       [](auto& c) { c.set_job_id(std::string(100000, 'j')); },
-      "a job_id of 100000 characters");
+      "... (100000 bytes)' not found; job ids have at most 128 characters");
   add("layer out of range", kInvalid, [](auto& c) { c.set_layer(1); });
   add("layer negative", kInvalid, [](auto& c) { c.set_layer(-1); });
   add("step negative", kInvalid, [](auto& c) { c.set_step(-4); });
@@ -476,6 +479,214 @@ TEST(BadInputTest, EveryMalformedRequestGetsItsStatusAndTheServerServesOn) {
   EXPECT_TRUE(ReduceOnce(*stub, good).ok());
   auto code = (*agg)->Stop();
   EXPECT_TRUE(code.ok() && *code == 0);
+}
+
+// ---- Strings a client chose, echoed bounded ------------------------------
+
+// A job_id, tag or layer name far longer than any valid one.
+std::string Huge(const std::string& prefix) {
+  return prefix + std::string(200000 - prefix.size(), 'x');
+}
+
+// "" when `s` has `code` and a short message that still names `text` by
+// its first 128 bytes and its size; else what is wrong.
+std::string EchoesBounded(const grpc::Status& s, grpc::StatusCode code,
+                          const std::string& text) {
+  const std::string shown =
+      absl::StrCat(text.substr(0, 128), "... (", text.size(), " bytes)");
+  if (s.error_code() == code && s.error_message().size() < 1024 &&
+      absl::StrContains(s.error_message(), shown)) {
+    return "";
+  }
+  return absl::StrCat("expected code ", code,
+                      " and a message under 1 kB with '", text.substr(0, 16),
+                      "...", "' (", text.size(), " bytes) bounded; got code ",
+                      s.error_code(), ", ", s.error_message().size(),
+                      " bytes: ", s.error_message().substr(0, 400));
+}
+
+std::string ReadLog(const std::string& dir) {
+  std::ifstream in(dir + "/aggregator.log");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Every job-scoped RPC with `job_id`, as `token` (empty: none): the
+// statuses, named.
+std::vector<std::pair<std::string, grpc::Status>> CallEveryRpc(
+    Stub& stub, const std::string& job_id, const std::string& token) {
+  auto ctx = [&token] {
+    auto c = Context();
+    if (!token.empty()) c->AddMetadata("authorization", "Bearer " + token);
+    return c;
+  };
+  std::vector<std::pair<std::string, grpc::Status>> out;
+  {
+    v1::GetJobRequest r;
+    r.set_job_id(job_id);
+    v1::JobInfo info;
+    out.emplace_back("GetJob", stub.GetJob(ctx().get(), r, &info));
+  }
+  {
+    v1::DeleteJobRequest r;
+    r.set_job_id(job_id);
+    v1::DeleteJobResponse response;
+    out.emplace_back("DeleteJob", stub.DeleteJob(ctx().get(), r, &response));
+  }
+  {
+    v1::Contribution c = GoodForward();
+    c.set_job_id(job_id);
+    v1::RoundResult result;
+    out.emplace_back("ReduceOnce", stub.ReduceOnce(ctx().get(), c, &result));
+    auto stream_ctx = ctx();
+    auto stream = stub.Reduce(stream_ctx.get());
+    grpc::Status in_band(grpc::INTERNAL, "the stream broke");
+    if (stream->Write(c) && stream->Read(&result)) {
+      in_band =
+          grpc::Status(static_cast<grpc::StatusCode>(result.error().code()),
+                       result.error().message());
+    }
+    stream->WritesDone();
+    (void)stream->Finish();
+    out.emplace_back("Reduce (in-band)", in_band);
+  }
+  {
+    v1::GetRunningStatsRequest r;
+    r.set_job_id(job_id);
+    v1::RunningStats stats;
+    out.emplace_back("GetRunningStats",
+                     stub.GetRunningStats(ctx().get(), r, &stats));
+  }
+  {
+    v1::SetRunningStatsRequest r = GoodImport();
+    r.set_job_id(job_id);
+    v1::RunningStats stats;
+    out.emplace_back("SetRunningStats",
+                     stub.SetRunningStats(ctx().get(), r, &stats));
+  }
+  {
+    v1::CheckpointRequest r;
+    r.set_job_id(job_id);
+    v1::CheckpointInfo info;
+    out.emplace_back("Checkpoint", stub.Checkpoint(ctx().get(), r, &info));
+  }
+  {
+    v1::ListCheckpointsRequest r;
+    r.set_job_id(job_id);
+    v1::ListCheckpointsResponse list;
+    out.emplace_back("ListCheckpoints",
+                     stub.ListCheckpoints(ctx().get(), r, &list));
+  }
+  {
+    v1::RestoreCheckpointRequest r;
+    r.set_job_id(job_id);
+    v1::JobInfo info;
+    out.emplace_back("RestoreCheckpoint",
+                     stub.RestoreCheckpoint(ctx().get(), r, &info));
+  }
+  return out;
+}
+
+// A job_id, a layer name or a checkpoint tag of 200 kB: every status that
+// echoes it names it by its first 128 bytes and its size, and the server's
+// log never holds it whole.
+TEST(BadInputTest, ClientStringsInMessagesAndLogsAreBounded) {
+  const std::string dir = MakeScratchDir("bad-input-echo");
+  auto agg = LocalAggregator::Start(
+      dir, {absl::StrCat("--max_message_bytes=", kMaxMessageBytes)});
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
+      (*agg)->address(), grpc::InsecureChannelCredentials()));
+
+  const std::string id = Huge("huge-job-");
+  for (const auto& [rpc, status] : CallEveryRpc(*stub, id, "")) {
+    EXPECT_EQ(EchoesBounded(status, grpc::NOT_FOUND, id), "") << rpc;
+  }
+  v1::CreateJobRequest create = GoodJob(id);
+  grpc::Status created = CreateJob(*stub, create);
+  EXPECT_EQ(created.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_LT(created.error_message().size(), 1024u);
+
+  // A layer name is any string; messages about the layer quote it.
+  const std::string name = Huge("huge-layer-");
+  create = GoodJob("named");
+  create.set_world_size(1);
+  create.mutable_layers(0)->set_name(name);
+  create.mutable_layers(0)->set_num_features(0);
+  EXPECT_EQ(
+      EchoesBounded(CreateJob(*stub, create), grpc::INVALID_ARGUMENT, name),
+      "");
+  create.mutable_layers(0)->set_num_features(2);
+  create.mutable_layers(0)->set_biased_running_var(true);
+  ASSERT_TRUE(CreateJob(*stub, create).ok());
+  v1::Contribution wrong = GoodForward();
+  wrong.set_job_id("named");
+  wrong.set_step(0);
+  wrong.mutable_moments()->add_mean(0);
+  wrong.mutable_moments()->add_m2(0);
+  EXPECT_EQ(
+      EchoesBounded(ReduceOnce(*stub, wrong), grpc::INVALID_ARGUMENT, name),
+      "");
+  v1::SetRunningStatsRequest import = GoodImport();
+  import.set_job_id("named");
+  const std::string other = Huge("other-layer-");
+  import.mutable_layers(0)->set_name(other);
+  v1::RunningStats stats;
+  EXPECT_EQ(
+      EchoesBounded(stub->SetRunningStats(Context().get(), import, &stats),
+                    grpc::INVALID_ARGUMENT, other),
+      "");
+
+  // A tag is stored as given, logged, and quoted when it conflicts.
+  v1::Contribution good = GoodForward();
+  good.set_job_id("named");
+  good.set_step(0);
+  ASSERT_TRUE(ReduceOnce(*stub, good).ok());
+  const std::string tag = Huge("huge-tag-");
+  v1::CheckpointRequest checkpoint;
+  checkpoint.set_job_id("named");
+  checkpoint.set_step(0);
+  checkpoint.set_tag(tag);
+  v1::CheckpointInfo info;
+  ASSERT_TRUE(stub->Checkpoint(Context().get(), checkpoint, &info).ok());
+  EXPECT_EQ(info.tag(), tag) << "the tag itself is kept whole";
+  checkpoint.set_tag("another");
+  EXPECT_EQ(EchoesBounded(stub->Checkpoint(Context().get(), checkpoint, &info),
+                          grpc::ALREADY_EXISTS, tag),
+            "");
+
+  auto code = (*agg)->Stop();
+  EXPECT_TRUE(code.ok() && *code == 0);
+  const std::string log = ReadLog(dir);
+  EXPECT_TRUE(absl::StrContains(log, "event=checkpoint job=named"));
+  EXPECT_FALSE(absl::StrContains(log, std::string(1000, 'x')))
+      << "the log holds a client's string whole: " << log.size() << " bytes";
+  EXPECT_LT(log.size(), 64u << 10);
+}
+
+// With bearer tokens, a token for job "bad" asking for a job of 200 kB's id
+// is PERMISSION_DENIED naming that id bounded, on every RPC.
+TEST(BadInputTest, PermissionDeniedNamesTheJobBounded) {
+  const std::string dir = MakeScratchDir("bad-input-auth");
+  const std::string token = "bad-job-token-0123456789abcdef";
+  {
+    std::ofstream tokens(dir + "/tokens");
+    tokens << token << " job:bad\n";
+  }
+  auto agg = LocalAggregator::Start(
+      dir, {absl::StrCat("--max_message_bytes=", kMaxMessageBytes),
+            "--tokens_file=" + dir + "/tokens"});
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
+      (*agg)->address(), grpc::InsecureChannelCredentials()));
+  const std::string id = Huge("huge-job-");
+  for (const auto& [rpc, status] : CallEveryRpc(*stub, id, token)) {
+    EXPECT_EQ(EchoesBounded(status, grpc::PERMISSION_DENIED, id), "") << rpc;
+  }
+  auto code = (*agg)->Stop();
+  EXPECT_TRUE(code.ok() && *code == 0);
+  EXPECT_FALSE(absl::StrContains(ReadLog(dir), std::string(1000, 'x')));
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // flooded within them and beyond them (jobs, open streams, rounds in
 // flight, near-max messages, oversized messages, clients that send without
 // reading, duplicate retries, streams abandoned by cancelled calls and by
-// killed processes). Every over-limit attempt must get RESOURCE_EXHAUSTED
-// naming its flag; the server's resident memory must stay under a bound
+// killed processes, unary calls parked waiting for their rounds and
+// steps). Every over-limit attempt must get RESOURCE_EXHAUSTED naming its
+// flag; the server's resident memory must stay under a bound
 // derived from the limits (at its peak and after), come back near where it
 // started once the abusers are gone, and the server must then still serve
 // correct rounds. A message far above every limit is cut off by gRPC's
@@ -38,6 +39,7 @@
 #include "tests/testing/health.h"
 #include "tests/testing/round_cluster.h"
 #include "tests/testing/round_payload.h"
+#include "tests/testing/scrape.h"
 #include "tests/testing/subprocess.h"
 
 namespace syncnorm::testing {
@@ -55,6 +57,8 @@ constexpr int kMaxWorldSize = 3;
 constexpr int64_t kMaxChannelsPerJob = 2 * kMaxChannels;
 constexpr int kMaxPendingRounds = 48;
 constexpr int kMaxStreams = 12;
+// Above the unary calls the floods run at once (kTestCalls).
+constexpr int kMaxWaitingCalls = 8;
 // What gRPC's transport may hold: well above what the floods below make it
 // hold (two clients' unread HTTP/2 windows, near-max messages being
 // received), so that its reclaimer cuts none of their streams.
@@ -132,7 +136,10 @@ std::vector<std::string> ServerFlags() {
           absl::StrCat("--max_channels_per_job=", kMaxChannelsPerJob),
           absl::StrCat("--max_pending_rounds=", kMaxPendingRounds),
           absl::StrCat("--max_streams=", kMaxStreams),
-          absl::StrCat("--max_transport_bytes=", kMaxTransportBytes)};
+          absl::StrCat("--max_waiting_calls=", kMaxWaitingCalls),
+          absl::StrCat("--max_transport_bytes=", kMaxTransportBytes),
+          // As deployed; the quota's cuts must show in its gRPC metrics.
+          "--metrics_listen=127.0.0.1:0"};
 }
 
 v1::CreateJobRequest Job(const std::string& id, int world, int layers,
@@ -339,6 +346,20 @@ class FloodTest : public ::testing::Test {
       rss = RssKb();
     }
     return rss;
+  }
+
+  absl::StatusOr<v1::CheckpointInfo> Checkpoint(const std::string& job,
+                                                int64_t step,
+                                                const std::string& tag,
+                                                absl::Duration timeout) {
+    v1::CheckpointRequest r;
+    r.set_job_id(job);
+    r.set_step(step);
+    r.set_tag(tag);
+    v1::CheckpointInfo info;
+    grpc::Status s = stub_->Checkpoint(Context(timeout).get(), r, &info);
+    if (!s.ok()) return FromGrpc(s);
+    return info;
   }
 
   absl::Status CreateJob(const v1::CreateJobRequest& r) {
@@ -686,7 +707,9 @@ TEST_F(FloodTest, MemoryStaysBoundedAndEveryLimitIsNamed) {
 // client gets gRPC's RESOURCE_EXHAUSTED. gRPC picks the streams by the age
 // of their connection, not by what they hold: a stream opened before, on
 // an older connection, is cancelled first, with the same status. A new
-// stream then serves correct rounds, and the server stays SERVING.
+// stream then serves correct rounds, and the server stays SERVING. The
+// gRPC metrics count the cut stream as cut (Canceled: the server is not
+// told why), not as the OK its service ends it with when its reads fail.
 TEST_F(FloodTest, MessageOverTheTransportQuotaIsCutOffEarly) {
   const absl::Time start = absl::Now();
   grpc::ClientContext older_context;
@@ -731,6 +754,19 @@ TEST_F(FloodTest, MessageOverTheTransportQuotaIsCutOffEarly) {
   auto health = CheckHealth(channel_);
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(*health, 1) << "SERVING";
+
+  // Counted once over on the server, a moment after the client knows.
+  const int port = MetricsPortFromLog(dir_ + "/aggregator.log");
+  ASSERT_GT(port, 0);
+  std::string metrics = ScrapeMetrics(port);
+  for (const absl::Time until = absl::Now() + absl::Seconds(10);
+       HandledCalls(metrics, "Reduce") < 2 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    metrics = ScrapeMetrics(port);
+  }
+  EXPECT_EQ(HandledCalls(metrics, "Reduce", "OK"), 1) << metrics;
+  EXPECT_EQ(HandledCalls(metrics, "Reduce", "Canceled"), 1) << metrics;
+  EXPECT_EQ(HandledCalls(metrics, "Reduce"), 2) << metrics;
   std::fprintf(stderr,
                "huge message: %lld MiB cut off after %.2f s (%s); the older "
                "stream: %s; server rss %lld kB before, %lld kB at the peak, "
@@ -742,6 +778,122 @@ TEST_F(FloodTest, MessageOverTheTransportQuotaIsCutOffEarly) {
                static_cast<long long>(sampler.peak_kb()),
                static_cast<long long>(bound),
                absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+// ReduceOnce and Checkpoint calls parked waiting (for rounds that lack
+// ranks, for steps not committed) up to --max_waiting_calls: one more of
+// either is refused at once, naming the flag, and nothing of it is kept: a
+// refused contribution does not count in its round (its rank then sends
+// another payload, which a recorded one would make ABORTED), a refused
+// checkpoint is never cut. Streams are not counted; once the rounds
+// complete, every parked call gets its answer and the slots free up.
+TEST_F(FloodTest, WaitingCallsAreBoundedAndARefusedOneLosesNothing) {
+  constexpr int kChannels = 8;
+  constexpr int kParkedRounds = kMaxWaitingCalls - 2;  // + 2 checkpoints
+  ASSERT_TRUE(CreateJob(Job("wait", 3, 1, kChannels, 20000)).ok());
+  std::vector<absl::StatusOr<v1::RoundResult>> rounds(kParkedRounds);
+  std::vector<absl::StatusOr<v1::CheckpointInfo>> checkpoints(2);
+  std::vector<std::thread> parked;
+  for (int i = 0; i < kParkedRounds; ++i) {
+    parked.emplace_back([&, i] {
+      rounds[i] = ReduceOnce(RoundContribution("wait", 0, i + 1, 0, kChannels),
+                             absl::Seconds(30));
+    });
+  }
+  for (int i = 0; i < 2; ++i) {
+    parked.emplace_back([&, i] {
+      checkpoints[i] = Checkpoint("wait", i + 1, absl::StrCat("parked", i),
+                                  absl::Seconds(30));
+    });
+  }
+  // Full once a call to no job is refused instead of NOT_FOUND (it is
+  // counted before the job is looked up, and answered at once). The parked
+  // calls go first: a probe in progress holds a slot.
+  absl::SleepFor(absl::Seconds(1));
+  absl::Status probe;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  do {
+    absl::SleepFor(absl::Milliseconds(50));
+    probe = ReduceOnce(RoundContribution("nope", 0, 0, 0, 1), absl::Seconds(5))
+                .status();
+  } while (probe.code() == absl::StatusCode::kNotFound &&
+           absl::Now() < deadline);
+  EXPECT_EQ(NamesLimit(probe, "max_waiting_calls", kMaxWaitingCalls), "");
+
+  // Rank 1 of step 1, with a payload of its own, and a checkpoint of step 3.
+  v1::Contribution other = RoundContribution("wait", 0, 1, 1, kChannels);
+  other.mutable_moments()->set_count(other.moments().count() + 1);
+  const absl::Time sent = absl::Now();
+  auto refused = ReduceOnce(other, absl::Seconds(10));
+  EXPECT_EQ(NamesLimit(refused.status(), "max_waiting_calls", kMaxWaitingCalls),
+            "");
+  EXPECT_EQ(
+      NamesLimit(Checkpoint("wait", 3, "refused", absl::Seconds(10)).status(),
+                 "max_waiting_calls", kMaxWaitingCalls),
+      "");
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(2)) << "refused at once";
+
+  // Ranks 1 and 2 of every parked round, on a stream (not counted): each
+  // round completes with the stream's payloads only.
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = stub_->Reduce(&context);
+    for (int step = 1; step <= kParkedRounds; ++step) {
+      for (int rank = 1; rank <= 2; ++rank) {
+        ASSERT_TRUE(
+            stream->Write(RoundContribution("wait", 0, step, rank, kChannels)));
+      }
+    }
+    for (int i = 0; i < 2 * kParkedRounds; ++i) {
+      v1::RoundResult r;
+      ASSERT_TRUE(stream->Read(&r));
+      EXPECT_TRUE(InBand(r).ok()) << "step " << r.step() << ": " << InBand(r);
+      EXPECT_EQ(CheckGlobal(r.moments(), ReferenceMerge("wait", 0, r.step(),
+                                                        {0, 1, 2}, kChannels)),
+                "")
+          << "step " << r.step();
+    }
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  for (std::thread& t : parked) t.join();
+  for (int i = 0; i < kParkedRounds; ++i) {
+    ASSERT_TRUE(rounds[i].ok())
+        << "step " << i + 1 << ": " << rounds[i].status();
+    EXPECT_EQ(
+        CheckGlobal(rounds[i]->moments(),
+                    ReferenceMerge("wait", 0, i + 1, {0, 1, 2}, kChannels)),
+        "");
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(checkpoints[i].ok()) << checkpoints[i].status();
+    EXPECT_EQ(checkpoints[i]->step(), i + 1);
+  }
+
+  // Slots free up once the server has let go of the answered calls.
+  absl::StatusOr<v1::CheckpointInfo> after;
+  const absl::Time again = absl::Now() + absl::Seconds(10);
+  do {
+    after = Checkpoint("wait", kParkedRounds, "after", absl::Seconds(10));
+  } while (after.status().code() == absl::StatusCode::kResourceExhausted &&
+           absl::Now() < again);
+  EXPECT_TRUE(after.ok()) << after.status();
+  v1::ListCheckpointsRequest list_request;
+  list_request.set_job_id("wait");
+  v1::ListCheckpointsResponse list;
+  ASSERT_TRUE(stub_
+                  ->ListCheckpoints(Context(absl::Seconds(10)).get(),
+                                    list_request, &list)
+                  .ok());
+  std::vector<int64_t> steps;
+  for (const v1::CheckpointInfo& c : list.checkpoints()) {
+    EXPECT_NE(c.tag(), "refused");
+    steps.push_back(c.step());
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, kParkedRounds}));
+  auto health = CheckHealth(channel_);
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, 1) << "SERVING";
 }
 
 }  // namespace
