@@ -126,6 +126,7 @@ std::shared_ptr<Job> Aggregator::FindJob(absl::string_view job_id) const {
 }
 
 absl::StatusOr<JobSnapshot> Aggregator::CreateJob(JobSpec spec) {
+  if (absl::Status s = CheckNewNames(spec); !s.ok()) return s;
   absl::StatusOr<JobSpec> resolved =
       ResolveJobSpec(std::move(spec), options_.default_round_timeout);
   if (!resolved.ok()) return resolved.status();
@@ -226,6 +227,10 @@ absl::StatusOr<std::vector<LayerStatsSnapshot>> Aggregator::SetRunningStats(
 void Aggregator::Checkpoint(absl::string_view job_id, int64_t step,
                             std::string tag, absl::Time deadline,
                             CheckpointCallback done) {
+  if (absl::Status s = CheckTag(tag); !s.ok()) {
+    done(s);
+    return;
+  }
   std::shared_ptr<Job> job = FindJob(job_id);
   if (job == nullptr) {
     done(NotFound(job_id));

@@ -166,6 +166,26 @@ absl::Status ResolveLayer(size_t index, LayerConfig& layer) {
 
 }  // namespace
 
+absl::Status CheckNewNames(const JobSpec& spec) {
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    const std::string& name = spec.layers[i].name;
+    if (name.size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layers[", i, "] has a name of ", name.size(), " bytes ('",
+          BoundedText(name), "'); a layer name has at most ", kMaxNameBytes,
+          " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTag(absl::string_view tag) {
+  if (tag.size() <= kMaxNameBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the checkpoint tag has ", tag.size(), " bytes ('", BoundedText(tag),
+      "'); a tag has at most ", kMaxNameBytes, " bytes"));
+}
+
 absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
                                        absl::Duration default_round_timeout) {
   absl::Status s = CheckJobId(spec.job_id);

@@ -2,11 +2,14 @@
 #ifndef SYNCNORM_SERVER_JOB_SPEC_H_
 #define SYNCNORM_SERVER_JOB_SPEC_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kernels/moments.h"
 #include "server/shard_assignment.h"
@@ -77,6 +80,20 @@ struct JobSpec {
 // Returns INVALID_ARGUMENT naming the offending field and the fix otherwise.
 // Resolving a resolved spec returns it unchanged.
 // REQUIRES: default_round_timeout > 0.
+// The longest layer name and checkpoint tag a new request may give, in
+// bytes: far above a qualified module name (the Python client's layer
+// names), far below what a client could otherwise make the server store
+// and log. Checked on the requests that bring them (CheckNewNames,
+// CheckTag), not on state loaded from the store.
+inline constexpr size_t kMaxNameBytes = 1024;
+
+// INVALID_ARGUMENT naming the layer when a layer name of `spec` is longer
+// than kMaxNameBytes.
+absl::Status CheckNewNames(const JobSpec& spec);
+
+// INVALID_ARGUMENT when a checkpoint tag is longer than kMaxNameBytes.
+absl::Status CheckTag(absl::string_view tag);
+
 absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
                                        absl::Duration default_round_timeout);
 

@@ -163,5 +163,28 @@ TEST(JobSpecTest, RejectsBadSpecsWithActionableMessages) {
   }
 }
 
+// New layer names and tags: up to kMaxNameBytes (1024) bytes, counted in
+// bytes whatever they hold; one byte more is refused, naming the limit.
+TEST(JobSpecTest, NewNamesAndTagsAreBounded) {
+  JobSpec spec = ValidSpec();
+  spec.layers.push_back(spec.layers[0]);
+  spec.layers[1].name = std::string(1024, 'n');
+  EXPECT_TRUE(CheckNewNames(spec).ok());
+  spec.layers[1].name += "n";
+  const absl::Status s = CheckNewNames(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("layers[1] has a name of 1025 bytes"));
+  EXPECT_THAT(s.message(), HasSubstr("at most 1024 bytes"));
+  // Resolution does not check it: a stored job keeps loading.
+  EXPECT_TRUE(ResolveJobSpec(spec, kDefault).ok());
+
+  EXPECT_TRUE(CheckTag("").ok());
+  EXPECT_TRUE(CheckTag(std::string(1024, 't')).ok());
+  const absl::Status t = CheckTag(std::string(1025, 't'));
+  EXPECT_EQ(t.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.message(), HasSubstr("1025 bytes"));
+  EXPECT_THAT(t.message(), HasSubstr("at most 1024 bytes"));
+}
+
 }  // namespace
 }  // namespace syncnorm

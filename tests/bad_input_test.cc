@@ -488,6 +488,12 @@ std::string Huge(const std::string& prefix) {
   return prefix + std::string(200000 - prefix.size(), 'x');
 }
 
+// A layer name or tag as long as one may be (kMaxNameBytes, 1024 bytes):
+// valid, and longer than what messages show whole.
+std::string Long(const std::string& prefix) {
+  return prefix + std::string(1024 - prefix.size(), 'x');
+}
+
 // "" when `s` has `code` and a short message that still names `text` by
 // its first 128 bytes and its size; else what is wrong.
 std::string EchoesBounded(const grpc::Status& s, grpc::StatusCode code,
@@ -608,10 +614,18 @@ TEST(BadInputTest, ClientStringsInMessagesAndLogsAreBounded) {
   EXPECT_EQ(created.error_code(), grpc::INVALID_ARGUMENT);
   EXPECT_LT(created.error_message().size(), 1024u);
 
-  // A layer name is any string; messages about the layer quote it.
-  const std::string name = Huge("huge-layer-");
+  // A layer name of more than kMaxNameBytes is refused, naming it bounded.
   create = GoodJob("named");
   create.set_world_size(1);
+  const std::string huge_name = Huge("huge-layer-");
+  create.mutable_layers(0)->set_name(huge_name);
+  grpc::Status refused = CreateJob(*stub, create);
+  EXPECT_EQ(EchoesBounded(refused, grpc::INVALID_ARGUMENT, huge_name), "");
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "at most 1024"))
+      << refused.error_message();
+  // One within it is any string, longer than what messages show whole;
+  // messages about the layer quote it bounded.
+  const std::string name = Long("long-layer-");
   create.mutable_layers(0)->set_name(name);
   create.mutable_layers(0)->set_num_features(0);
   EXPECT_EQ(
@@ -638,17 +652,31 @@ TEST(BadInputTest, ClientStringsInMessagesAndLogsAreBounded) {
                     grpc::INVALID_ARGUMENT, other),
       "");
 
-  // A tag is stored as given, logged, and quoted when it conflicts.
+  // A tag of more than kMaxNameBytes is refused and nothing is stored; one
+  // within it is stored as given, logged, and quoted when it conflicts.
   v1::Contribution good = GoodForward();
   good.set_job_id("named");
   good.set_step(0);
   ASSERT_TRUE(ReduceOnce(*stub, good).ok());
-  const std::string tag = Huge("huge-tag-");
+  const std::string huge_tag = Huge("huge-tag-");
   v1::CheckpointRequest checkpoint;
   checkpoint.set_job_id("named");
   checkpoint.set_step(0);
-  checkpoint.set_tag(tag);
+  checkpoint.set_tag(huge_tag);
   v1::CheckpointInfo info;
+  EXPECT_EQ(EchoesBounded(stub->Checkpoint(Context().get(), checkpoint, &info),
+                          grpc::INVALID_ARGUMENT, huge_tag),
+            "");
+  {
+    v1::ListCheckpointsRequest list;
+    list.set_job_id("named");
+    v1::ListCheckpointsResponse listed;
+    ASSERT_TRUE(
+        stub->ListCheckpoints(Context().get(), list, &listed).ok());
+    EXPECT_EQ(listed.checkpoints_size(), 0) << "a refused tag stored nothing";
+  }
+  const std::string tag = Long("long-tag-");
+  checkpoint.set_tag(tag);
   ASSERT_TRUE(stub->Checkpoint(Context().get(), checkpoint, &info).ok());
   EXPECT_EQ(info.tag(), tag) << "the tag itself is kept whole";
   checkpoint.set_tag("another");
