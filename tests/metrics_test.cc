@@ -22,6 +22,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/scrape.h"
 
 namespace syncnorm::testing {
 namespace {
@@ -49,43 +50,6 @@ int FreePort() {
   }
   ::close(fd);
   return port;
-}
-
-// The body of GET `path` from 127.0.0.1:port, or "" if unreachable.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat(
-        "GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    (void)!::write(fd, request.data(), request.size());
-    char buffer[4096];
-    for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) > 0;) {
-      response.append(buffer, n);
-    }
-  }
-  ::close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
-
-// "metrics_port=N" from the aggregator's structured start line.
-int MetricsPort(const std::string& log_path) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    const std::string log = ReadFile(log_path);
-    const size_t start = log.find("syncnorm event=start");
-    const size_t at = log.find("metrics_port=", start);
-    if (start != std::string::npos && at != std::string::npos) {
-      return std::atoi(log.c_str() + at + 13);
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return 0;
 }
 
 // The value of an instant query's single sample, as Prometheus prints it
@@ -121,7 +85,7 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
   auto aggregator = LocalAggregator::Start(
       dir, {"--metrics_listen=127.0.0.1:0", "--round_timeout_ms=20000"});
   ASSERT_TRUE(aggregator.ok()) << aggregator.status();
-  const int metrics_port = MetricsPort(dir + "/aggregator.log");
+  const int metrics_port = MetricsPortFromLog(dir + "/aggregator.log");
   ASSERT_GT(metrics_port, 0) << ReadFile(dir + "/aggregator.log");
 
   // A few rounds (2 workers, 3 layers, 4 steps) and a checkpoint.

@@ -34,7 +34,7 @@ int MetricsPortFromLog(const std::string& log_path, absl::Duration timeout) {
   }
 }
 
-std::string ScrapeMetrics(int port) {
+std::string HttpGet(int port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -42,8 +42,8 @@ std::string ScrapeMetrics(int port) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string response;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request =
-        "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    const std::string request = absl::StrCat(
+        "GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
     (void)!::write(fd, request.data(), request.size());
     char buffer[4096];
     for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) > 0;) {
@@ -54,6 +54,8 @@ std::string ScrapeMetrics(int port) {
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
+
+std::string ScrapeMetrics(int port) { return HttpGet(port, "/metrics"); }
 
 double HandledCalls(const std::string& text, const std::string& method,
                     const std::string& code) {

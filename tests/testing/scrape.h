@@ -13,6 +13,10 @@ namespace syncnorm::testing {
 int MetricsPortFromLog(const std::string& log_path,
                        absl::Duration timeout = absl::Seconds(10));
 
+// The body of GET `path` from 127.0.0.1:`port` over HTTP/1.0; "" if
+// unreachable.
+std::string HttpGet(int port, const std::string& path);
+
 // The body of GET /metrics from 127.0.0.1:`port`; "" if unreachable.
 std::string ScrapeMetrics(int port);
 
