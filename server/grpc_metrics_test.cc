@@ -3,20 +3,12 @@
 // also when gRPC cut it short or the service refused it at once.
 #include "server/grpc_metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpcpp/create_channel.h"
@@ -24,59 +16,17 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
+#include "tests/testing/scrape.h"
 
 namespace syncnorm {
 namespace {
 
+using ::syncnorm::testing::HandledCalls;
+using ::syncnorm::testing::ScrapeMetrics;
+
 using Stream = grpc::ClientReaderWriter<v1::Contribution, v1::RoundResult>;
 
 constexpr int kMaxStreams = 2;
-
-// GET /metrics from 127.0.0.1:port; the response body, or "" on failure.
-std::string Scrape(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string request =
-      "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::write(fd, request.data(), request.size());
-  std::string response;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) > 0;) {
-    response.append(buffer, n);
-  }
-  ::close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
-
-// grpc_server_handled_total of the Aggregator's `method` with `code` (Go's
-// spelling); 0 when there is no such series. An empty code sums all codes.
-double Handled(const std::string& text, const std::string& method,
-               const std::string& code) {
-  double sum = 0;
-  const std::string with_method = absl::StrCat("grpc_method=\"", method, "\"");
-  const std::string with_code = absl::StrCat("grpc_code=\"", code, "\"");
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::StartsWith(line, "grpc_server_handled_total{") ||
-        !absl::StrContains(line, with_method) ||
-        !absl::StrContains(line, "grpc_service=\"syncnorm.v1.Aggregator\"") ||
-        (!code.empty() && !absl::StrContains(line, with_code))) {
-      continue;
-    }
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
-      sum += value;
-    }
-  }
-  return sum;
-}
 
 v1::Contribution Forward(const std::string& job, int64_t step, int rank) {
   v1::Contribution c;
@@ -128,10 +78,10 @@ class GrpcMetricsTest : public ::testing::Test {
   // be a moment after its client has its status.
   std::string MetricsOnceHandled(const std::string& method, double calls) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    std::string text = Scrape(server_->metrics_port());
-    while (Handled(text, method, "") < calls && absl::Now() < deadline) {
+    std::string text = ScrapeMetrics(server_->metrics_port());
+    while (HandledCalls(text, method, "") < calls && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(20));
-      text = Scrape(server_->metrics_port());
+      text = ScrapeMetrics(server_->metrics_port());
     }
     return text;
   }
@@ -162,8 +112,8 @@ TEST_F(GrpcMetricsTest, CancelledStreamsCountAsCanceled) {
     EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
   }
   const std::string text = MetricsOnceHandled("Reduce", kStreams);
-  EXPECT_EQ(Handled(text, "Reduce", "Canceled"), kStreams) << text;
-  EXPECT_EQ(Handled(text, "Reduce", "OK"), 0) << text;
+  EXPECT_EQ(HandledCalls(text, "Reduce", "Canceled"), kStreams) << text;
+  EXPECT_EQ(HandledCalls(text, "Reduce", "OK"), 0) << text;
 }
 
 // The service answers CANCELLED when the call is cancelled; its client got
@@ -177,8 +127,8 @@ TEST_F(GrpcMetricsTest, CallWhoseDeadlinePassedCountsDeadlineExceeded) {
   EXPECT_EQ(stub_->ReduceOnce(&context, Forward("j", 1, 0), &r).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
   const std::string text = MetricsOnceHandled("ReduceOnce", 1);
-  EXPECT_EQ(Handled(text, "ReduceOnce", "DeadlineExceeded"), 1) << text;
-  EXPECT_EQ(Handled(text, "ReduceOnce", ""), 1) << text;
+  EXPECT_EQ(HandledCalls(text, "ReduceOnce", "DeadlineExceeded"), 1) << text;
+  EXPECT_EQ(HandledCalls(text, "ReduceOnce", ""), 1) << text;
 }
 
 // A stream over --max_streams, refused at once, and streams that end well.
@@ -201,9 +151,9 @@ TEST_F(GrpcMetricsTest, RefusedAndCompletedStreamsCountTheirStatus) {
     EXPECT_TRUE(stream->Finish().ok());
   }
   const std::string text = MetricsOnceHandled("Reduce", kMaxStreams + 1);
-  EXPECT_EQ(Handled(text, "Reduce", "ResourceExhausted"), 1) << text;
-  EXPECT_EQ(Handled(text, "Reduce", "OK"), kMaxStreams) << text;
-  EXPECT_EQ(Handled(text, "Reduce", ""), kMaxStreams + 1) << text;
+  EXPECT_EQ(HandledCalls(text, "Reduce", "ResourceExhausted"), 1) << text;
+  EXPECT_EQ(HandledCalls(text, "Reduce", "OK"), kMaxStreams) << text;
+  EXPECT_EQ(HandledCalls(text, "Reduce", ""), kMaxStreams + 1) << text;
 }
 
 // Unary calls answered at once: the status the service sent.
@@ -217,8 +167,8 @@ TEST_F(GrpcMetricsTest, AnsweredCallsCountTheStatusSent) {
     (void)stub_->GetJob(&context, request, &info);
   }
   const std::string text = MetricsOnceHandled("GetJob", 2);
-  EXPECT_EQ(Handled(text, "GetJob", "OK"), 1) << text;
-  EXPECT_EQ(Handled(text, "GetJob", "NotFound"), 1) << text;
+  EXPECT_EQ(HandledCalls(text, "GetJob", "OK"), 1) << text;
+  EXPECT_EQ(HandledCalls(text, "GetJob", "NotFound"), 1) << text;
 }
 
 }  // namespace

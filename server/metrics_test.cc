@@ -1,41 +1,15 @@
 #include "server/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scrape.h"
 
 namespace syncnorm {
 namespace {
 
-// GET /metrics from 127.0.0.1:port; the response body, or "" on failure.
-std::string Scrape(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string request =
-      "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::write(fd, request.data(), request.size());
-  std::string response;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) > 0;) {
-    response.append(buffer, n);
-  }
-  ::close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
+using ::syncnorm::testing::ScrapeMetrics;
 
 RoundReport Report(Phase phase) {
   RoundReport r;
@@ -64,7 +38,7 @@ TEST(MetricsTest, ServesRoundAndCheckpointMetrics) {
   observer->OnCheckpoint(
       CheckpointReport{"j", 7, absl::Milliseconds(4), 6, absl::OkStatus()});
 
-  const std::string text = Scrape((*metrics)->port());
+  const std::string text = ScrapeMetrics((*metrics)->port());
   for (const char* want : {
            "syncnorm_round_latency_seconds_count{outcome=\"ok\",phase="
            "\"FORWARD\"} 2",
