@@ -33,6 +33,12 @@ const char* TypeName(ServerRpcInfo::Type type) {
   return "unknown";
 }
 
+// A call the client cancelled this close to its deadline counts as past
+// it. The server's deadline is the client's plus the time the request took
+// to arrive (grpc-timeout is relative), so the client's cancellation at its
+// own deadline can reach the server a moment before the server's deadline.
+constexpr std::chrono::milliseconds kDeadlineSkew{250};
+
 // Go's codes.Code.String(), which go-grpc-prometheus puts in grpc_code.
 const char* CodeName(grpc::StatusCode code) {
   static constexpr const char* kNames[] = {
@@ -118,8 +124,9 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
  private:
   // Counts the call's outcome once: the status the service sent, unless
   // `cancelled` (or none was sent): then DEADLINE_EXCEEDED if the deadline
-  // had passed, else CANCELLED. gRPC does not tell the server why else it
-  // cut a call (its RESOURCE_EXHAUSTED of the quota, a broken connection).
+  // had passed (give or take kDeadlineSkew), else CANCELLED. gRPC does not
+  // tell the server why else it cut a call (its RESOURCE_EXHAUSTED of the
+  // quota, a broken connection).
   void Handled(bool cancelled) {
     grpc::StatusCode code;
     absl::Time end;
@@ -131,7 +138,8 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
       end = delivered ? sent_at_ : absl::Now();
       if (delivered) {
         code = *sent_code_;
-      } else if (std::chrono::system_clock::now() >= deadline_) {
+      } else if (std::chrono::system_clock::now() + kDeadlineSkew >=
+                 deadline_) {
         code = grpc::StatusCode::DEADLINE_EXCEEDED;
       } else {
         code = grpc::StatusCode::CANCELLED;
