@@ -16,8 +16,8 @@ class ThreadNode::MemberGroup : public NodeGroup {
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                            const Moments& local) override {
     ThreadNode* node = node_;
-    return node->Exchange(
-        node->forward_, Key(layer, step, 1), local_rank_, local,
+    return node->Exchange<Moments, ForwardReply>(
+        Key(layer, step, 1), local_rank_, local,
         [](Moments& acc, const Moments& part) { MergeMoments(acc, part); },
         [node, layer, step](const Moments& merged) {
           return node->upstream_->SyncForward(layer, step, merged);
@@ -27,8 +27,8 @@ class ThreadNode::MemberGroup : public NodeGroup {
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
                                         const GradSums& local) override {
     ThreadNode* node = node_;
-    return node->Exchange(
-        node->backward_, Key(layer, step, 2), local_rank_, local,
+    return node->Exchange<GradSums, GradSums>(
+        Key(layer, step, 2), local_rank_, local,
         [](GradSums& acc, const GradSums& part) { AddGradSums(acc, part); },
         [node, layer, step](const GradSums& summed) {
           return node->upstream_->SyncBackward(layer, step, summed);
@@ -51,9 +51,8 @@ std::unique_ptr<NodeGroup> ThreadNode::Member(int local_rank) {
 }
 
 template <typename T, typename R, typename Fold, typename Send>
-absl::StatusOr<R> ThreadNode::Exchange(std::map<Key, Round<T, R>>& rounds,
-                                       Key key, int local_rank, const T& local,
-                                       Fold fold, Send send) {
+absl::StatusOr<R> ThreadNode::Exchange(Key key, int local_rank,
+                                       const T& local, Fold fold, Send send) {
   if (local_rank < 0 || local_rank >= local_size_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "local rank ", local_rank, " is outside this node's ", local_size_,
@@ -63,7 +62,7 @@ absl::StatusOr<R> ThreadNode::Exchange(std::map<Key, Round<T, R>>& rounds,
   Round<T, R>* round;
   {
     absl::MutexLock lock(&mu_);
-    round = &rounds[key];
+    round = &RoundsOf(local)[key];
     if (round->parts.empty()) {
       round->parts.resize(local_size_);
       round->left = local_size_;
@@ -76,7 +75,7 @@ absl::StatusOr<R> ThreadNode::Exchange(std::map<Key, Round<T, R>>& rounds,
     round->parts[local_rank] = local;
     if (round->result.has_value()) {  // came after the round timed out
       absl::StatusOr<R> result = *round->result;
-      if (--round->left == 0) rounds.erase(key);
+      if (--round->left == 0) RoundsOf(local).erase(key);
       return result;
     }
     if (++round->arrived == local_size_) {
@@ -110,7 +109,7 @@ absl::StatusOr<R> ThreadNode::Exchange(std::map<Key, Round<T, R>>& rounds,
   }
   mu_.Await(absl::Condition(&ready));
   absl::StatusOr<R> result = *round->result;
-  if (--round->left == 0) rounds.erase(key);
+  if (--round->left == 0) RoundsOf(local).erase(key);
   return result;
 }
 

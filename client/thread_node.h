@@ -47,10 +47,23 @@ class ThreadNode {
     std::optional<absl::StatusOr<R>> result;
   };
 
+  template <typename T, typename R>
+  using Rounds = std::map<Key, Round<T, R>>;
+
+  // One round of the node: the phase's table is the one whose part type is T.
   template <typename T, typename R, typename Fold, typename Send>
-  absl::StatusOr<R> Exchange(std::map<Key, Round<T, R>>& rounds, Key key,
-                             int local_rank, const T& local, Fold fold,
-                             Send send) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<R> Exchange(Key key, int local_rank, const T& local,
+                             Fold fold, Send send) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The open rounds of a phase, chosen by its part type.
+  Rounds<Moments, ForwardReply>& RoundsOf(const Moments&)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return forward_;
+  }
+  Rounds<GradSums, GradSums>& RoundsOf(const GradSums&)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return backward_;
+  }
 
   // Constant after construction.
   const int local_size_;
@@ -58,8 +71,8 @@ class ThreadNode {
   const absl::Duration timeout_;
 
   absl::Mutex mu_;
-  std::map<Key, Round<Moments, ForwardReply>> forward_ ABSL_GUARDED_BY(mu_);
-  std::map<Key, Round<GradSums, GradSums>> backward_ ABSL_GUARDED_BY(mu_);
+  Rounds<Moments, ForwardReply> forward_ ABSL_GUARDED_BY(mu_);
+  Rounds<GradSums, GradSums> backward_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace syncnorm

@@ -693,7 +693,7 @@ TEST(BadArgumentsTest, EveryKernelRejectsABadGeometry) {
 TEST(BadArgumentsTest, EveryRequiredPointerIsChecked) {
   Fixture f;
   const KernelContext ctx;
-  const DType d = DType::kFloat32;
+  constexpr DType d = DType::kFloat32;
   std::vector<std::pair<std::string, std::function<absl::Status()>>> calls = {
       {"LocalMoments x",
        [&] { return LocalMoments(ctx, d, nullptr, f.g, &f.m); }},
@@ -701,7 +701,7 @@ TEST(BadArgumentsTest, EveryRequiredPointerIsChecked) {
        [&] { return LocalMoments(ctx, d, f.t.data(), f.g, nullptr); }},
   };
   const auto fwd = [&](const char* name, std::function<void(ForwardArgs&)> b) {
-    calls.push_back({name, [&f, &ctx, d, b] {
+    calls.push_back({name, [&f, &ctx, b] {
                        ForwardArgs a = f.Fwd();
                        b(a);
                        return Forward(ctx, d, f.g, a);
@@ -713,7 +713,7 @@ TEST(BadArgumentsTest, EveryRequiredPointerIsChecked) {
   fwd("Forward invstd", [](ForwardArgs& a) { a.invstd = nullptr; });
   const auto red = [&](const char* name,
                        std::function<void(BackwardReduceArgs&)> b) {
-    calls.push_back({name, [&f, &ctx, d, b] {
+    calls.push_back({name, [&f, &ctx, b] {
                        BackwardReduceArgs a = f.Red();
                        b(a);
                        return BackwardReduce(ctx, d, f.g, a, &f.sums, nullptr,
@@ -731,7 +731,7 @@ TEST(BadArgumentsTest, EveryRequiredPointerIsChecked) {
                    }});
   const auto elt = [&](const char* name,
                        std::function<void(BackwardElementwiseArgs&)> b) {
-    calls.push_back({name, [&f, &ctx, d, b] {
+    calls.push_back({name, [&f, &ctx, b] {
                        BackwardElementwiseArgs a = f.Elt();
                        b(a);
                        return BackwardElementwise(ctx, d, f.g, a);
