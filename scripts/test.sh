@@ -1,28 +1,42 @@
 #!/usr/bin/env bash
-# Builds everything and runs the whole test suite, then the system tests
-# again under AddressSanitizer and ThreadSanitizer (scripts/sanitizers.sh),
-# and prints "N passed, N failed" counted from Bazel's test summaries of
-# all three runs.
+# Builds everything and runs the whole test suite: the quick tests
+# (`bazel test //...`), the long ones (soak and fuzz, tagged "long"), the
+# system tests again under AddressSanitizer and ThreadSanitizer
+# (scripts/sanitizers.sh), and the clang build with -Wthread-safety that
+# checks the locking annotations. Prints "N passed, N failed", counted from
+# Bazel's test summaries of every run (a failed build step counts as one
+# failure).
 # Extra arguments go to the main `bazel test` (e.g. --test_output=all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
 log=$(mktemp)
-bazel test //... "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
+failed_steps=0
+
+# step NAME COMMAND...: runs one step, its output in the log.
+step() {
+  local name="$1"
+  shift
+  local start=$SECONDS
+  "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  echo "step ${name}: exit ${rc}, $((SECONDS - start)) s" | tee -a "$log"
+  if [ "$rc" -ne 0 ]; then failed_steps=$((failed_steps + 1)); fi
+}
+
+step tests bazel test --config=ci //... "$@"
+step long-tests bazel test --config=ci --config=long //...
 # It labels its summary lines "asan //..." and "tsan //...".
-bash scripts/sanitizers.sh 2>&1 | tee -a "$log"
-san_rc=${PIPESTATUS[0]}
+step sanitizers bash scripts/sanitizers.sh --config=ci
+step thread-safety bazel build --config=ci --config=thread-safety \
+  //kernels/... //client/... //server/...
+
 passed=$(grep -cE '^((asan|tsan) )?//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^((asan|tsan) )?//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)' "$log")
 rm -f "$log"
-if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
-  echo "bazel test exited with $rc (a build error?)" >&2
-  failed=1
-fi
-if [ "$san_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
-  echo "the sanitizer runs exited with $san_rc (a build error?)" >&2
-  failed=1
+if [ "$failed_steps" -gt 0 ] && [ "$failed" -eq 0 ]; then
+  echo "$failed_steps step(s) failed without a failed test (a build error?)" >&2
+  failed=$failed_steps
 fi
 echo "${passed} passed, ${failed} failed"
-[ "$rc" -eq 0 ] && [ "$san_rc" -eq 0 ]
+[ "$failed_steps" -eq 0 ]
