@@ -265,7 +265,12 @@ absl::StatusOr<BackupSummary> BackupRoot::Write(const std::string& staging,
   manifest.set_version(kSyncnormVersion);
   manifest.set_job_id(job_id);
   for (const StoredJob& job : kept) {
-    if (absl::Status s = CheckShardOf(job.spec, shard); !s.ok()) return s;
+    // Kept, and said: restoring it as shard `shard` will leave it out.
+    if (absl::Status s = CheckShardOf(job.spec, shard); !s.ok()) {
+      LogLine("backup_shard_mismatch")
+          .Add("name", name)
+          .Add("error", s.message());
+    }
     storage::BackupManifestJob* j = manifest.add_jobs();
     j->set_job_record(EncodeJob(job.spec));
     j->set_committed_step(CommittedStepOf(job, &copy));
@@ -309,7 +314,7 @@ std::vector<BackupSummary> BackupRoot::List(int shard) const {
 
 absl::StatusOr<std::vector<JobImage>> BackupRoot::Read(
     const std::string& name, int shard, const std::string& job_id,
-    BackupSummary* summary) const {
+    BackupSummary* summary, std::vector<JobRestore>* left_out) const {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   if (absl::Status s = CheckShard(shard); !s.ok()) return s;
   const std::string folder = FolderOf(name, shard);
@@ -330,7 +335,13 @@ absl::StatusOr<std::vector<JobImage>> BackupRoot::Read(
   for (JobImage& image : *images) {
     if (!job_id.empty() && image.job.spec.job_id != job_id) continue;
     if (absl::Status s = CheckShardOf(image.job.spec, shard); !s.ok()) {
-      return s;
+      if (!job_id.empty()) return s;
+      if (left_out != nullptr) {
+        left_out->push_back(
+            JobRestore{image.job.spec.job_id, false, -1,
+                       absl::StrCat("left out: ", s.message())});
+      }
+      continue;
     }
     out.push_back(std::move(image));
   }

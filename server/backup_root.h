@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/aggregator.h"
 #include "server/clock.h"
 #include "server/job.h"
 #include "server/state_store.h"
@@ -53,9 +54,10 @@ class BackupRoot {
   // of every job of the store, or of `job_id` only, as shard `shard`.
   // INVALID_ARGUMENT for a bad name or shard; ALREADY_EXISTS when it
   // exists; NOT_FOUND when the store has no job `job_id`;
-  // FAILED_PRECONDITION when a job spread over shards holds another
-  // shard's layers here, or the store is in memory; the copy's error
-  // otherwise (nothing is left behind).
+  // FAILED_PRECONDITION when the store is in memory; the copy's error
+  // otherwise (nothing is left behind). A job spread over shards whose
+  // part here is another shard's is backed up all the same (and logged):
+  // Read leaves it out.
   absl::StatusOr<BackupSummary> Create(std::string name, int shard,
                                        const std::string& job_id)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -66,12 +68,15 @@ class BackupRoot {
 
   // Every job of backup `name` of shard `shard` (or `job_id` only), each
   // checked as the store checks its records at start, with the backup's
-  // summary in *summary. NOT_FOUND without that backup or job in it;
-  // FAILED_PRECONDITION for a job that holds another shard's layers;
-  // DATA_LOSS naming the record of a damaged backup.
-  absl::StatusOr<std::vector<JobImage>> Read(const std::string& name, int shard,
-                                             const std::string& job_id,
-                                             BackupSummary* summary) const;
+  // summary in *summary (when not null). A job spread over shards whose
+  // part in the backup is another shard's is left out, and why goes to
+  // *left_out (when not null); FAILED_PRECONDITION when it is `job_id`.
+  // NOT_FOUND without that backup or job in it; DATA_LOSS naming the
+  // record of a damaged backup.
+  absl::StatusOr<std::vector<JobImage>> Read(
+      const std::string& name, int shard, const std::string& job_id,
+      BackupSummary* summary,
+      std::vector<JobRestore>* left_out = nullptr) const;
 
   const std::string& root() const { return root_; }
 

@@ -331,23 +331,32 @@ TEST_F(BackupRootTest, EveryRefusalIsPreciseAndLeavesNothingBehind) {
       absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(BackupRootTest, AShardedJobIsBackedUpAndRestoredOnlyAsItsOwnShard) {
+TEST_F(BackupRootTest, AShardedJobIsRestoredOnlyAsItsOwnShard) {
   JobSpec spec = Spec("sharded", 3);
   spec.shard.shard = 1;
   spec.shard.num_shards = 2;
   spec.shard.owned_layers = {0, 2};
   ASSERT_TRUE(source_->aggregator->CreateJob(spec).ok());
-  auto wrong = root_->Create("as-zero", 0, "sharded");
-  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(wrong.status().message(), "shard 1's part"))
-      << wrong.status();
-  EXPECT_FALSE(fs::exists(dir_ + "/backups/as-zero/shard-0"));
+  // Asked as shard 0 (a client that names this server alone): the backup
+  // holds every job, and a restore as shard 0 leaves the sharded one out.
+  ASSERT_TRUE(root_->Create("as-zero", 0, "").ok());
+  std::vector<JobRestore> left_out;
+  auto images = root_->Read("as-zero", 0, "", nullptr, &left_out);
+  ASSERT_TRUE(images.ok()) << images.status();
+  EXPECT_EQ(images->size(), 2u);
+  ASSERT_EQ(left_out.size(), 1u);
+  EXPECT_EQ(left_out[0].job_id, "sharded");
+  EXPECT_FALSE(left_out[0].restored);
+  EXPECT_TRUE(absl::StrContains(left_out[0].note, "shard 1's part"))
+      << left_out[0].note;
+  auto asked = root_->Read("as-zero", 0, "sharded", nullptr);
+  EXPECT_EQ(asked.status().code(), absl::StatusCode::kFailedPrecondition);
+  // As its own shard it is read.
   ASSERT_TRUE(root_->Create("as-one", 1, "sharded").ok());
-  // The folder of shard 1, renamed as shard 0's, is refused on restore.
-  fs::create_directories(dir_ + "/backups/moved");
-  fs::rename(dir_ + "/backups/as-one/shard-1", dir_ + "/backups/moved/shard-0");
-  EXPECT_EQ(root_->Read("moved", 0, "", nullptr).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  images = root_->Read("as-one", 1, "", nullptr);
+  ASSERT_TRUE(images.ok()) << images.status();
+  ASSERT_EQ(images->size(), 1u);
+  EXPECT_EQ((*images)[0].job.spec.shard.owned_layers, (std::vector<int>{0, 2}));
 }
 
 TEST_F(BackupRootTest, RestoreRespectsTheJobLimitWithNothingLoaded) {

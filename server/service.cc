@@ -284,14 +284,18 @@ grpc::ServerUnaryReactor* AggregatorService::RestoreBackup(
       !denied.ok()) {
     return FinishWith(context, denied);
   }
+  std::vector<JobRestore> left_out;
   absl::StatusOr<std::vector<JobImage>> images = backups_->Read(
-      request->name(), request->shard(), request->job_id(), nullptr);
+      request->name(), request->shard(), request->job_id(), nullptr, &left_out);
   if (!images.ok()) return FinishWith(context, images.status());
   absl::StatusOr<std::vector<JobRestore>> restored = aggregator_->RestoreJobs(
       *std::move(images), request->replace(), request->name());
   if (restored.ok()) {
     response->set_name(request->name());
     for (const JobRestore& r : *restored) {
+      RestoreToProto(r, *response->add_jobs());
+    }
+    for (const JobRestore& r : left_out) {
       RestoreToProto(r, *response->add_jobs());
     }
   }

@@ -121,11 +121,15 @@ absl::Status RestoreBackupCommand(Client& client, const Args& args,
   }
   for (size_t shard = 0; shard < restored->size(); ++shard) {
     for (const v1::RestoreBackupJob& j : (*restored)[shard].jobs()) {
+      // A job not restored says why in its note ("kept: ...", "left out:
+      // ...").
       out << absl::StrFormat(
-          "shard %d: %s %s%s\n", shard, j.job_id(),
-          j.restored() ? absl::StrCat("restored, at step ", j.committed_step())
-                       : std::string("kept"),
-          j.note().empty() ? "" : absl::StrCat(" (", j.note(), ")"));
+          "shard %d: %s %s\n", shard, j.job_id(),
+          !j.restored() ? j.note()
+          : j.note().empty()
+              ? absl::StrCat("restored, at step ", j.committed_step())
+              : absl::StrCat("restored, at step ", j.committed_step(), " (",
+                             j.note(), ")"));
     }
   }
   for (const v1::JobInfo& j : jobs) {
