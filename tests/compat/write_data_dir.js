@@ -21,6 +21,7 @@
 const assert = require('node:assert/strict');
 const childProcess = require('node:child_process');
 const fs = require('node:fs');
+const os = require('node:os');
 const path = require('node:path');
 
 const grpc = require('@grpc/grpc-js');
@@ -320,7 +321,7 @@ async function main() {
   const dataDir = path.join(out, 'data');
   fs.rmSync(dataDir, {recursive: true, force: true});
   fs.mkdirSync(out, {recursive: true});
-  const scratch = fs.mkdtempSync(path.join(out, '.scratch-'));
+  const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'syncnorm-compat-'));
   const v1 = loadContract();
   const reference = {};
   const jobs = [];
