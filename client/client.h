@@ -57,7 +57,11 @@ class Client {
   int ShardOf(const std::string& job_id, int layer) const;
 
   // Creates the job, or returns it if it exists with the same spec.
-  // ALREADY_EXISTS when it exists with a different spec.
+  // ALREADY_EXISTS when it exists with a different spec. With several
+  // shards, FAILED_PRECONDITION when the job has applied steps on some of
+  // them and is gone from others (they lost their state: RestoreBackup
+  // first); a job on some shards only, with nothing applied (a CreateJob
+  // that failed half way), is completed.
   absl::StatusOr<v1::JobInfo> CreateJob(const v1::CreateJobRequest& request);
   absl::StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   absl::Status DeleteJob(const std::string& job_id);
@@ -147,6 +151,10 @@ class Client {
                                 size_t shard) const;
   absl::StatusOr<v1::RunningStats> GetRunningStatsSharded(
       const v1::GetRunningStatsRequest& request);
+  // FAILED_PRECONDITION when the job applied steps on some shards and is
+  // gone from others (a lost volume), which CreateJob must not paper over;
+  // OK otherwise, errors of the shards included (CreateJob reports them).
+  absl::Status CheckNotLost(const std::string& job_id);
 
   // Constant after construction.
   const ClientOptions options_;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/proto_convert.h"
@@ -209,10 +210,46 @@ v1::CreateJobRequest Client::ForShard(const v1::CreateJobRequest& request,
 
 absl::StatusOr<v1::JobInfo> Client::CreateJob(
     const v1::CreateJobRequest& request) {
+  if (shards_.size() > 1) {
+    // A job that trained on some shards and is gone from others lost its
+    // state there: creating it again would start those shards empty and
+    // hide the loss. (Missing on shards while nothing was applied is a
+    // CreateJob that failed half way: repeating it is what finishes it.)
+    if (absl::Status lost = CheckNotLost(request.job_id()); !lost.ok()) {
+      return lost;
+    }
+  }
   return MergeJobInfos(OnEveryShard<v1::JobInfo>([&](size_t i) {
     return UnaryOn<v1::CreateJobRequest, v1::JobInfo>(
         i, ForShard(request, i), &v1::Aggregator::Stub::CreateJob);
   }));
+}
+
+absl::Status Client::CheckNotLost(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  auto results = OnEveryShard<v1::JobInfo>([&](size_t i) {
+    return UnaryOn<v1::GetJobRequest, v1::JobInfo>(
+        i, request, &v1::Aggregator::Stub::GetJob);
+  });
+  std::vector<const v1::JobInfo*> by_shard;
+  bool trained = false;
+  for (const auto& r : results) {
+    by_shard.push_back(r.ok() ? &*r : nullptr);
+    trained =
+        trained || (r.ok() && HoldsLayers(*r) && r->committed_step() >= 0);
+  }
+  if (!trained) return absl::OkStatus();
+  const v1::JobInfo merged = MergeJobInfos(by_shard);
+  if (merged.missing_shards_size() == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job '", job_id, "' has trained on some shards but is gone from shard ",
+      absl::StrJoin(merged.missing_shards(), ","),
+      ", which lost its state; restore it from a backup (syncnormctl "
+      "restore-backup NAME ",
+      job_id,
+      ") before training resumes: creating it would start there "
+      "empty"));
 }
 
 absl::StatusOr<v1::JobInfo> Client::GetJob(const std::string& job_id) {

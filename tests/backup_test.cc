@@ -182,6 +182,17 @@ TEST(BackupTest, AShardThatLostItsVolumeComesBackFromItsBackupBitForBit) {
   EXPECT_EQ(std::vector<int>(info->missing_shards().begin(),
                              info->missing_shards().end()),
             std::vector<int>{1});
+  // Trainers that come back and create the job again are stopped before
+  // they start shard 1 empty: the loss stays visible.
+  absl::Status recreated =
+      client.CreateJob(JobRequest(config, kJob, 20000)).status();
+  EXPECT_EQ(recreated.code(), absl::StatusCode::kFailedPrecondition)
+      << recreated;
+  EXPECT_TRUE(absl::StrContains(recreated.message(), "restore-backup"))
+      << recreated;
+  info = client.GetJob(kJob);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->missing_shards_size(), 1);
   // A restore from a checkpoint cannot work yet, and says why.
   r = ctl({"restore", kJob, "19"});
   EXPECT_EQ(r.code, 4) << r.err;
@@ -239,6 +250,40 @@ TEST(BackupTest, AShardThatLostItsVolumeComesBackFromItsBackupBitForBit) {
   shards[1].server = StartShard(shards[1]);
   ASSERT_NE(shards[1].server, nullptr);
   EXPECT_EQ(Bits(ServiceStats(client, 2)), before);
+}
+
+// What CreateJob refuses after a loss it still completes after a CreateJob
+// that failed half way (a shard down while it ran): nothing was applied.
+TEST(BackupTest, ACreateJobThatFailedHalfWayIsStillCompletedByRepeatingIt) {
+  const StackConfig config = Config();
+  const std::string root = MakeScratchDir("half");
+  std::vector<Shard> shards(kShards);
+  std::vector<std::string> addresses;
+  for (int i = 0; i < kShards; ++i) {
+    shards[i].volume = absl::StrCat(root, "/volume-", i);
+    shards[i].backups = absl::StrCat(root, "/backup-volume-", i);
+    std::filesystem::create_directories(shards[i].volume);
+    shards[i].server = StartShard(shards[i]);
+    ASSERT_NE(shards[i].server, nullptr);
+    shards[i].port = PortOf(shards[i].server->address());
+    addresses.push_back(shards[i].server->address());
+  }
+  ClientOptions options;
+  options.address = absl::StrJoin(addresses, ",");
+  options.rpc_timeout = absl::Seconds(2);
+  Client client(options);
+  ASSERT_TRUE(shards[1].server->Stop().ok());
+  EXPECT_EQ(client.CreateJob(JobRequest(config, kJob, 20000)).status().code(),
+            absl::StatusCode::kUnavailable);
+  shards[1].server = StartShard(shards[1]);
+  ASSERT_NE(shards[1].server, nullptr);
+  auto info = client.GetJob(kJob);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->missing_shards_size(), 1);
+  auto created = client.CreateJob(JobRequest(config, kJob, 20000));
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->missing_shards_size(), 0);
+  EXPECT_EQ(client.GetJob(kJob)->missing_shards_size(), 0);
 }
 
 }  // namespace
