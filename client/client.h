@@ -36,9 +36,11 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path);
 // They are not atomic across shards: after a failure some shards may have
 // done the call; repeating it is safe (each is idempotent). GetJob and
 // ListJobs merge the shards' answers (committed_step: the minimum over the
-// shards holding layers); GetRunningStats and SetRunningStats ask the shards
-// that hold the layers and answer in the caller's layer order. The shard
-// list must stay the same for the life of a job. Thread-safe.
+// shards holding layers); a job that some of its shards no longer hold (a
+// lost volume) is reported with JobInfo.missing_shards and committed_step
+// -1. GetRunningStats and SetRunningStats ask the shards that hold the
+// layers and answer in the caller's layer order. The shard list must stay
+// the same for the life of a job. Thread-safe.
 class Client {
  public:
   explicit Client(const ClientOptions& options);
@@ -55,7 +57,11 @@ class Client {
   int ShardOf(const std::string& job_id, int layer) const;
 
   // Creates the job, or returns it if it exists with the same spec.
-  // ALREADY_EXISTS when it exists with a different spec.
+  // ALREADY_EXISTS when it exists with a different spec. With several
+  // shards, FAILED_PRECONDITION when the job has applied steps on some of
+  // them and is gone from others (they lost their state: RestoreBackup
+  // first); a job on some shards only, with nothing applied (a CreateJob
+  // that failed half way), is completed.
   absl::StatusOr<v1::JobInfo> CreateJob(const v1::CreateJobRequest& request);
   absl::StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   absl::Status DeleteJob(const std::string& job_id);
@@ -81,6 +87,29 @@ class Client {
   // Replaces the running statistics of some layers (an import).
   absl::StatusOr<v1::RunningStats> SetRunningStats(
       const v1::SetRunningStatsRequest& request);
+
+  // Backups, in each server's --backup_dir (an admin token). Every shard
+  // writes and reads its own copy, <name>/shard-<ordinal>; each call goes
+  // to every shard and fails if one does, naming it. `timeout` bounds each
+  // shard's call (default rpc_timeout).
+  //
+  // Writes the backup `name` (empty: the UTC time now, e.g.
+  // 20240601-120000, the same on every shard) of every job, or of
+  // `job_id`; one answer per shard, in ordinal order.
+  absl::StatusOr<std::vector<v1::BackupInfo>> Backup(
+      const std::string& name, const std::string& job_id = "",
+      std::optional<absl::Duration> timeout = std::nullopt);
+  // The backups, oldest first, one per name: with several shards merged
+  // (jobs merged as by GetJob, bytes summed, missing_shards: the shards
+  // without that backup).
+  absl::StatusOr<std::vector<v1::BackupInfo>> ListBackups();
+  // Loads backup `name`'s jobs (or `job_id` only) into every shard from its
+  // own copy; a job a shard still holds is kept unless `replace`. One
+  // answer per shard, in ordinal order.
+  absl::StatusOr<std::vector<v1::RestoreBackupResponse>> RestoreBackup(
+      const std::string& name, const std::string& job_id = "",
+      bool replace = false,
+      std::optional<absl::Duration> timeout = std::nullopt);
 
   // A contributor for `rank` of the job, with its own Reduce stream on this
   // client's channel. With several shards it reaches shard 0 only (rounds
@@ -122,6 +151,10 @@ class Client {
                                 size_t shard) const;
   absl::StatusOr<v1::RunningStats> GetRunningStatsSharded(
       const v1::GetRunningStatsRequest& request);
+  // FAILED_PRECONDITION when the job applied steps on some shards and is
+  // gone from others (a lost volume), which CreateJob must not paper over;
+  // OK otherwise, errors of the shards included (CreateJob reports them).
+  absl::Status CheckNotLost(const std::string& job_id);
 
   // Constant after construction.
   const ClientOptions options_;

@@ -7,7 +7,10 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/proto_convert.h"
 #include "client/shard_router.h"
@@ -30,18 +33,35 @@ bool HoldsLayers(const v1::JobInfo& info) {
   return !info.has_shard() || info.shard().owned_layers_size() > 0;
 }
 
-// One job's answers from several shards as one: the spec, and the lowest
-// committed step of the shards that hold layers (-1 if none does).
-v1::JobInfo MergeJobInfos(const std::vector<const v1::JobInfo*>& infos) {
-  v1::JobInfo out = *infos[0];
+// One job's answers from several shards as one: by_shard[i] is shard i's
+// answer, null when it does not hold the job. The spec, and the lowest
+// committed step of the shards that hold layers (-1 if none does); a shard
+// of the job (one below its num_shards) that does not hold it is named in
+// missing_shards, and then no step is committed.
+// REQUIRES: some by_shard[i] is not null.
+v1::JobInfo MergeJobInfos(const std::vector<const v1::JobInfo*>& by_shard) {
+  const v1::JobInfo* first = nullptr;
+  for (const v1::JobInfo* info : by_shard) {
+    if (first == nullptr) first = info;
+  }
+  v1::JobInfo out = *first;
   out.clear_shard();
+  out.clear_missing_shards();
+  const int expected =
+      first->has_shard() && first->shard().num_shards() > 0
+          ? std::min<int>(first->shard().num_shards(), by_shard.size())
+          : static_cast<int>(by_shard.size());
+  for (int i = 0; i < expected; ++i) {
+    if (by_shard[i] == nullptr) out.add_missing_shards(i);
+  }
   int64_t committed = INT64_MAX;
-  for (const v1::JobInfo* info : infos) {
-    if (HoldsLayers(*info)) {
+  for (const v1::JobInfo* info : by_shard) {
+    if (info != nullptr && HoldsLayers(*info)) {
       committed = std::min(committed, info->committed_step());
     }
   }
-  out.set_committed_step(committed == INT64_MAX ? -1 : committed);
+  out.set_committed_step(
+      committed == INT64_MAX || out.missing_shards_size() > 0 ? -1 : committed);
   return out;
 }
 
@@ -52,6 +72,62 @@ absl::StatusOr<v1::JobInfo> MergeJobInfos(
   std::vector<const v1::JobInfo*> infos;
   for (const auto& r : results) infos.push_back(&*r);
   return MergeJobInfos(infos);
+}
+
+// The first error of a fan-out of a job's call. A job that only some
+// shards lack lost their state: their NOT_FOUND says so.
+template <typename T>
+absl::Status FirstJobError(const std::vector<absl::StatusOr<T>>& results) {
+  bool some_hold = false;
+  for (const absl::StatusOr<T>& r : results) some_hold = some_hold || r.ok();
+  for (const absl::StatusOr<T>& r : results) {
+    if (r.ok()) continue;
+    if (some_hold && r.status().code() == absl::StatusCode::kNotFound &&
+        absl::StrContains(r.status().message(), "not found")) {
+      // The server's advice (create the job) does not fit a lost shard.
+      absl::string_view message = r.status().message();
+      message = message.substr(0, message.find("; create it with"));
+      return absl::NotFoundError(
+          absl::StrCat(message,
+                       ", while the other shards hold it: this shard lost "
+                       "its state; restore it from a backup (RestoreBackup, "
+                       "syncnormctl restore-backup)"));
+    }
+    return r.status();
+  }
+  return absl::OkStatus();
+}
+
+// The same backup's answers from several shards as one: by_shard[i] is
+// shard i's, null when it has none.
+v1::BackupInfo MergeBackups(
+    const std::vector<const v1::BackupInfo*>& by_shard) {
+  const v1::BackupInfo* first = nullptr;
+  for (const v1::BackupInfo* b : by_shard) {
+    if (first == nullptr) first = b;
+  }
+  v1::BackupInfo out = *first;
+  out.clear_jobs();
+  out.clear_path();
+  out.set_bytes(0);
+  std::map<std::string, std::vector<const v1::JobInfo*>> jobs;
+  for (size_t i = 0; i < by_shard.size(); ++i) {
+    const v1::BackupInfo* b = by_shard[i];
+    if (b == nullptr) {
+      out.add_missing_shards(static_cast<int>(i));
+      continue;
+    }
+    out.set_created_unix_ms(
+        std::max(out.created_unix_ms(), b->created_unix_ms()));
+    out.set_bytes(out.bytes() + b->bytes());
+    for (const v1::JobInfo& job : b->jobs()) {
+      auto& slot = jobs[job.job_id()];
+      slot.resize(by_shard.size(), nullptr);
+      slot[i] = &job;
+    }
+  }
+  for (const auto& [id, infos] : jobs) *out.add_jobs() = MergeJobInfos(infos);
+  return out;
 }
 
 }  // namespace
@@ -134,19 +210,68 @@ v1::CreateJobRequest Client::ForShard(const v1::CreateJobRequest& request,
 
 absl::StatusOr<v1::JobInfo> Client::CreateJob(
     const v1::CreateJobRequest& request) {
+  if (shards_.size() > 1) {
+    // A job that trained on some shards and is gone from others lost its
+    // state there: creating it again would start those shards empty and
+    // hide the loss. (Missing on shards while nothing was applied is a
+    // CreateJob that failed half way: repeating it is what finishes it.)
+    if (absl::Status lost = CheckNotLost(request.job_id()); !lost.ok()) {
+      return lost;
+    }
+  }
   return MergeJobInfos(OnEveryShard<v1::JobInfo>([&](size_t i) {
     return UnaryOn<v1::CreateJobRequest, v1::JobInfo>(
         i, ForShard(request, i), &v1::Aggregator::Stub::CreateJob);
   }));
 }
 
+absl::Status Client::CheckNotLost(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  auto results = OnEveryShard<v1::JobInfo>([&](size_t i) {
+    return UnaryOn<v1::GetJobRequest, v1::JobInfo>(
+        i, request, &v1::Aggregator::Stub::GetJob);
+  });
+  std::vector<const v1::JobInfo*> by_shard;
+  bool trained = false;
+  for (const auto& r : results) {
+    by_shard.push_back(r.ok() ? &*r : nullptr);
+    trained =
+        trained || (r.ok() && HoldsLayers(*r) && r->committed_step() >= 0);
+  }
+  if (!trained) return absl::OkStatus();
+  const v1::JobInfo merged = MergeJobInfos(by_shard);
+  if (merged.missing_shards_size() == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job '", job_id, "' has trained on some shards but is gone from shard ",
+      absl::StrJoin(merged.missing_shards(), ","),
+      ", which lost its state; restore it from a backup (syncnormctl "
+      "restore-backup NAME ",
+      job_id,
+      ") before training resumes: creating it would start there "
+      "empty"));
+}
+
 absl::StatusOr<v1::JobInfo> Client::GetJob(const std::string& job_id) {
   v1::GetJobRequest request;
   request.set_job_id(job_id);
-  return MergeJobInfos(OnEveryShard<v1::JobInfo>([&](size_t i) {
+  auto results = OnEveryShard<v1::JobInfo>([&](size_t i) {
     return UnaryOn<v1::GetJobRequest, v1::JobInfo>(
         i, request, &v1::Aggregator::Stub::GetJob);
-  }));
+  });
+  if (results.size() == 1) return results[0];
+  // NOT_FOUND from some shards only: the job is reported, with them missing.
+  std::vector<const v1::JobInfo*> by_shard;
+  for (const auto& r : results) {
+    if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) {
+      return r.status();
+    }
+    by_shard.push_back(r.ok() ? &*r : nullptr);
+  }
+  for (const v1::JobInfo* info : by_shard) {
+    if (info != nullptr) return MergeJobInfos(by_shard);
+  }
+  return results[0].status();
 }
 
 absl::Status Client::DeleteJob(const std::string& job_id) {
@@ -228,9 +353,14 @@ absl::StatusOr<std::vector<v1::JobInfo>> Client::ListJobs() {
         i, v1::ListJobsRequest(), &v1::Aggregator::Stub::ListJobs);
   });
   if (absl::Status s = FirstError(results); !s.ok()) return s;
+  // by_id[job][i]: shard i's answer, null where it does not list the job.
   std::map<std::string, std::vector<const v1::JobInfo*>> by_id;
-  for (const auto& r : results) {
-    for (const v1::JobInfo& job : r->jobs()) by_id[job.job_id()].push_back(&job);
+  for (size_t i = 0; i < results.size(); ++i) {
+    for (const v1::JobInfo& job : results[i]->jobs()) {
+      auto& slot = by_id[job.job_id()];
+      slot.resize(results.size(), nullptr);
+      slot[i] = &job;
+    }
   }
   std::vector<v1::JobInfo> out;
   for (const auto& [id, infos] : by_id) {
@@ -251,7 +381,7 @@ absl::StatusOr<v1::CheckpointInfo> Client::Checkpoint(
         i, request, &v1::Aggregator::Stub::Checkpoint,
         timeout.value_or(options_.rpc_timeout));
   });
-  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  if (absl::Status s = FirstJobError(results); !s.ok()) return s;
   v1::CheckpointInfo out = *results[0];
   for (const auto& r : results) {
     out.set_created_unix_ms(
@@ -268,7 +398,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::ListCheckpoints(
     return UnaryOn<v1::ListCheckpointsRequest, v1::ListCheckpointsResponse>(
         i, request, &v1::Aggregator::Stub::ListCheckpoints);
   });
-  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  if (absl::Status s = FirstJobError(results); !s.ok()) return s;
   // Only a checkpoint every shard has can be restored: list those.
   std::map<int64_t, int> shards_with;
   for (const auto& r : results) {
@@ -288,10 +418,12 @@ absl::StatusOr<v1::JobInfo> Client::RestoreCheckpoint(const std::string& job_id,
   v1::RestoreCheckpointRequest request;
   request.set_job_id(job_id);
   request.set_step(step);
-  return MergeJobInfos(OnEveryShard<v1::JobInfo>([&](size_t i) {
+  auto results = OnEveryShard<v1::JobInfo>([&](size_t i) {
     return UnaryOn<v1::RestoreCheckpointRequest, v1::JobInfo>(
         i, request, &v1::Aggregator::Stub::RestoreCheckpoint);
-  }));
+  });
+  if (absl::Status s = FirstJobError(results); !s.ok()) return s;
+  return MergeJobInfos(results);
 }
 
 absl::StatusOr<v1::RunningStats> Client::SetRunningStats(
@@ -334,6 +466,78 @@ absl::StatusOr<v1::RunningStats> Client::SetRunningStats(
   }
   out.set_step(step);
   for (const v1::LayerStats* l : ordered) *out.add_layers() = *l;
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::BackupInfo>> Client::Backup(
+    const std::string& name, const std::string& job_id,
+    std::optional<absl::Duration> timeout) {
+  v1::BackupRequest request;
+  // Chosen here, so that every shard's copy has the same name.
+  request.set_name(name.empty() ? absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
+                                                   absl::UTCTimeZone())
+                                : name);
+  request.set_job_id(job_id);
+  auto results = OnEveryShard<v1::BackupInfo>([&](size_t i) {
+    v1::BackupRequest mine = request;
+    mine.set_shard(static_cast<int>(i));
+    return UnaryOn<v1::BackupRequest, v1::BackupInfo>(
+        i, mine, &v1::Aggregator::Stub::Backup,
+        timeout.value_or(options_.rpc_timeout));
+  });
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  std::vector<v1::BackupInfo> out;
+  for (auto& r : results) out.push_back(*std::move(r));
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::BackupInfo>> Client::ListBackups() {
+  auto results = OnEveryShard<v1::ListBackupsResponse>([&](size_t i) {
+    v1::ListBackupsRequest request;
+    request.set_shard(static_cast<int>(i));
+    return UnaryOn<v1::ListBackupsRequest, v1::ListBackupsResponse>(
+        i, request, &v1::Aggregator::Stub::ListBackups);
+  });
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  if (results.size() == 1) {
+    return std::vector<v1::BackupInfo>(results[0]->backups().begin(),
+                                       results[0]->backups().end());
+  }
+  std::map<std::string, std::vector<const v1::BackupInfo*>> by_name;
+  for (size_t i = 0; i < results.size(); ++i) {
+    for (const v1::BackupInfo& b : results[i]->backups()) {
+      auto& slot = by_name[b.name()];
+      slot.resize(results.size(), nullptr);
+      slot[i] = &b;
+    }
+  }
+  std::vector<v1::BackupInfo> out;
+  for (const auto& [name, by_shard] : by_name) {
+    out.push_back(MergeBackups(by_shard));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const v1::BackupInfo& a, const v1::BackupInfo& b) {
+                     return a.created_unix_ms() < b.created_unix_ms();
+                   });
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::RestoreBackupResponse>> Client::RestoreBackup(
+    const std::string& name, const std::string& job_id, bool replace,
+    std::optional<absl::Duration> timeout) {
+  auto results = OnEveryShard<v1::RestoreBackupResponse>([&](size_t i) {
+    v1::RestoreBackupRequest request;
+    request.set_name(name);
+    request.set_job_id(job_id);
+    request.set_shard(static_cast<int>(i));
+    request.set_replace(replace);
+    return UnaryOn<v1::RestoreBackupRequest, v1::RestoreBackupResponse>(
+        i, request, &v1::Aggregator::Stub::RestoreBackup,
+        timeout.value_or(options_.rpc_timeout));
+  });
+  if (absl::Status s = FirstError(results); !s.ok()) return s;
+  std::vector<v1::RestoreBackupResponse> out;
+  for (auto& r : results) out.push_back(*std::move(r));
   return out;
 }
 

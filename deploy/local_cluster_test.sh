@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # deploy/local-cluster starts 2 shards with the StatefulSet's args, each
-# answers SERVING on its own port, one shard survives a kill -9 and comes
-# back on its folder, and stop ends both within the grace period.
+# answers SERVING on its own port, `syncnormctl backup` writes each shard's
+# backup on its backup volume, one shard survives a kill -9 and comes back
+# on its folder, and stop ends both within the grace period.
 set -euo pipefail
 
 binary="$PWD/server/syncnorm-aggregator"
+ctl="$PWD/client/ctl/syncnormctl"
 cluster="$PWD/deploy/local-cluster"
 dir="${TEST_TMPDIR:?}/cluster"
 trap '"$cluster" stop --dir="$dir" >/dev/null 2>&1 || true' EXIT
@@ -25,9 +27,10 @@ for i in 0 1; do
   echo "shard $i: $args"
   grep -q -- "--flagfile=$dir/shard-$i/etc/syncnorm/config/aggregator.flags " <<<"$args"
   grep -q -- "--data_dir=$dir/shard-$i/var/lib/syncnorm/data" <<<"$args"
+  grep -q -- "--backup_dir=$dir/shard-$i/var/lib/syncnorm-backup/backups" <<<"$args"
   grep -q -- "--listen=127.0.0.1:" <<<"$args"
   grep -q -- "--metrics_listen=127.0.0.1:" <<<"$args"
-  [ "$(wc -w <<<"$args")" -eq 5 ]  # the binary and the four args
+  [ "$(wc -w <<<"$args")" -eq 6 ]  # the binary and the five args
   # Each shard serves its Prometheus metrics on a loopback port of its own.
   metrics=$(node -e 'console.log(require(process.argv[1]).shards[process.argv[2]].metrics)' \
     "$dir/cluster.json" "$i")
@@ -39,6 +42,13 @@ done
 # The flags (not the comments, whose example paths are localized too).
 diff <(grep -v "^\s*#" "$dir/shard-0/etc/syncnorm/config/aggregator.flags") \
   <(grep -v "^\s*#" deploy/base/aggregator.flags)
+
+# A backup lands on each shard's backup volume, not on its data volume.
+SYNCNORM_ADDRESS="$addresses" "$ctl" backup smoke
+for i in 0 1; do
+  [ -f "$dir/shard-$i/var/lib/syncnorm-backup/backups/smoke/shard-$i/SYNCNORM_BACKUP" ]
+done
+SYNCNORM_ADDRESS="$addresses" "$ctl" backups | grep -q '^smoke .* 2/2 '
 
 "$cluster" restart --dir="$dir" --shard=1
 "$cluster" status --dir="$dir" | tee "$TEST_TMPDIR/status"

@@ -258,6 +258,87 @@ absl::StatusOr<JobSnapshot> Aggregator::RestoreCheckpoint(
   return restored;
 }
 
+absl::StatusOr<std::vector<JobRestore>> Aggregator::RestoreJobs(
+    std::vector<JobImage> images, bool replace, absl::string_view source) {
+  std::vector<JobRestore> out;
+  std::vector<std::shared_ptr<Job>> replaced;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    status = RestoreJobsLocked(images, replace, source, out, replaced);
+  }
+  for (const std::shared_ptr<Job>& job : replaced) {
+    job->Abort(absl::AbortedError(absl::StrCat(
+        "job '", BoundedText(job->spec().job_id),
+        "' was replaced by its copy in backup '", BoundedText(source),
+        "'; resume from the restored state (GetJob tells its committed "
+        "step)")));
+  }
+  if (!status.ok()) return status;
+  return out;
+}
+
+absl::Status Aggregator::RestoreJobsLocked(
+    std::vector<JobImage>& images, bool replace, absl::string_view source,
+    std::vector<JobRestore>& out, std::vector<std::shared_ptr<Job>>& replaced) {
+  // The limits first, so that they refuse before anything is loaded.
+  size_t added = 0;
+  for (const JobImage& image : images) {
+    if (jobs_.contains(image.job.spec.job_id)) continue;
+    ++added;
+    if (absl::Status s = CheckJobLimits(image.job.spec, options_.limits);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (options_.limits.max_jobs > 0 &&
+      jobs_.size() + added > static_cast<size_t>(options_.limits.max_jobs)) {
+    return LimitExceeded(absl::StrCat("restoring ", added, " jobs beside the ",
+                                      jobs_.size(), " on this server"),
+                         "max_jobs", options_.limits.max_jobs);
+  }
+  for (JobImage& image : images) {
+    const std::string id = image.job.spec.job_id;
+    auto it = jobs_.find(id);
+    const bool held = it != jobs_.end();
+    JobRestore result{id, false, -1, ""};
+    if (held && !replace) {
+      result.committed_step = it->second->ReportedCommittedStep();
+      result.note = absl::StrCat(
+          "kept: the server holds this job (committed step ",
+          result.committed_step, "); replace it to load the backup's copy");
+      out.push_back(std::move(result));
+      continue;
+    }
+    if (held) {
+      result.note =
+          absl::StrCat("replaced the job the server held (committed step ",
+                       it->second->ReportedCommittedStep(), ")");
+      // Under the old job's locks: none of its rounds stores anything after
+      // the image is written.
+      if (absl::Status s = it->second->Delete(&image); !s.ok()) return s;
+      replaced.push_back(std::move(it->second));
+      jobs_.erase(it);
+    } else if (absl::Status s = store_->PutJobImage(image); !s.ok()) {
+      return s;
+    }
+    auto job =
+        std::make_shared<Job>(image.job.spec, JobOptionsOf(), store_, clock_);
+    job->Load(image.job);
+    result.restored = true;
+    result.committed_step = job->ReportedCommittedStep();
+    jobs_[id] = std::move(job);
+    LogLine("job_restored_from_backup")
+        .Add("job", BoundedText(id))
+        .Add("backup", BoundedText(source))
+        .Add("committed_step", result.committed_step)
+        .Add("checkpoints", image.checkpoints.size())
+        .Add("replaced", held ? "true" : "false");
+    out.push_back(std::move(result));
+  }
+  return absl::OkStatus();
+}
+
 void Aggregator::Contribute(Contribution c, RoundCallback done) {
   std::shared_ptr<Job> job = FindJob(c.job_id);
   absl::Status status = job == nullptr ? NotFound(c.job_id) : job->Validate(c);

@@ -54,6 +54,17 @@ struct AggregatorOptions {
   absl::Duration straggler_threshold = absl::Seconds(1);
 };
 
+// What Aggregator::RestoreJobs did with one job.
+struct JobRestore {
+  std::string job_id;
+  // true: loaded from the image; false: kept as the server holds it.
+  bool restored = false;
+  // The job's committed step afterwards (-1 before any).
+  int64_t committed_step = -1;
+  // Why it was kept, or what was replaced.
+  std::string note;
+};
+
 // Merges the contributions of every round of every job, keeps running
 // statistics, and fails rounds that miss their deadline.
 //
@@ -135,6 +146,18 @@ class Aggregator {
                                                 int64_t step)
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
+  // Loads jobs from a backup's images (`source` names the backup in notes
+  // and logs): a job the server does not hold is stored, one write each,
+  // and served from then on; one it holds is kept, unless `replace`, which
+  // swaps it for the image (its waiting rounds and checkpoints fail
+  // ABORTED). RESOURCE_EXHAUSTED, with nothing loaded, when the new jobs
+  // exceed max_jobs or a job limit. A failed write stops at that job with
+  // the store's error; the jobs before it stay loaded (a repeated call
+  // keeps them).
+  absl::StatusOr<std::vector<JobRestore>> RestoreJobs(
+      std::vector<JobImage> images, bool replace, absl::string_view source)
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
   // Adds `c` to its round. `done` is called exactly once, never under a
   // lock: inline for a bad contribution (NOT_FOUND, INVALID_ARGUMENT), a
   // conflicting payload (ABORTED), a superseded step (FAILED_PRECONDITION)
@@ -164,6 +187,13 @@ class Aggregator {
   void ReaperLoop() ABSL_LOCKS_EXCLUDED(reaper_mu_);
 
   JobOptions JobOptionsOf() const;
+  // RestoreJobs under jobs_mu_; the jobs it replaced go to `replaced`, to
+  // be aborted once the lock is released, also when it fails.
+  absl::Status RestoreJobsLocked(std::vector<JobImage>& images, bool replace,
+                                 absl::string_view source,
+                                 std::vector<JobRestore>& out,
+                                 std::vector<std::shared_ptr<Job>>& replaced)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(jobs_mu_);
 
   // Constant after construction.
   const AggregatorOptions options_;

@@ -37,6 +37,9 @@ class FaultyEngine final : public KvEngine {
           visit) override {
     return base_->Scan(prefix, visit);
   }
+  absl::Status CopyTo(const std::string& dir) override {
+    return base_->CopyTo(dir);
+  }
 
  private:
   KvEngine* const base_;

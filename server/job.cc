@@ -137,10 +137,14 @@ void Job::Abort(const absl::Status& status) {
   Answer(answers);
 }
 
-absl::Status Job::Delete() {
+absl::Status Job::Delete(const JobImage* successor) {
   absl::MutexLock admin(&admin_mu_);
   absl::WriterMutexLock lock(&state_mu_);
-  if (absl::Status s = store_->DeleteJob(spec_.job_id); !s.ok()) return s;
+  if (absl::Status s = successor != nullptr ? store_->PutJobImage(*successor)
+                                            : store_->DeleteJob(spec_.job_id);
+      !s.ok()) {
+    return s;
+  }
   deleted_ = true;
   checkpoints_.clear();
   return absl::OkStatus();

@@ -105,10 +105,13 @@ class Job {
   void Abort(const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
 
-  // Removes the job's state from the store; later restores, imports and
-  // checkpoints are NOT_FOUND. The caller then Abort()s the job. The
-  // store's error, with nothing changed, if the removal fails.
-  absl::Status Delete() ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
+  // Removes the job's state from the store, or with `successor` replaces
+  // it by that image of the same job id (a restore from a backup), in one
+  // write; this object then stores nothing more, and its later restores,
+  // imports and checkpoints are NOT_FOUND. The caller then Abort()s it.
+  // The store's error, with nothing changed, if the write fails.
+  absl::Status Delete(const JobImage* successor = nullptr)
+      ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
 
   // Minimum over groups and owned layers (spec().shard) of the last
   // applied step; -1 if any such (group, layer) has applied none;

@@ -79,8 +79,8 @@ void Job::Expire(absl::Time now) {
           std::move(p.done),
           absl::DeadlineExceededError(absl::StrCat(
               "checkpoint of job '", BoundedText(spec_.job_id), "' at step ",
-              p.step,
-              ": the step was not committed before the call's deadline; ",
+              p.step, ": the step was not committed before the call's deadline",
+              " (committed step ", ReportedCommittedStep(), "); ",
               Lagging(p.step))));
     }
     pending_ = std::move(waiting);

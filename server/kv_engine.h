@@ -61,6 +61,12 @@ class KvEngine {
       absl::string_view prefix,
       const std::function<absl::Status(absl::string_view key,
                                        absl::string_view value)>& visit) = 0;
+
+  // Writes a copy of every key, as of one moment, to the new folder `dir`
+  // (which must not exist), where it opens as a RocksDB database: a backup.
+  // FAILED_PRECONDITION for an engine that cannot (state in memory);
+  // otherwise the engine's error, with `dir` left incomplete.
+  virtual absl::Status CopyTo(const std::string& dir) = 0;
 };
 
 }  // namespace syncnorm

@@ -232,6 +232,48 @@ absl::Status KvStateStore::DeleteJob(const std::string& job_id) {
   return engine_->Write(batch);
 }
 
+absl::Status KvStateStore::PutJobImage(const JobImage& image) {
+  const JobSpec& spec = image.job.spec;
+  KvBatch batch;
+  for (const char* kind : {"l", "r", "c"}) {
+    DeleteAllOf(batch, kind, spec.job_id);
+  }
+  batch.Put(JobKey(spec.job_id), EncodeJob(spec));
+  for (const StoredLayer& layer : image.job.layers) {
+    // With its statistics: the round that holds them may have been evicted
+    // in the source store's retry window, never here.
+    batch.Put(LayerKey(spec.job_id, layer.slot.group, layer.slot.layer),
+              EncodeLayer(layer.slot.state));
+    for (const StoredRound& round : layer.rounds) {
+      batch.Put(RoundKey(spec.job_id, layer.slot.group, layer.slot.layer,
+                         round.phase, round.step),
+                EncodeRound(round));
+    }
+  }
+  for (const CheckpointData& c : image.checkpoints) {
+    batch.Put(CheckpointKey(spec.job_id, c.meta.step), EncodeCheckpoint(c));
+  }
+  return engine_->Write(batch);
+}
+
+absl::StatusOr<std::vector<JobImage>> KvStateStore::LoadImages() {
+  absl::StatusOr<std::vector<StoredJob>> jobs = LoadAll();
+  if (!jobs.ok()) return jobs.status();
+  std::vector<JobImage> images;
+  for (StoredJob& job : *jobs) {
+    JobImage image;
+    for (const CheckpointMeta& meta : job.checkpoints) {
+      absl::StatusOr<CheckpointData> c =
+          GetCheckpoint(job.spec.job_id, meta.step);
+      if (!c.ok()) return c.status();
+      image.checkpoints.push_back(*std::move(c));
+    }
+    image.job = std::move(job);
+    images.push_back(std::move(image));
+  }
+  return images;
+}
+
 absl::Status KvStateStore::CommitRound(const std::string& job_id,
                                        const LayerSlot& slot,
                                        const StoredRound& round,

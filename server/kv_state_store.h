@@ -37,6 +37,15 @@ class KvStateStore final : public StateStore {
                              absl::Span<const int64_t> drop_steps) override;
   absl::StatusOr<CheckpointData> GetCheckpoint(const std::string& job_id,
                                                int64_t step) override;
+  absl::Status PutJobImage(const JobImage& image) override;
+  absl::Status CopyTo(const std::string& dir) override {
+    return engine_->CopyTo(dir);
+  }
+
+  // LoadAll() with each job's checkpoints read in full (a backup's jobs).
+  absl::StatusOr<std::vector<JobImage>> LoadImages();
+
+  KvEngine& engine() { return *engine_; }
 
  private:
   absl::Status LoadJobs(std::vector<StoredJob>& jobs);

@@ -32,6 +32,9 @@ ABSL_FLAG(int64_t, round_timeout_ms, 30000,
 ABSL_FLAG(std::string, data_dir, "./syncnorm-data",
           "Folder of the state store (RocksDB): jobs, running statistics, "
           "checkpoints; created if missing. Empty: in memory, not durable");
+ABSL_FLAG(std::string, backup_dir, "",
+          "Folder for backups (Backup, RestoreBackup), on another volume "
+          "than --data_dir's; created if missing. Empty: no backups");
 ABSL_FLAG(bool, sync_writes, false,
           "fsync every update, so acknowledged updates also survive a "
           "machine crash (a killed process loses nothing either way)");
@@ -105,8 +108,8 @@ namespace {
 
 // OK when `dir` is a writable folder, or does not exist yet and its nearest
 // existing ancestor is one (so the server can create it), or is empty (state
-// in memory).
-absl::Status CheckDataDir(const std::string& dir) {
+// in memory, or no backups). `flag` names it in errors.
+absl::Status CheckWritableDir(const std::string& dir, const char* flag) {
   if (dir.empty()) return absl::OkStatus();
   std::error_code error;
   std::filesystem::path path = std::filesystem::absolute(dir, error);
@@ -115,11 +118,11 @@ absl::Status CheckDataDir(const std::string& dir) {
   }
   if (!std::filesystem::is_directory(path, error)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--data_dir='", dir, "': ", path.string(), " is not a folder"));
+        "--", flag, "='", dir, "': ", path.string(), " is not a folder"));
   }
   if (access(path.c_str(), W_OK | X_OK) != 0) {
     return absl::PermissionDeniedError(
-        absl::StrCat("--data_dir='", dir, "': ", path.string(),
+        absl::StrCat("--", flag, "='", dir, "': ", path.string(),
                      " is not writable by this user"));
   }
   return absl::OkStatus();
@@ -160,7 +163,14 @@ absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckDataDir(options.data_dir); !s.ok()) return s;
+  if (absl::Status s = CheckWritableDir(options.data_dir, "data_dir");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckWritableDir(options.backup_dir, "backup_dir");
+      !s.ok()) {
+    return s;
+  }
   const syncnorm::TlsFiles tls{options.tls_cert, options.tls_key,
                                options.tls_client_ca};
   if (absl::Status s = syncnorm::CheckTransportSecurity(
@@ -238,6 +248,7 @@ int main(int argc, char** argv) {
   options.round_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_round_timeout_ms));
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.backup_dir = absl::GetFlag(FLAGS_backup_dir);
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   options.straggler_threshold =
@@ -276,7 +287,7 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
-        "data_dir=%s sync_writes=%d keep_checkpoints=%d "
+        "data_dir=%s backup_dir=%s sync_writes=%d keep_checkpoints=%d "
         "straggler_threshold_ms=%lld "
         "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
         "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
@@ -286,8 +297,9 @@ int main(int argc, char** argv) {
         options.listen.c_str(),
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.round_timeout)),
-        options.data_dir.c_str(), options.sync_writes ? 1 : 0,
-        options.keep_checkpoints,
+        options.data_dir.c_str(),
+        options.backup_dir.empty() ? "-" : options.backup_dir.c_str(),
+        options.sync_writes ? 1 : 0, options.keep_checkpoints,
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.straggler_threshold)),
         static_cast<long long>(absl::ToInt64Milliseconds(shutdown_grace)),

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace syncnorm {
 
@@ -51,6 +52,13 @@ absl::Status MemoryEngine::Scan(
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status MemoryEngine::CopyTo(const std::string& dir) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot back up to '", dir,
+      "': this aggregator keeps its state in memory (no --data_dir), and it "
+      "ends with the process"));
 }
 
 }  // namespace syncnorm

@@ -23,6 +23,8 @@ class MemoryEngine final : public KvEngine {
       absl::string_view prefix,
       const std::function<absl::Status(absl::string_view, absl::string_view)>&
           visit) override ABSL_LOCKS_EXCLUDED(mu_);
+  // FAILED_PRECONDITION: nothing in memory is worth a backup.
+  absl::Status CopyTo(const std::string& dir) override;
 
  private:
   absl::Mutex mu_;

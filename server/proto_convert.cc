@@ -176,4 +176,24 @@ void CheckpointToProto(const CheckpointMeta& meta, v1::CheckpointInfo& info) {
   info.set_created_unix_ms(meta.created_unix_ms);
 }
 
+void BackupToProto(const BackupSummary& backup, v1::BackupInfo& info) {
+  info.set_name(backup.name);
+  info.set_shard(backup.shard);
+  info.set_created_unix_ms(absl::ToUnixMillis(backup.created));
+  info.set_version(backup.version);
+  info.set_job_id(backup.job_id);
+  for (const JobSnapshot& job : backup.jobs) {
+    JobInfoToProto(job, *info.add_jobs());
+  }
+  info.set_path(backup.path);
+  info.set_bytes(backup.bytes);
+}
+
+void RestoreToProto(const JobRestore& restore, v1::RestoreBackupJob& job) {
+  job.set_job_id(restore.job_id);
+  job.set_restored(restore.restored);
+  job.set_committed_step(restore.committed_step);
+  job.set_note(restore.note);
+}
+
 }  // namespace syncnorm

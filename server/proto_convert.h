@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "server/aggregator.h"
+#include "server/backup_root.h"
 #include "server/contribution.h"
 #include "server/job.h"
 #include "server/job_spec.h"
@@ -36,6 +38,9 @@ std::vector<LayerStatsSnapshot> LayerStatsFromProto(
     const v1::SetRunningStatsRequest& request);
 
 void CheckpointToProto(const CheckpointMeta& meta, v1::CheckpointInfo& info);
+
+void BackupToProto(const BackupSummary& backup, v1::BackupInfo& info);
+void RestoreToProto(const JobRestore& restore, v1::RestoreBackupJob& job);
 
 }  // namespace syncnorm
 

@@ -14,6 +14,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/iterator.h"
 #include "rocksdb/options.h"
+#include "rocksdb/utilities/checkpoint.h"
 #include "rocksdb/write_batch.h"
 
 namespace syncnorm {
@@ -152,14 +153,42 @@ absl::StatusOr<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(
         "data_dir '", dir, "': ", g.message(), "; check that it is writable"));
   }
   return std::unique_ptr<RocksDbEngine>(
-      new RocksDbEngine(dir, sync_writes, std::move(db)));
+      new RocksDbEngine(dir, sync_writes, /*read_only=*/false, std::move(db)));
 }
 
-RocksDbEngine::RocksDbEngine(std::string dir, bool sync_writes,
+absl::StatusOr<std::unique_ptr<RocksDbEngine>> RocksDbEngine::OpenReadOnly(
+    const std::string& dir) {
+  struct stat st;
+  if (::stat((dir + "/CURRENT").c_str(), &st) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat("'", dir, "' holds no state store (no CURRENT file)"));
+  }
+  rocksdb::Options options;
+  options.paranoid_checks = true;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(options, dir, &raw);
+  if (!s.ok()) return FromRocks(s, dir, "cannot open the state store");
+  std::unique_ptr<rocksdb::DB> db(raw);
+  if (absl::Status g = CheckGuard(dir, db->GetLatestSequenceNumber());
+      !g.ok()) {
+    return g;
+  }
+  return std::unique_ptr<RocksDbEngine>(new RocksDbEngine(
+      dir, /*sync_writes=*/false, /*read_only=*/true, std::move(db)));
+}
+
+RocksDbEngine::RocksDbEngine(std::string dir, bool sync_writes, bool read_only,
                              std::unique_ptr<rocksdb::DB> db)
-    : dir_(std::move(dir)), sync_writes_(sync_writes), db_(std::move(db)) {}
+    : dir_(std::move(dir)),
+      sync_writes_(sync_writes),
+      read_only_(read_only),
+      db_(std::move(db)) {}
 
 RocksDbEngine::~RocksDbEngine() {
+  if (read_only_) {
+    db_->Close().PermitUncheckedError();
+    return;
+  }
   // Best effort: what is not flushed is replayed from the log next time.
   db_->Flush(rocksdb::FlushOptions()).PermitUncheckedError();
   WriteGuard(dir_, db_->GetLatestSequenceNumber()).IgnoreError();
@@ -183,6 +212,10 @@ absl::Status RocksDbEngine::CheckFreeSpace(size_t bytes) const {
 }
 
 absl::Status RocksDbEngine::Write(const KvBatch& batch) {
+  if (read_only_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data_dir '", dir_, "' is open for reading only"));
+  }
   {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) return broken_;
@@ -259,6 +292,33 @@ absl::Status RocksDbEngine::Scan(
                      absl::StrCat("cannot read the records under '", prefix,
                                   "'"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RocksDbEngine::CopyTo(const std::string& dir) {
+  rocksdb::Checkpoint* raw = nullptr;
+  rocksdb::Status s = rocksdb::Checkpoint::Create(db_.get(), &raw);
+  if (!s.ok()) return FromRocks(s, dir_, "cannot start a copy");
+  std::unique_ptr<rocksdb::Checkpoint> copier(raw);
+  s = copier->CreateCheckpoint(dir);
+  if (s.ok()) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat("cannot copy the state of data_dir '", dir_, "' to '", dir,
+                   "': ", s.ToString());
+  if (s.IsNoSpace()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(message, "; free space there, then retry"));
+  }
+  if (s.IsIOError()) return absl::UnavailableError(message);
+  return absl::InternalError(message);
+}
+
+absl::Status RocksDbEngine::Compact() {
+  rocksdb::CompactRangeOptions options;
+  options.bottommost_level_compaction =
+      rocksdb::BottommostLevelCompaction::kForce;
+  rocksdb::Status s = db_->CompactRange(options, nullptr, nullptr);
+  if (!s.ok()) return FromRocks(s, dir_, "cannot compact the state");
   return absl::OkStatus();
 }
 

@@ -42,6 +42,12 @@ class RocksDbEngine final : public KvEngine {
   static absl::StatusOr<std::unique_ptr<RocksDbEngine>> Open(
       const std::string& dir, bool sync_writes);
 
+  // Opens the database in `dir` (a backup) for reading only: no lock, and
+  // nothing in the folder changes; every Write is FAILED_PRECONDITION.
+  // NOT_FOUND when `dir` holds no database, DATA_LOSS when it is corrupt.
+  static absl::StatusOr<std::unique_ptr<RocksDbEngine>> OpenReadOnly(
+      const std::string& dir);
+
   // Flushes the memtable (a faster next start) and closes.
   ~RocksDbEngine() override;
 
@@ -53,14 +59,23 @@ class RocksDbEngine final : public KvEngine {
       absl::string_view prefix,
       const std::function<absl::Status(absl::string_view, absl::string_view)>&
           visit) override;
+  // RocksDB's Checkpoint: table files hard-linked when `dir` is on the same
+  // filesystem, copied otherwise; the rest copied; the memtable flushed
+  // first, so that the copy holds every write acknowledged before the call.
+  absl::Status CopyTo(const std::string& dir) override;
+
+  // Rewrites every table, so that the data of deleted keys is gone from
+  // the files (a backup pruned to one job). The engine's error otherwise.
+  absl::Status Compact();
 
  private:
-  RocksDbEngine(std::string dir, bool sync_writes,
+  RocksDbEngine(std::string dir, bool sync_writes, bool read_only,
                 std::unique_ptr<rocksdb::DB> db);
 
   // Constant after construction.
   const std::string dir_;
   const bool sync_writes_;
+  const bool read_only_;
   const std::unique_ptr<rocksdb::DB> db_;
 
   absl::Status CheckFreeSpace(size_t bytes) const;

@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -42,6 +44,25 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenStore(
   if (!engine.ok()) return engine.status();
   return std::unique_ptr<StateStore>(
       std::make_unique<KvStateStore>(*std::move(engine)));
+}
+
+// Backups on the data dir's own filesystem go with it when the volume is
+// lost; worth a line in the log, not a refusal (tests and one-machine
+// setups keep both on one disk).
+void WarnIfSameVolume(const std::string& data_dir,
+                      const std::string& backup_dir) {
+  struct stat data, backup;
+  if (data_dir.empty() || ::stat(data_dir.c_str(), &data) != 0 ||
+      ::stat(backup_dir.c_str(), &backup) != 0 ||
+      data.st_dev != backup.st_dev) {
+    return;
+  }
+  LogLine("warning")
+      .Add("what",
+           "backup_dir is on the same filesystem as data_dir: a lost volume "
+           "loses the backups too")
+      .Add("data_dir", data_dir)
+      .Add("backup_dir", backup_dir);
 }
 
 }  // namespace
@@ -106,6 +127,13 @@ absl::Status Server::Start() {
   auto aggregator = std::make_unique<Aggregator>(
       std::move(aggregator_options), clock_.get(), store->get());
   if (absl::Status s = aggregator->Load(); !s.ok()) return s;
+  if (!options_.backup_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<BackupRoot>> backups =
+        BackupRoot::Open(options_.backup_dir, store->get(), clock_.get());
+    if (!backups.ok()) return backups.status();
+    backups_ = *std::move(backups);
+    WarnIfSameVolume(options_.data_dir, options_.backup_dir);
+  }
   store_ = *std::move(store);
   aggregator_ = std::move(aggregator);
   auth_ = std::move(auth);
@@ -114,6 +142,7 @@ absl::Status Server::Start() {
   service_options.max_streams = options_.limits.max_streams;
   service_options.max_waiting_calls = options_.limits.max_waiting_calls;
   service_options.max_message_bytes = options_.limits.max_message_bytes;
+  service_options.backups = backups_.get();
   service_ = std::make_unique<AggregatorService>(aggregator_.get(),
                                                  service_options);
   grpc::EnableDefaultHealthCheckService(true);
@@ -161,6 +190,7 @@ absl::Status Server::Start() {
       .Add("listen", options_.listen)
       .Add("port", port)
       .Add("data_dir", options_.data_dir)
+      .Add("backup_dir", options_.backup_dir)
       .Add("jobs", aggregator_->ListJobs().size())
       .Add("metrics_port", metrics_ == nullptr ? 0 : metrics_->port());
   return absl::OkStatus();

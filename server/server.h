@@ -12,6 +12,7 @@
 #include "grpcpp/server.h"
 #include "server/aggregator.h"
 #include "server/auth.h"
+#include "server/backup_root.h"
 #include "server/clock.h"
 #include "server/memory_trimmer.h"
 #include "server/metrics.h"
@@ -32,7 +33,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Opens the state store in options.data_dir and loads it, then binds
+  // Opens the state store in options.data_dir and loads it (and the backup
+  // folder, options.backup_dir, creating it if missing), then binds
   // options.listen and starts serving Aggregator, grpc.health.v1.Health
   // (SERVING) and reflection. INVALID_ARGUMENT for bad options, the store's
   // error when data_dir cannot be opened or holds corrupt state (naming the
@@ -66,6 +68,8 @@ class Server {
   // it: the aggregator's destructor answers any round still waiting, and
   // the store outlives the aggregator.
   std::unique_ptr<StateStore> store_ ABSL_GUARDED_BY(mu_);
+  // With options.backup_dir; reads the store, serves the service.
+  std::unique_ptr<BackupRoot> backups_ ABSL_GUARDED_BY(mu_);
   // With options.metrics_listen; it watches the aggregator's rounds and the
   // gRPC server's calls, so it outlives both.
   std::unique_ptr<Metrics> metrics_ ABSL_GUARDED_BY(mu_);

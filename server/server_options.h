@@ -22,6 +22,10 @@ struct ServerOptions {
   // about, checkpoints. Empty keeps state in memory only (nothing survives
   // a restart; for tests). Default "./syncnorm-data".
   std::string data_dir = "./syncnorm-data";
+  // Folder for backups (Backup, ListBackups, RestoreBackup; created if
+  // missing), best on another volume than data_dir's. Empty: backups are
+  // off. Default empty.
+  std::string backup_dir;
   // fsync the write-ahead log on every update, so that an acknowledged
   // update also survives a machine crash or power loss (a killed process
   // loses nothing either way). Default false.

@@ -229,4 +229,77 @@ grpc::ServerUnaryReactor* AggregatorService::RestoreCheckpoint(
   return FinishWith(context, job.status());
 }
 
+absl::Status AggregatorService::AdmitBackupCall(
+    const grpc::CallbackServerContext* context,
+    const google::protobuf::MessageLite& request,
+    absl::string_view what) const {
+  if (absl::Status s =
+          CheckMessageSize(request.ByteSizeLong(), what, max_message_bytes_);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = AuthorizeAdmin(context); !s.ok()) return s;
+  if (backups_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this aggregator has no --backup_dir: start it with "
+        "--backup_dir=FOLDER, on another volume than --data_dir's");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* AggregatorService::Backup(
+    grpc::CallbackServerContext* context, const v1::BackupRequest* request,
+    v1::BackupInfo* response) {
+  if (absl::Status denied =
+          AdmitBackupCall(context, *request, "a Backup request");
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
+  absl::StatusOr<BackupSummary> backup =
+      backups_->Create(request->name(), request->shard(), request->job_id());
+  if (backup.ok()) BackupToProto(*backup, *response);
+  return FinishWith(context, backup.status());
+}
+
+grpc::ServerUnaryReactor* AggregatorService::ListBackups(
+    grpc::CallbackServerContext* context, const v1::ListBackupsRequest* request,
+    v1::ListBackupsResponse* response) {
+  if (absl::Status denied =
+          AdmitBackupCall(context, *request, "a ListBackups request");
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
+  for (const BackupSummary& backup : backups_->List(request->shard())) {
+    BackupToProto(backup, *response->add_backups());
+  }
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AggregatorService::RestoreBackup(
+    grpc::CallbackServerContext* context,
+    const v1::RestoreBackupRequest* request,
+    v1::RestoreBackupResponse* response) {
+  if (absl::Status denied =
+          AdmitBackupCall(context, *request, "a RestoreBackup request");
+      !denied.ok()) {
+    return FinishWith(context, denied);
+  }
+  std::vector<JobRestore> left_out;
+  absl::StatusOr<std::vector<JobImage>> images = backups_->Read(
+      request->name(), request->shard(), request->job_id(), nullptr, &left_out);
+  if (!images.ok()) return FinishWith(context, images.status());
+  absl::StatusOr<std::vector<JobRestore>> restored = aggregator_->RestoreJobs(
+      *std::move(images), request->replace(), request->name());
+  if (restored.ok()) {
+    response->set_name(request->name());
+    for (const JobRestore& r : *restored) {
+      RestoreToProto(r, *response->add_jobs());
+    }
+    for (const JobRestore& r : left_out) {
+      RestoreToProto(r, *response->add_jobs());
+    }
+  }
+  return FinishWith(context, restored.status());
+}
+
 }  // namespace syncnorm

@@ -9,6 +9,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "server/aggregator.h"
 #include "server/auth.h"
+#include "server/backup_root.h"
 #include "server/limits.h"
 #include "server/stream_set.h"
 #include "server/waiting_calls.h"
@@ -33,6 +34,9 @@ struct ServiceOptions {
   // Largest request message, each message of a stream included, by its
   // serialized size (--max_message_bytes); <= 0: no limit.
   int64_t max_message_bytes = 0;
+  // Where Backup writes and RestoreBackup reads (--backup_dir); null: those
+  // calls are FAILED_PRECONDITION. Must outlive the service.
+  BackupRoot* backups = nullptr;
 };
 
 // Thread-safe; no thread per call or stream (a Checkpoint that waits for
@@ -45,6 +49,7 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
       : aggregator_(aggregator),
         auth_(options.auth),
         max_message_bytes_(options.max_message_bytes),
+        backups_(options.backups),
         streams_(options.max_streams),
         waiting_(std::make_shared<WaitingCalls>(options.max_waiting_calls)) {}
 
@@ -89,6 +94,17 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::SetRunningStatsRequest* request,
       v1::RunningStats* response) override;
+  grpc::ServerUnaryReactor* Backup(grpc::CallbackServerContext* context,
+                                   const v1::BackupRequest* request,
+                                   v1::BackupInfo* response) override;
+  grpc::ServerUnaryReactor* ListBackups(
+      grpc::CallbackServerContext* context,
+      const v1::ListBackupsRequest* request,
+      v1::ListBackupsResponse* response) override;
+  grpc::ServerUnaryReactor* RestoreBackup(
+      grpc::CallbackServerContext* context,
+      const v1::RestoreBackupRequest* request,
+      v1::RestoreBackupResponse* response) override;
 
  private:
   // OK when the call may use `job_id`; UNAUTHENTICATED / PERMISSION_DENIED
@@ -96,6 +112,11 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   absl::Status AuthorizeJob(const grpc::CallbackServerContext* context,
                             absl::string_view job_id) const;
   absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* context) const;
+  // The request against --max_message_bytes, then AuthorizeAdmin, then
+  // FAILED_PRECONDITION without a backup root.
+  absl::Status AdmitBackupCall(const grpc::CallbackServerContext* context,
+                               const google::protobuf::MessageLite& request,
+                               absl::string_view what) const;
   // The request against --max_message_bytes, then AuthorizeJob.
   absl::Status Admit(const grpc::CallbackServerContext* context,
                      const google::protobuf::MessageLite& request,
@@ -104,6 +125,7 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   Aggregator* const aggregator_;
   const Authenticator* const auth_;
   const int64_t max_message_bytes_;
+  BackupRoot* const backups_;
   StreamSet streams_;
   // Shared with the reactors: a call leaves it when the aggregator has
   // answered it too, which may be after the service is gone (the

@@ -2,6 +2,7 @@
 // Server on 127.0.0.1:0.
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -587,6 +588,87 @@ TEST(ServerTest, UnbindableAddressIsUnavailable) {
   absl::Status s = server.Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ(server.bound_port(), 0);
+}
+
+// The backup calls through gRPC: each bad request its status, with a
+// message that says what to do.
+TEST(ServerTest, BackupCallsRefuseWhatTheyCannotDoAndSayWhy) {
+  const std::string dir = ::testing::TempDir() + "/service_test_backups";
+  std::filesystem::remove_all(dir);
+  struct Case {
+    std::string data_dir, backup_dir;
+    grpc::StatusCode code;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "", grpc::StatusCode::FAILED_PRECONDITION, "no --backup_dir"},
+           {"", dir + "/b1", grpc::StatusCode::FAILED_PRECONDITION,
+            "keeps its state in memory"},
+           {dir + "/data", dir + "/b2", grpc::StatusCode::OK, ""},
+       }) {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.data_dir = c.data_dir;
+    options.backup_dir = c.backup_dir;
+    Server server(options);
+    ASSERT_TRUE(server.Start().ok());
+    auto stub = v1::Aggregator::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(server.bound_port()),
+                            grpc::InsecureChannelCredentials()));
+    auto backup = [&](const std::string& name, int shard) {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      v1::BackupRequest r;
+      r.set_name(name);
+      r.set_shard(shard);
+      v1::BackupInfo info;
+      return stub->Backup(&ctx, r, &info);
+    };
+    grpc::Status s = backup("nightly", 0);
+    EXPECT_EQ(s.error_code(), c.code) << s.error_message();
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr(c.says));
+    if (c.code != grpc::StatusCode::OK) continue;
+    EXPECT_EQ(backup("nightly", 0).error_code(),
+              grpc::StatusCode::ALREADY_EXISTS);
+    s = backup("../../etc", 0);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("[A-Za-z0-9._-]"));
+    EXPECT_EQ(backup("ok", -1).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      v1::BackupRequest r;
+      r.set_job_id("no-such-job");
+      v1::BackupInfo info;
+      EXPECT_EQ(stub->Backup(&ctx, r, &info).error_code(),
+                grpc::StatusCode::NOT_FOUND);
+    }
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      v1::ListBackupsResponse list;
+      ASSERT_TRUE(
+          stub->ListBackups(&ctx, v1::ListBackupsRequest(), &list).ok());
+      ASSERT_EQ(list.backups_size(), 1);
+      EXPECT_EQ(list.backups(0).name(), "nightly");
+    }
+    for (const auto& [name, code] :
+         std::vector<std::pair<std::string, grpc::StatusCode>>{
+             {"../nightly", grpc::StatusCode::INVALID_ARGUMENT},
+             {"never-made", grpc::StatusCode::NOT_FOUND},
+             {"nightly", grpc::StatusCode::OK}}) {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      v1::RestoreBackupRequest r;
+      r.set_name(name);
+      v1::RestoreBackupResponse response;
+      EXPECT_EQ(stub->RestoreBackup(&ctx, r, &response).error_code(), code)
+          << name;
+    }
+    server.Shutdown(absl::Seconds(1));
+    server.Wait();
+  }
 }
 
 }  // namespace

@@ -76,6 +76,13 @@ struct StoredJob {
   std::vector<CheckpointMeta> checkpoints;  // by step
 };
 
+// Everything the store holds of one job: what a backup carries.
+struct JobImage {
+  StoredJob job;
+  // Every checkpoint of job.checkpoints, in the same order.
+  std::vector<CheckpointData> checkpoints;
+};
+
 // Durable state. Each method is atomic: all of its writes land or none.
 // A returned OK means the writes are in the write-ahead log (fsynced when
 // the store syncs writes). Errors: UNAVAILABLE / RESOURCE_EXHAUSTED (disk
@@ -120,6 +127,15 @@ class StateStore {
   // A stored checkpoint; NOT_FOUND if there is none at `step`.
   virtual absl::StatusOr<CheckpointData> GetCheckpoint(
       const std::string& job_id, int64_t step) = 0;
+
+  // Replaces every record of image.job.spec.job_id (there may be none) by
+  // the image's: spec, layers with their rounds, checkpoints.
+  virtual absl::Status PutJobImage(const JobImage& image) = 0;
+
+  // Writes a copy of the whole store, as of one moment, to the new folder
+  // `dir`, which then opens as a data_dir (a backup). FAILED_PRECONDITION
+  // for a store in memory; otherwise the write's error, `dir` incomplete.
+  virtual absl::Status CopyTo(const std::string& dir) = 0;
 };
 
 }  // namespace syncnorm

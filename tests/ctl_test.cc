@@ -1,21 +1,24 @@
 // syncnormctl end to end: the aggregator binary, a job with some rounds,
 // and the CLI binary's output and exit codes, failures included.
-#include <sys/wait.h>
-
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/cluster.h"
+#include "tests/testing/ctl_runner.h"
 #include "tests/testing/subprocess.h"
 
 namespace syncnorm::testing {
@@ -28,16 +31,14 @@ std::string ReadAll(const std::string& path) {
   return s.str();
 }
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = CtlResult;
 
 class CtlTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(MakeScratchDir("ctl"));
-    auto a = LocalAggregator::Start(*dir_);
+    auto a =
+        LocalAggregator::Start(*dir_, {"--backup_dir=" + *dir_ + "/backups"});
     ASSERT_TRUE(a.ok()) << a.status();
     aggregator_ = a->release();
     Client client(Options());
@@ -80,18 +81,10 @@ class CtlTest : public ::testing::Test {
   }
 
   // Runs syncnormctl with `args` (and --server, unless given).
-  static Result Ctl(std::vector<std::string> args, bool with_server = true) {
+  static Result Ctl(std::vector<std::string> args, bool with_server = true,
+                    const std::vector<std::string>& env = {}) {
     if (with_server) args.push_back("--server=" + aggregator_->address());
-    const std::string out = *dir_ + "/out", err = *dir_ + "/err";
-    const std::string cmd =
-        absl::StrCat(Runfile("client/ctl/syncnormctl"), " ",
-                     absl::StrJoin(args, " "), " >", out, " 2>", err);
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = ReadAll(out);
-    r.err = ReadAll(err);
-    return r;
+    return RunCtl(args, *dir_, env);
   }
 
   static v1::RunningStats ServerStats(const std::string& job,
@@ -211,7 +204,6 @@ TEST_F(CtlTest, EveryFailureHasAClearMessageAndExitCode) {
       {{"import", "copy", wrong_size}, 5, "list of 3 numbers"},
       {{"import", "copy", unknown_key}, 5, "matches no layer"},
       {{"import", "copy", negative}, 5, "var < 0"},
-      {{"checkpoint", "net", "500", "--timeout=300ms"}, 3, "lagging"},
   };
   for (const Case& c : cases) {
     Result r = Ctl(c.args);
@@ -225,6 +217,224 @@ TEST_F(CtlTest, EveryFailureHasAClearMessageAndExitCode) {
   r = Ctl({"--help"}, false);
   EXPECT_EQ(r.code, 0);
   EXPECT_TRUE(absl::StrContains(r.out, "Exit codes")) << r.out;
+}
+
+TEST_F(CtlTest, HelpComesFromDashHDoubleDashHelpAndHelp) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"-h"}, {"--help"}, {"help"}, {"jobs", "--help"}}) {
+    Result r = Ctl(args, false);
+    EXPECT_EQ(r.code, 0) << absl::StrJoin(args, " ") << ": " << r.err;
+    EXPECT_TRUE(absl::StartsWith(r.out, "usage: syncnormctl")) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "restore-backup NAME")) << r.out;
+    EXPECT_EQ(r.err, "");
+  }
+}
+
+TEST_F(CtlTest, VersionIsTheProjectsVersion) {
+  // The project's VERSION file (a data file: Runfile() finds executables).
+  const char* runfiles = std::getenv("TEST_SRCDIR");
+  ASSERT_NE(runfiles, nullptr);
+  std::string version = ReadAll(absl::StrCat(runfiles, "/syncnorm/VERSION"));
+  version.erase(version.find_last_not_of(" \n") + 1);
+  ASSERT_FALSE(version.empty());
+  Result r = Ctl({"--version"}, false);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "syncnormctl " + version + "\n");
+}
+
+TEST_F(CtlTest, OptionsTakeTheirValueAfterASpaceOrAnEqualsSign) {
+  Result r = Ctl(
+      {"jobs", "--server", aggregator_->address(), "--timeout", "5s"}, false);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "net")) << r.out;
+  r = Ctl({"stats", "net", "features.1.bn", "--group", "0"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "group 0")) << r.out;
+  // A job of its own, with step 0 done, to checkpoint.
+  Client client(Options());
+  v1::CreateJobRequest spaced;
+  spaced.set_job_id("spaced");
+  spaced.set_world_size(1);
+  spaced.add_layers()->set_num_features(2);
+  ASSERT_TRUE(client.CreateJob(spaced).ok());
+  Moments m = Moments::Zero(2);
+  m.count = 4;
+  m.m2 = {1.0, 2.0};
+  ASSERT_TRUE(client.NewContributor("spaced", 0)->ReduceForward(0, 0, m).ok());
+  r = Ctl({"checkpoint", "--tag", "first", "spaced", "0"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "tagged first")) << r.out;
+  r = Ctl({"checkpoints", "spaced", "--output", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["checkpoints"][0]["tag"], "first")
+      << r.out;
+  ASSERT_EQ(Ctl({"delete", "spaced"}).code, 0);
+  r = Ctl({"checkpoint", "net", "0", "--tag"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(absl::StrContains(r.err, "--tag needs a value")) << r.err;
+}
+
+TEST_F(CtlTest, EveryListingPrintsJsonWithDashOJson) {
+  Client client(Options());
+  auto job = client.GetJob("net");
+  ASSERT_TRUE(job.ok());
+  Result r = Ctl({"jobs", "-o", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  bool found = false;
+  for (const auto& info : j["jobs"]) {
+    if (info["job_id"] != "net") continue;
+    found = true;
+    EXPECT_EQ(info["world_size"], 2);
+    EXPECT_EQ(info["layers"].size(), 2u);
+    EXPECT_EQ(info["committed_step"], absl::StrCat(job->committed_step()));
+    EXPECT_TRUE(info["missing_shards"].empty());
+  }
+  EXPECT_TRUE(found) << r.out;
+
+  const v1::RunningStats stats = ServerStats("net");
+  r = Ctl({"layers", "net", "-o", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["job"]["job_id"], "net");
+  ASSERT_EQ(j["stats"]["layers"].size(), 2u) << r.out;
+  EXPECT_EQ(j["stats"]["layers"][1]["num_batches_tracked"],
+            absl::StrCat(stats.layers(1).num_batches_tracked()));
+
+  r = Ctl({"stats", "net", "features.1.bn", "-ojson"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["layers"].size(), 1u) << r.out;
+  for (int c = 0; c < 3; ++c) {
+    // Every digit: the same bits as the service's.
+    EXPECT_EQ(j["layers"][0]["running_mean"][c].get<double>(),
+              stats.layers(1).running_mean(c));
+    EXPECT_EQ(j["layers"][0]["running_var"][c].get<double>(),
+              stats.layers(1).running_var(c));
+  }
+
+  auto listed = client.ListCheckpoints("net");
+  ASSERT_TRUE(listed.ok());
+  r = Ctl({"checkpoints", "net", "-o=json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["checkpoints"].size(), listed->size()) << r.out;
+  for (size_t i = 0; i < listed->size(); ++i) {
+    EXPECT_EQ(j["checkpoints"][i]["step"], absl::StrCat((*listed)[i].step()));
+  }
+
+  ASSERT_EQ(Ctl({"backup", "for-json"}).code, 0);
+  r = Ctl({"backups", "-o", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  found = false;
+  for (const auto& b : j["backups"]) {
+    if (b["name"] != "for-json") continue;
+    found = true;
+    EXPECT_EQ(b["jobs"].size(), 2u) << r.out;
+    EXPECT_TRUE(b["missing_shards"].empty());
+  }
+  EXPECT_TRUE(found) << r.out;
+
+  r = Ctl({"jobs", "-o", "yaml"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(absl::StrContains(r.err, "table (the default) or json")) << r.err;
+}
+
+TEST_F(CtlTest, TheServerComesFromSyncnormAddressWithoutAFlag) {
+  Result r =
+      Ctl({"jobs"}, false, {"SYNCNORM_ADDRESS=" + aggregator_->address()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "net")) << r.out;
+  // The flag wins over the variable.
+  r = Ctl({"jobs"}, true, {"SYNCNORM_ADDRESS=127.0.0.1:1"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  // An unreachable address names where it came from.
+  r = Ctl({"jobs", "--timeout=300ms"}, false, {"SYNCNORM_ADDRESS=127.0.0.1:1"});
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "127.0.0.1:1 (from SYNCNORM_ADDRESS)"))
+      << r.err;
+}
+
+TEST_F(CtlTest, ACheckpointAheadOfTheJobSaysWhichStepItWaitsFor) {
+  auto job = Client(Options()).GetJob("net");
+  ASSERT_TRUE(job.ok());
+  Result r = Ctl({"checkpoint", "net", "500", "--timeout=300ms"});
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(absl::StrContains(
+      r.err, absl::StrCat("still waiting for step 500 (committed ",
+                          job->committed_step(), ")")))
+      << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "is the aggregator running")) << r.err;
+}
+
+TEST_F(CtlTest, BackupsAreWrittenListedAndRestored) {
+  Result r = Ctl({"backup", "ctl-backup"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "shard 0: ")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "ctl-backup/shard-0")) << r.out;
+  r = Ctl({"backup", "ctl-backup"});
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "exists")) << r.err;
+  // Without a name: the UTC time; --job limits it to one job.
+  r = Ctl({"backup", "--job", "copy"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = Ctl({"backups"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "ctl-backup")) << r.out;
+  EXPECT_TRUE(absl::StrContains(
+      r.out, absl::FormatTime("%Y%m%d-", absl::Now(), absl::UTCTimeZone())))
+      << r.out;
+
+  // A deleted job comes back with its statistics, bit for bit; one the
+  // server holds is kept unless --replace.
+  const v1::RunningStats copy = ServerStats("copy");
+  ASSERT_EQ(Ctl({"delete", "copy"}).code, 0);
+  r = Ctl({"restore-backup", "ctl-backup", "copy"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "shard 0: copy restored")) << r.out;
+  const v1::RunningStats back = ServerStats("copy");
+  ASSERT_EQ(back.layers_size(), copy.layers_size());
+  for (int l = 0; l < copy.layers_size(); ++l) {
+    EXPECT_EQ(back.layers(l).SerializeAsString(),
+              copy.layers(l).SerializeAsString());
+  }
+  r = Ctl({"restore-backup", "ctl-backup", "net"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "shard 0: net kept")) << r.out;
+  r = Ctl({"restore-backup", "ctl-backup", "net", "--replace"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "shard 0: net restored")) << r.out;
+  r = Ctl({"restore-backup", "no-such-backup"});
+  EXPECT_EQ(r.code, 4) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "no backup 'no-such-backup'")) << r.err;
+
+  // A server without --backup_dir says how to get one.
+  const std::string bare_dir = *dir_ + "/bare";
+  std::filesystem::create_directories(bare_dir);
+  auto bare = LocalAggregator::Start(bare_dir);
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  r = Ctl({"backup", "--server", (*bare)->address()}, false);
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "no --backup_dir")) << r.err;
+}
+
+TEST_F(CtlTest, AServerThatPredatesACallIsNamedAsOlder) {
+  // A server of an older release has no Backup: gRPC answers UNIMPLEMENTED.
+  v1::Aggregator::CallbackService older;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&older);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  Result r = Ctl({"backups", absl::StrCat("--server=127.0.0.1:", port)}, false);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "runs an older syncnorm")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "upgrade the aggregator")) << r.err;
+  server->Shutdown();
 }
 
 }  // namespace

@@ -348,6 +348,18 @@ TEST_F(TokensTest, EveryCallNeedsATokenForItsJob) {
   auto jobs = admin.ListJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   EXPECT_EQ(jobs->size(), 2u);
+  // So do the backup calls (this server has no --backup_dir: admin passes
+  // the check and hears that).
+  EXPECT_EQ(none.Backup("b").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(job_a.Backup("b", "a").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(job_a.ListBackups().status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(job_a.RestoreBackup("b", "a").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(admin.Backup("b").status().code(),
+            absl::StatusCode::kFailedPrecondition);
 
   // Rounds: each contribution is checked, the refusal comes in-band.
   EXPECT_TRUE(OneRound(job_a, "a", 1).ok());

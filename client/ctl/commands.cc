@@ -5,18 +5,17 @@
 #include <sstream>
 #include <utility>
 
-#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "client/ctl/backup_commands.h"
+#include "client/ctl/output.h"
 #include "client/ctl/state_dict.h"
 
 namespace syncnorm::ctl {
 namespace {
-
-// A usage error is told apart from the server's errors by this payload.
-constexpr char kUsageUrl[] = "syncnormctl/usage";
 
 const char* ModeName(v1::MomentumMode mode) {
   switch (mode) {
@@ -34,10 +33,7 @@ int Groups(const v1::JobInfo& job) {
 }
 
 absl::Status Need(const Args& args, size_t n, absl::string_view shape) {
-  if (args.positional.size() != n) {
-    return Usage(absl::StrCat("usage: syncnormctl ", args.command, " ", shape));
-  }
-  return absl::OkStatus();
+  return ExpectPositional(args, n, n, shape);
 }
 
 // The statistics request of --group and --step (a checkpoint) for a job.
@@ -72,16 +68,35 @@ absl::StatusOr<int> FindLayer(const v1::JobInfo& job, const std::string& arg) {
                    "'; `syncnormctl layers ", job.job_id(), "` lists them"));
 }
 
+// "committed step", or which shards lost the job.
+std::string JobState(const v1::JobInfo& job) {
+  if (job.missing_shards_size() == 0) return "ok";
+  return absl::StrCat("LOST on shard",
+                      job.missing_shards_size() > 1 ? "s " : " ",
+                      JoinShards(job.missing_shards()),
+                      ": restore it from a backup (syncnormctl backups)");
+}
+
 absl::Status Jobs(Client& client, const Args& args, std::ostream& out) {
   if (absl::Status s = Need(args, 0, ""); !s.ok()) return s;
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
   auto jobs = client.ListJobs();
   if (!jobs.ok()) return jobs.status();
-  out << absl::StrFormat("%-32s %6s %6s %6s %10s\n", "JOB", "WORLD", "GROUPS",
-                         "LAYERS", "COMMITTED");
+  if (*json) {
+    v1::ListJobsResponse response;
+    for (const v1::JobInfo& j : *jobs) *response.add_jobs() = j;
+    out << ProtoJson(response);
+    return absl::OkStatus();
+  }
+  out << absl::StrFormat("%-32s %6s %6s %6s %10s  %s\n", "JOB", "WORLD",
+                         "GROUPS", "LAYERS", "COMMITTED", "STATE");
   for (const v1::JobInfo& j : *jobs) {
-    out << absl::StrFormat("%-32s %6d %6d %6d %10d\n", j.job_id(),
-                           j.world_size(), Groups(j), j.layers_size(),
-                           j.committed_step());
+    out << absl::StrFormat(
+        "%-32s %6d %6d %6d %10s  %s\n", j.job_id(), j.world_size(), Groups(j),
+        j.layers_size(),
+        j.missing_shards_size() > 0 ? "-" : absl::StrCat(j.committed_step()),
+        JobState(j));
   }
   return absl::OkStatus();
 }
@@ -94,8 +109,14 @@ absl::Status Layers(Client& client, const Args& args, std::ostream& out) {
   if (!request.ok()) return request.status();
   request->clear_checkpoint_step();
   request->clear_use_checkpoint();
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
   auto stats = client.GetRunningStats(*request);
   if (!stats.ok()) return stats.status();
+  if (*json) {
+    out << JsonObject({{"job", ProtoJson(*job)}, {"stats", ProtoJson(*stats)}});
+    return absl::OkStatus();
+  }
   out << absl::StrFormat(
       "job %s: world %d, %d group(s), committed step %d; group %d:\n",
       job->job_id(), job->world_size(), Groups(*job), job->committed_step(),
@@ -115,16 +136,20 @@ absl::Status Layers(Client& client, const Args& args, std::ostream& out) {
 
 absl::Status Checkpoints(Client& client, const Args& args, std::ostream& out) {
   if (absl::Status s = Need(args, 1, "JOB"); !s.ok()) return s;
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
   auto list = client.ListCheckpoints(args.positional[0]);
   if (!list.ok()) return list.status();
+  if (*json) {
+    v1::ListCheckpointsResponse response;
+    for (const v1::CheckpointInfo& c : *list) *response.add_checkpoints() = c;
+    out << ProtoJson(response);
+    return absl::OkStatus();
+  }
   out << absl::StrFormat("%12s  %-24s %s\n", "STEP", "CREATED (UTC)", "TAG");
   for (const v1::CheckpointInfo& c : *list) {
-    out << absl::StrFormat(
-        "%12d  %-24s %s\n", c.step(),
-        absl::FormatTime("%Y-%m-%d %H:%M:%S",
-                         absl::FromUnixMillis(c.created_unix_ms()),
-                         absl::UTCTimeZone()),
-        c.tag());
+    out << absl::StrFormat("%12d  %-24s %s\n", c.step(),
+                           FormatUtc(c.created_unix_ms()), c.tag());
   }
   return absl::OkStatus();
 }
@@ -141,8 +166,14 @@ absl::Status Stats(Client& client, const Args& args, std::ostream& out) {
   auto request = StatsRequest(args, job->job_id());
   if (!request.ok()) return request.status();
   request->add_layers(*layer);
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
   auto stats = client.GetRunningStats(*request);
   if (!stats.ok()) return stats.status();
+  if (*json) {
+    out << ProtoJson(*stats);
+    return absl::OkStatus();
+  }
   const v1::LayerStats& l = stats->layers(0);
   out << absl::StrFormat(
       "job %s, layer %d '%s', group %d, %s: num_batches_tracked %d\n",
@@ -209,11 +240,39 @@ absl::Status Import(Client& client, const Args& args, std::ostream& out) {
     return absl::InvalidArgumentError(absl::StrCat(
         args.positional[1], ": ", request.status().message()));
   }
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
   auto stats = client.SetRunningStats(*request);
   if (!stats.ok()) return stats.status();
+  if (*json) {
+    out << ProtoJson(*stats);
+    return absl::OkStatus();
+  }
   out << "imported " << stats->layers_size() << " (layer, group) entries into "
       << job->job_id() << "\n";
   return absl::OkStatus();
+}
+
+// A checkpoint that ran out of time waiting for its step: says so, with
+// the committed step, instead of a bare DEADLINE_EXCEEDED.
+absl::Status StillWaiting(Client& client, const std::string& job, int64_t step,
+                          const absl::Status& failed, const Args& args) {
+  auto info = client.GetJob(job);
+  if (!info.ok()) return failed;
+  std::string detail(failed.message());
+  detail = absl::StrContains(detail, "lagging")
+               ? absl::StrCat(" (", detail.substr(detail.find("lagging")), ")")
+               : "";
+  return absl::DeadlineExceededError(absl::StrCat(
+      "checkpoint of ", job, " at step ", step, ": still waiting for step ",
+      step, " (committed ",
+      info->missing_shards_size() > 0
+          ? absl::StrCat("-; shards ", JoinShards(info->missing_shards()),
+                         " lost the job")
+          : absl::StrCat(info->committed_step()),
+      ") after ", args.Get("timeout", "10s"), detail,
+      ". The trainers have not reached it yet: run it again later, or give "
+      "it longer with --timeout (at most 10m)"));
 }
 
 absl::Status TakeCheckpoint(Client& client, const Args& args,
@@ -224,10 +283,17 @@ absl::Status TakeCheckpoint(Client& client, const Args& args,
     return Usage(absl::StrCat("STEP '", args.positional[1],
                               "' is not an integer"));
   }
-  auto tag = args.options.find("tag");
-  auto c = client.Checkpoint(args.positional[0], step,
-                             tag == args.options.end() ? "" : tag->second);
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
+  auto c = client.Checkpoint(args.positional[0], step, args.Get("tag"));
+  if (!c.ok() && c.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    return StillWaiting(client, args.positional[0], step, c.status(), args);
+  }
   if (!c.ok()) return c.status();
+  if (*json) {
+    out << ProtoJson(*c);
+    return absl::OkStatus();
+  }
   out << "checkpoint of " << c->job_id() << " at step " << c->step()
       << (c->tag().empty() ? "" : absl::StrCat(" tagged ", c->tag())) << "\n";
   return absl::OkStatus();
@@ -240,8 +306,14 @@ absl::Status Restore(Client& client, const Args& args, std::ostream& out) {
     return Usage(absl::StrCat("STEP '", args.positional[1],
                               "' is not an integer"));
   }
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
   auto job = client.RestoreCheckpoint(args.positional[0], step);
   if (!job.ok()) return job.status();
+  if (*json) {
+    out << ProtoJson(*job);
+    return absl::OkStatus();
+  }
   out << "restored " << job->job_id() << " to step " << job->committed_step()
       << "; training resumes with step " << job->committed_step() + 1 << "\n";
   return absl::OkStatus();
@@ -249,29 +321,20 @@ absl::Status Restore(Client& client, const Args& args, std::ostream& out) {
 
 absl::Status Delete(Client& client, const Args& args, std::ostream& out) {
   if (absl::Status s = Need(args, 1, "JOB"); !s.ok()) return s;
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
   if (absl::Status s = client.DeleteJob(args.positional[0]); !s.ok()) return s;
+  if (*json) {
+    v1::DeleteJobRequest deleted;
+    deleted.set_job_id(args.positional[0]);
+    out << ProtoJson(deleted);
+    return absl::OkStatus();
+  }
   out << "deleted " << args.positional[0] << "\n";
   return absl::OkStatus();
 }
 
 }  // namespace
-
-absl::StatusOr<std::optional<int64_t>> Args::Int(const std::string& name) const {
-  auto it = options.find(name);
-  if (it == options.end()) return std::optional<int64_t>();
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(it->second, &v)) {
-    return Usage(absl::StrCat("--", name, "=", it->second,
-                              " is not an integer"));
-  }
-  return std::optional<int64_t>(v);
-}
-
-absl::Status Usage(absl::string_view what) {
-  absl::Status s = absl::InvalidArgumentError(what);
-  s.SetPayload(kUsageUrl, absl::Cord("1"));
-  return s;
-}
 
 absl::Status Run(Client& client, const Args& args, std::ostream& out) {
   using Command = std::function<absl::Status(Client&, const Args&,
@@ -286,6 +349,9 @@ absl::Status Run(Client& client, const Args& args, std::ostream& out) {
       {"checkpoint", TakeCheckpoint},
       {"restore", Restore},
       {"delete", Delete},
+      {"backup", BackupCommand},
+      {"backups", ListBackupsCommand},
+      {"restore-backup", RestoreBackupCommand},
   };
   auto it = commands->find(args.command);
   if (it == commands->end()) {
@@ -297,32 +363,48 @@ absl::Status Run(Client& client, const Args& args, std::ostream& out) {
 }
 
 std::string UsageText() {
-  return R"(usage: syncnormctl [--server=HOST:PORT] [--timeout=DURATION] COMMAND ...
+  return R"(usage: syncnormctl [--server ADDRESS] [--timeout DURATION] [-o table|json] COMMAND ...
 
 Commands:
-  jobs                                   list the jobs
-  layers JOB [--group=G]                 a job's layers with their num_batches_tracked
+  jobs                                   list the jobs: committed step, or the shards
+                                         that lost one
+  layers JOB [--group G]                 a job's layers with their num_batches_tracked
   checkpoints JOB                        a job's checkpoints (step, time, tag)
-  stats JOB LAYER [--group=G] [--step=S] a layer's running statistics as a table
+  stats JOB LAYER [--group G] [--step S] a layer's running statistics as a table
                                          (LAYER: name or index; --step: a checkpoint)
-  export JOB [--group=G] [--step=S] [--out=FILE]
+  export JOB [--group G] [--step S] [--out FILE]
                                          running statistics as JSON keyed like a torch
                                          state_dict (<layer>.running_mean, .running_var,
                                          .num_batches_tracked); stdout unless --out
-  import JOB FILE [--group=G]            seed a job's statistics from such a file (every
+  import JOB FILE [--group G]            seed a job's statistics from such a file (every
                                          group unless --group)
-  checkpoint JOB STEP [--tag=T]          wait for STEP and checkpoint it
+  checkpoint JOB STEP [--tag T]          wait for STEP and checkpoint it
   restore JOB STEP                       roll the job back to its checkpoint at STEP
   delete JOB                             delete a job and all of its state
+  backup [NAME] [--job JOB]              write backup NAME (default: the UTC time) of every
+                                         job, or of JOB, on every shard, each in its
+                                         --backup_dir (waits up to --timeout, default 10m)
+  backups                                list the backups (shards that have each, jobs, size)
+  restore-backup NAME [JOB] [--replace]  load a backup's jobs (or JOB) into every shard
+                                         from its copy; a job a shard still holds is kept
+                                         unless --replace (default --timeout 10m)
+  help                                   this text
 
-Options: --server (default 127.0.0.1:50051; a sharded aggregator's shards as
-HOST:PORT,HOST:PORT,... in ordinal order), --timeout (per call, default 10s).
-TLS: --tls (the system's roots), --tls_ca=FILE (the CA of the server's
-certificate; implies --tls), --tls_cert=FILE --tls_key=FILE (this client's
-certificate, for mutual TLS). --token_file=FILE: a bearer token (admin, or
-scoped to the job) read from FILE, so that it is not on the command line.
-Exit codes: 0 ok, 1 other error, 2 usage, 3 server unreachable or too slow,
-4 not found, 5 invalid input or request refused (bad file, wrong shape, ...).
+Options (each as --name VALUE or --name=VALUE):
+  --server     the aggregator, or its shards HOST:PORT,HOST:PORT,... in ordinal
+               order; default $SYNCNORM_ADDRESS, else 127.0.0.1:50051
+  --timeout    per call, default 10s (backup, restore-backup: 10m)
+  -o, --output table (default) or json: protobuf's JSON of the answer (field names
+               as in the proto, 64-bit integers as strings); export is JSON anyway
+  -h, --help   this text;  --version  syncnormctl's version
+TLS: --tls (the system's roots), --tls_ca FILE (the CA of the server's
+certificate; implies --tls), --tls_cert FILE --tls_key FILE (this client's
+certificate, for mutual TLS). --token_file FILE: a bearer token (admin, or
+scoped to the job; backups need admin) read from FILE, so that it is not on
+the command line.
+Exit codes: 0 ok, 1 other error, 2 usage, 3 server unreachable, or a call out
+of --timeout (a checkpoint still waiting for its step), 4 not found, 5 invalid
+input or request refused (bad file, wrong shape, ...).
 )";
 }
 

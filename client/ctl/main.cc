@@ -1,18 +1,18 @@
 // syncnormctl: the admin CLI of the syncnorm aggregator. See UsageText()
 // in commands.cc, or `syncnormctl --help`.
-#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
-#include <iterator>
 #include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/ctl/args.h"
 #include "client/ctl/commands.h"
+#include "syncnorm_version.h"
 
 namespace {
 
@@ -25,9 +25,12 @@ enum ExitCode {
   kInvalid = 5,
 };
 
+constexpr char kDefaultAddress[] = "127.0.0.1:50051";
+constexpr char kAddressVariable[] = "SYNCNORM_ADDRESS";
+
 int ExitCodeOf(const absl::Status& s) {
   if (s.ok()) return kOk;
-  if (s.GetPayload("syncnormctl/usage").has_value()) return kUsage;
+  if (syncnorm::ctl::IsUsage(s)) return kUsage;
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
@@ -44,43 +47,13 @@ int ExitCodeOf(const absl::Status& s) {
   }
 }
 
-// --name=value options anywhere; everything else is positional.
-absl::Status Parse(int argc, char** argv, syncnorm::ctl::Args& args) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (!absl::StartsWith(a, "--")) {
-      if (args.command.empty()) {
-        args.command = a;
-      } else {
-        args.positional.push_back(a);
-      }
-      continue;
-    }
-    const size_t eq = a.find('=');
-    const std::string name = a.substr(2, eq == std::string::npos ? a.npos : eq - 2);
-    static const char* const kKnown[] = {
-        "server", "timeout", "group",    "step",     "tag",        "out",
-        "help",   "tls",     "tls_ca",   "tls_cert", "tls_key",    "token_file"};
-    if (std::find(std::begin(kKnown), std::end(kKnown), name) ==
-        std::end(kKnown)) {
-      return syncnorm::ctl::Usage(absl::StrCat("unknown option '", a, "'"));
-    }
-    if (eq == std::string::npos && name != "help" && name != "tls") {
-      return syncnorm::ctl::Usage(absl::StrCat("give --", name, "=VALUE"));
-    }
-    args.options[name] = eq == std::string::npos ? "" : a.substr(eq + 1);
-  }
-  return absl::OkStatus();
-}
-
 // --tls, --tls_ca, --tls_cert, --tls_key and --token_file into `options`
 // (files read here, so a bad path is a usage error naming it).
 absl::Status Credentials(const syncnorm::ctl::Args& args,
                          syncnorm::ClientOptions& options) {
   auto file = [&](const char* name, std::string& into) -> absl::Status {
-    auto it = args.options.find(name);
-    if (it == args.options.end()) return absl::OkStatus();
-    absl::StatusOr<std::string> text = syncnorm::ReadPemFile(it->second);
+    if (!args.Has(name)) return absl::OkStatus();
+    absl::StatusOr<std::string> text = syncnorm::ReadPemFile(args.Get(name));
     if (!text.ok()) {
       return syncnorm::ctl::Usage(
           absl::StrCat("--", name, ": ", text.status().message()));
@@ -88,7 +61,7 @@ absl::Status Credentials(const syncnorm::ctl::Args& args,
     into = *std::move(text);
     return absl::OkStatus();
   };
-  options.tls = args.options.count("tls") > 0;
+  options.tls = args.Has("tls");
   for (const auto& [name, into] :
        {std::pair<const char*, std::string*>{"tls_ca", &options.tls_root_ca},
         {"tls_cert", &options.tls_client_cert},
@@ -101,50 +74,86 @@ absl::Status Credentials(const syncnorm::ctl::Args& args,
   }
   // A token file may end with a newline (or other white space).
   options.token = std::string(absl::StripAsciiWhitespace(options.token));
-  if (args.options.count("token_file") > 0 && options.token.empty()) {
-    return syncnorm::ctl::Usage(absl::StrCat(
-        "--token_file=", args.options.at("token_file"), " is empty"));
+  if (args.Has("token_file") && options.token.empty()) {
+    return syncnorm::ctl::Usage(
+        absl::StrCat("--token_file=", args.Get("token_file"), " is empty"));
   }
   return absl::OkStatus();
+}
+
+// The client's options from the command line; the server from --server,
+// else $SYNCNORM_ADDRESS, else the default (`source` says which).
+absl::StatusOr<syncnorm::ClientOptions> ClientOptionsOf(
+    const syncnorm::ctl::Args& args, std::string& source) {
+  syncnorm::ClientOptions options;
+  const char* env = std::getenv(kAddressVariable);
+  if (args.Has("server")) {
+    options.address = args.Get("server");
+    source = "--server";
+  } else if (env != nullptr && *env != '\0') {
+    options.address = env;
+    source = kAddressVariable;
+  } else {
+    options.address = kDefaultAddress;
+    source = "the default";
+  }
+  options.rpc_timeout = absl::Seconds(10);
+  if (args.Has("timeout") &&
+      !absl::ParseDuration(args.Get("timeout"), &options.rpc_timeout)) {
+    return syncnorm::ctl::Usage(absl::StrCat("--timeout=", args.Get("timeout"),
+                                             " is not a duration (say 10s or "
+                                             "500ms)"));
+  }
+  if (absl::Status s = Credentials(args, options); !s.ok()) return s;
+  return options;
+}
+
+void PrintHint(const absl::Status& status, const std::string& address,
+               const std::string& source) {
+  if (status.code() == absl::StatusCode::kUnavailable) {
+    std::fprintf(stderr,
+                 "syncnormctl: is the aggregator running at %s (from %s)? "
+                 "--server or $%s picks another address\n",
+                 address.c_str(), source.c_str(), kAddressVariable);
+  } else if (status.code() == absl::StatusCode::kUnimplemented) {
+    std::fprintf(stderr,
+                 "syncnormctl: the aggregator at %s does not know this call: "
+                 "it runs an older syncnorm than this syncnormctl (%s); "
+                 "upgrade the aggregator\n",
+                 address.c_str(), syncnorm::kSyncnormVersion);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  syncnorm::ctl::Args args;
-  absl::Status parsed = Parse(argc, argv, args);
-  if (parsed.ok() && args.options.count("help") > 0) {
+  absl::StatusOr<syncnorm::ctl::Args> args =
+      syncnorm::ctl::ParseArgs(argc, argv);
+  if (args.ok() && (args->Has("help") || args->command == "help")) {
     std::cout << syncnorm::ctl::UsageText();
     return kOk;
   }
-  syncnorm::ClientOptions options;
-  if (auto it = args.options.find("server"); it != args.options.end()) {
-    options.address = it->second;
+  if (args.ok() && args->Has("version")) {
+    std::cout << "syncnormctl " << syncnorm::kSyncnormVersion << "\n";
+    return kOk;
   }
-  options.rpc_timeout = absl::Seconds(10);
-  if (auto it = args.options.find("timeout");
-      parsed.ok() && it != args.options.end() &&
-      !absl::ParseDuration(it->second, &options.rpc_timeout)) {
-    parsed = syncnorm::ctl::Usage(absl::StrCat(
-        "--timeout=", it->second, " is not a duration (say 10s or 500ms)"));
-  }
-  if (parsed.ok()) parsed = Credentials(args, options);
-  absl::Status status = parsed;
+  std::string source;
+  absl::StatusOr<syncnorm::ClientOptions> options =
+      args.ok() ? ClientOptionsOf(*args, source)
+                : absl::StatusOr<syncnorm::ClientOptions>(args.status());
+  absl::Status status = options.status();
   if (status.ok()) {
-    syncnorm::Client client(options);
-    status = syncnorm::ctl::Run(client, args, std::cout);
+    syncnorm::Client client(*options);
+    status = syncnorm::ctl::Run(client, *args, std::cout);
   }
   if (status.ok()) return kOk;
   const int code = ExitCodeOf(status);
-  std::fprintf(stderr, "syncnormctl: %s\n", std::string(status.message()).c_str());
+  std::fprintf(stderr, "syncnormctl: %s\n",
+               std::string(status.message()).c_str());
   if (code == kUsage) {
     std::fprintf(stderr, "\n%s", syncnorm::ctl::UsageText().c_str());
-  } else if (code == kUnreachable) {
-    std::fprintf(stderr,
-                 "syncnormctl: (%s) is the aggregator running at %s? "
-                 "--server picks another address\n",
-                 absl::StatusCodeToString(status.code()).c_str(),
-                 options.address.c_str());
+  } else if (options.ok()) {
+    PrintHint(status, options->address, source);
   }
   return code;
 }

@@ -1,15 +1,18 @@
-// A small renderer of the kustomize features deploy/ uses, so that the test
-// suite and deploy/local-cluster can see the manifests as the cluster will,
-// on machines without kubectl. It rejects every kustomization field it does
-// not implement, so an overlay cannot silently rely on one. Where kubectl is
-// installed, deploy:manifests_test checks that `kubectl kustomize` renders
-// the same objects.
+// The manifests as the cluster will see them: render(dir) runs `kubectl
+// kustomize` where kubectl (with kustomize v4 or later) is installed, and
+// otherwise (or with SYNCNORM_KUSTOMIZE=js) a small renderer of the
+// kustomize features deploy/ uses, so that the test suite and
+// deploy/local-cluster work on machines without kubectl (CI's). The small
+// renderer rejects every kustomization field it does not implement, so an
+// overlay cannot silently rely on one; where kubectl is installed,
+// deploy:manifests_test checks that both render the same objects.
 //
-// One difference, on purpose: generated ConfigMaps and Secrets keep their
-// plain names (kustomize appends a hash of the content and rewrites the
-// references; nothing here depends on the name).
+// One difference, on purpose: the small renderer's generated ConfigMaps and
+// Secrets keep their plain names (kustomize appends a hash of the content
+// and rewrites the references; nothing here depends on the name).
 'use strict';
 
+const childProcess = require('node:child_process');
 const fs = require('node:fs');
 const path = require('node:path');
 const YAML = require('yaml');
@@ -135,8 +138,51 @@ function podSpecs(object) {
   return template ? [template] : [];
 }
 
+// kubectl's version line when `kubectl kustomize` can render deploy/
+// (kustomize v4 or later); null otherwise. Asked once.
+let kubectlVersion;
+function kubectlKustomize() {
+  if (kubectlVersion !== undefined) return kubectlVersion;
+  kubectlVersion = null;
+  try {
+    const out = childProcess.execFileSync('kubectl', ['version', '--client'],
+        {encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore']});
+    const m = out.match(/Kustomize Version: v(\d+)\S*/);
+    if (m && Number(m[1]) >= 4) kubectlVersion = m[0];
+  } catch (e) {
+    // No kubectl here.
+  }
+  return kubectlVersion;
+}
+
+// Which renderer render() uses, for messages.
+function renderer() {
+  if (process.env.SYNCNORM_KUSTOMIZE !== 'js' && kubectlKustomize()) {
+    return `kubectl kustomize (${kubectlKustomize()})`;
+  }
+  return 'deploy/tools/kustomize.js';
+}
+
+// `kubectl kustomize dir`'s objects. The load restrictor is off because
+// the test suite's runfiles are symlinks out of the kustomization root.
+function renderWithKubectl(dir) {
+  const out = childProcess.execFileSync('kubectl',
+      ['kustomize', '--load-restrictor=LoadRestrictionsNone', dir],
+      {encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe']});
+  return YAML.parseAllDocuments(out).map((d) => d.toJS())
+      .filter((d) => d !== null);
+}
+
 // Renders the kustomization in `dir`; returns its objects.
 function render(dir) {
+  if (process.env.SYNCNORM_KUSTOMIZE !== 'js' && kubectlKustomize()) {
+    return renderWithKubectl(dir);
+  }
+  return renderWithJs(dir);
+}
+
+// The small renderer.
+function renderWithJs(dir) {
   const file = path.join(dir, 'kustomization.yaml');
   const [k] = readYamlDocuments(file);
   for (const field of Object.keys(k)) {
@@ -149,7 +195,7 @@ function render(dir) {
   for (const resource of k.resources ?? []) {
     const where = path.join(dir, resource);
     if (fs.statSync(where).isDirectory()) {
-      objects.push(...render(where));
+      objects.push(...renderWithJs(where));
     } else {
       objects.push(...readYamlDocuments(where));
     }
@@ -208,4 +254,5 @@ function render(dir) {
   return objects;
 }
 
-module.exports = {render, readYamlDocuments, strategicMerge};
+module.exports = {render, renderWithJs, renderWithKubectl, kubectlKustomize,
+  renderer, readYamlDocuments, strategicMerge};

@@ -29,12 +29,17 @@ function aggregatorContainer(statefulSet) {
   return c;
 }
 
-// The files of a ConfigMap or Secret volume: key -> content.
+// The files of a ConfigMap or Secret volume: key -> content. An optional
+// Secret the manifests do not hold (the operator creates it) is an empty
+// folder, as in a pod when the Secret does not exist.
 function volumeFiles(objects, volume) {
   if (volume.configMap) {
     return find(objects, 'ConfigMap', volume.configMap.name).data ?? {};
   }
   if (volume.secret) {
+    const present = objects.some((o) => o.kind === 'Secret' &&
+                                        o.metadata.name === volume.secret.secretName);
+    if (!present && volume.secret.optional) return {};
     const s = find(objects, 'Secret', volume.secret.secretName);
     const decoded = Object.fromEntries(Object.entries(s.data ?? {}).map(
         ([k, v]) => [k, Buffer.from(v, 'base64').toString()]));
