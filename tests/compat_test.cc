@@ -36,7 +36,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // The releases whose data dirs this build must read.
-constexpr const char* kReleases[] = {"0.4.0"};
+constexpr const char* kReleases[] = {"0.3.0"};
 
 std::string CompatDir(const std::string& release) {
   const char* runfiles = std::getenv("TEST_SRCDIR");

@@ -15,7 +15,7 @@
 // binary:
 //   NODE_PATH=tools/node/node_modules node tests/compat/write_data_dir.js \
 //     --aggregator=bazel-bin/server/syncnorm-aggregator \
-//     --release="syncnorm 0.4.0 (82ad019)" --out=tests/compat/0.4.0
+//     --release="syncnorm 0.3.0 (2babafa)" --out=tests/compat/0.3.0
 'use strict';
 
 const assert = require('node:assert/strict');
