@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/ctl/state_dict.h"
+#include "client/job_groups.h"
 
 namespace syncnorm::ctl {
 namespace {
@@ -27,10 +28,6 @@ const char* ModeName(v1::MomentumMode mode) {
     default:
       return "torch";
   }
-}
-
-int Groups(const v1::JobInfo& job) {
-  return job.group_size() > 0 ? job.world_size() / job.group_size() : 1;
 }
 
 absl::Status Need(const Args& args, size_t n, absl::string_view shape) {
@@ -80,7 +77,7 @@ absl::Status Jobs(Client& client, const Args& args, std::ostream& out) {
                          "LAYERS", "COMMITTED");
   for (const v1::JobInfo& j : *jobs) {
     out << absl::StrFormat("%-32s %6d %6d %6d %10d\n", j.job_id(),
-                           j.world_size(), Groups(j), j.layers_size(),
+                           j.world_size(), NumGroups(j), j.layers_size(),
                            j.committed_step());
   }
   return absl::OkStatus();
@@ -98,7 +95,7 @@ absl::Status Layers(Client& client, const Args& args, std::ostream& out) {
   if (!stats.ok()) return stats.status();
   out << absl::StrFormat(
       "job %s: world %d, %d group(s), committed step %d; group %d:\n",
-      job->job_id(), job->world_size(), Groups(*job), job->committed_step(),
+      job->job_id(), job->world_size(), NumGroups(*job), job->committed_step(),
       request->group());
   out << absl::StrFormat("%5s %-28s %8s %-10s %9s %7s %12s\n", "INDEX", "NAME",
                          "FEATURES", "MOMENTUM", "VALUE", "VAR", "BATCHES");
