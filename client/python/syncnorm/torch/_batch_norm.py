@@ -209,6 +209,15 @@ class SyncBatchNorm(_BatchNorm):
         state["_sn_stats"] = None
         return state
 
+    def __setstate__(self, state):
+        # Modules pickled before momentum was read per forward kept the
+        # rule as momentum_mode (3: cumulative) and had no use_global_stats.
+        old_mode = state.pop("momentum_mode", 1)
+        state.setdefault("_momentum_family", old_mode if old_mode == 2 else 1)
+        state.setdefault("use_global_stats", False)
+        state.setdefault("_sn_stats", None)
+        super().__setstate__(state)
+
     def extra_repr(self):
         text = super().extra_repr()
         extras = []
