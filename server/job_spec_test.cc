@@ -143,15 +143,26 @@ TEST(JobSpecTest, RejectsBadSpecsWithActionableMessages) {
        },
        "give group_size (consecutive blocks) or groups (rank lists), not "
        "both"},
-      {"empty group", [](JobSpec& s) { s.groups = {{0, 1, 2, 3}, {}}; },
+      {"empty group",
+       [](JobSpec& s) {
+         s.groups = {{0, 1, 2, 3}, {}};
+       },
        "groups[1] has no ranks"},
       {"rank outside the world",
-       [](JobSpec& s) { s.groups = {{0, 2}, {1, 4}}; },
+       [](JobSpec& s) {
+         s.groups = {{0, 2}, {1, 4}};
+       },
        "groups[1] has rank 4, outside the world's ranks 0..3"},
-      {"rank in two groups", [](JobSpec& s) { s.groups = {{0, 2}, {2, 1}}; },
+      {"rank in two groups",
+       [](JobSpec& s) {
+         s.groups = {{0, 2}, {2, 1}};
+       },
        "rank 2 is in groups[0] and groups[1]; every rank must be in exactly "
        "one group"},
-      {"rank in no group", [](JobSpec& s) { s.groups = {{0, 2}, {1}}; },
+      {"rank in no group",
+       [](JobSpec& s) {
+         s.groups = {{0, 2}, {1}};
+       },
        "rank 3 is in no group"},
       {"quorum above the smallest group",
        [](JobSpec& s) {

@@ -319,12 +319,15 @@ std::vector<Case> ContributionCases() {
   add("momentum_mode unknown", kInvalid, [](auto& c) {
     c.mutable_momentum()->set_momentum_mode(static_cast<v1::MomentumMode>(9));
   });
-  add("imported_stats of too few channels", kInvalid,
-      [](auto& c) { SetImported(c, {0, 0}, {1}); });
-  add("imported_stats var negative", kInvalid,
-      [](auto& c) { SetImported(c, {0, 0}, {1, -1}); });
-  add("imported_stats num_batches_tracked negative", kInvalid,
-      [](auto& c) { SetImported(c, {0, 0}, {1, 1}, -1); });
+  add("imported_stats of too few channels", kInvalid, [](auto& c) {
+    SetImported(c, {0, 0}, {1});
+  });
+  add("imported_stats var negative", kInvalid, [](auto& c) {
+    SetImported(c, {0, 0}, {1, -1});
+  });
+  add("imported_stats num_batches_tracked negative", kInvalid, [](auto& c) {
+    SetImported(c, {0, 0}, {1, 1}, -1);
+  });
   add("imported_stats in a BACKWARD", kInvalid, [](auto& c) {
     c.set_phase(v1::BACKWARD);
     SetGradSums(c, {1, 1}, {1, 1});
