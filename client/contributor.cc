@@ -232,12 +232,13 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
       last.ok() ? "" : absl::StrCat("; last stream error: ", last.ToString())));
 }
 
-absl::StatusOr<ForwardReply> Contributor::ReduceForward(int layer, int64_t step,
-                                                        const Moments& local) {
+absl::StatusOr<ForwardReply> Contributor::ReduceForward(
+    int layer, int64_t step, const Moments& local, const RoundUpdate& update) {
   std::unique_ptr<v1::Contribution> c = TakeMessage(v1::FORWARD);
   c->set_layer(layer);
   c->set_step(step);
   ToProto(local, c->mutable_moments());
+  ToProto(update, c.get());
   absl::StatusOr<v1::RoundResult> r = Round(*c);
   auto give_back = absl::MakeCleanup([&] { ReturnMessage(std::move(c)); });
   if (!r.ok()) return r.status();

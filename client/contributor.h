@@ -16,9 +16,14 @@
 #include "client/client_options.h"
 #include "grpcpp/channel.h"
 #include "kernels/moments.h"
+#include "kernels/round_update.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
 namespace syncnorm {
+
+// The status payload (absl::Status::GetPayload) of a failed round's
+// RoundError.reason, e.g. "SINGLE_VALUE_PER_CHANNEL", when it has one.
+inline constexpr char kRoundErrorReasonUrl[] = "syncnorm.v1.RoundError.reason";
 
 // The answer to a forward round.
 struct ForwardReply {
@@ -60,10 +65,12 @@ class Contributor {
   const std::string& job_id() const { return job_id_; }
   int rank() const { return rank_; }
 
-  // Sends local moments (count 0 with zeros for an empty batch) and returns
-  // the group's global statistics.
+  // Sends local moments (count 0 with zeros for an empty batch), with the
+  // round's momentum and imported statistics if `update` has them, and
+  // returns the group's global statistics.
   absl::StatusOr<ForwardReply> ReduceForward(int layer, int64_t step,
-                                             const Moments& local);
+                                             const Moments& local,
+                                             const RoundUpdate& update = {});
 
   // Sends local gradient sums and returns the group's summed sums.
   absl::StatusOr<GradSums> ReduceBackward(int layer, int64_t step,

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "client/contributor.h"
 #include "kernels/moments.h"
+#include "kernels/round_update.h"
 
 namespace syncnorm {
 
@@ -24,10 +25,28 @@ class NodeGroup {
   virtual absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                                    const Moments& local) = 0;
 
+  // The same round with its update (the layer's momentum of this round,
+  // statistics imported before it; see RoundUpdate): every worker of the
+  // node passes the same update, or the round fails on every worker. This
+  // default takes empty updates only (SyncForward) and refuses others with
+  // FAILED_PRECONDITION; the node groups that carry them override it.
+  virtual absl::StatusOr<ForwardReply> SyncForwardWithUpdate(
+      int layer, int64_t step, const Moments& local, const RoundUpdate& update);
+
   // Sums the node's gradient sums and returns the global sums.
   virtual absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
                                                 const GradSums& local) = 0;
 };
+
+inline absl::StatusOr<ForwardReply> NodeGroup::SyncForwardWithUpdate(
+    int layer, int64_t step, const Moments& local, const RoundUpdate& update) {
+  if (update.empty()) return SyncForward(layer, step, local);
+  return absl::FailedPreconditionError(
+      "this node group does not carry a round's momentum or imported running "
+      "statistics (the layer's momentum or statistics changed after the job "
+      "was created); sync through Client::NewNodeGroup or a ThreadNode, or "
+      "leave them as the job has them");
+}
 
 // A node of one worker: its contributions go straight to the aggregator.
 class SoloNodeGroup : public NodeGroup {
@@ -38,6 +57,11 @@ class SoloNodeGroup : public NodeGroup {
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                            const Moments& local) override {
     return contributor_->ReduceForward(layer, step, local);
+  }
+  absl::StatusOr<ForwardReply> SyncForwardWithUpdate(
+      int layer, int64_t step, const Moments& local,
+      const RoundUpdate& update) override {
+    return contributor_->ReduceForward(layer, step, local, update);
   }
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
                                         const GradSums& local) override {

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -22,6 +23,26 @@ void ToProto(const Moments& m, v1::Moments* out) {
   out->set_count(m.count);
   out->mutable_mean()->Assign(m.mean.begin(), m.mean.end());
   out->mutable_m2()->Assign(m.m2.begin(), m.m2.end());
+}
+
+void ToProto(const RoundUpdate& u, v1::Contribution* out) {
+  if (u.momentum.has_value()) {
+    out->mutable_momentum()->set_momentum_mode(
+        static_cast<v1::MomentumMode>(u.momentum->mode));
+    out->mutable_momentum()->set_momentum(u.momentum->momentum);
+  } else {
+    out->clear_momentum();
+  }
+  if (u.imported.has_value()) {
+    v1::ImportedStats* i = out->mutable_imported_stats();
+    i->set_num_batches_tracked(u.imported->num_batches_tracked);
+    i->mutable_running_mean()->Assign(u.imported->mean.begin(),
+                                      u.imported->mean.end());
+    i->mutable_running_var()->Assign(u.imported->var.begin(),
+                                     u.imported->var.end());
+  } else {
+    out->clear_imported_stats();
+  }
 }
 
 void ToProto(const GradSums& g, v1::GradSums* out) {
@@ -69,7 +90,12 @@ absl::StatusOr<v1::RoundResult> RoundResultStatus(v1::RoundResult r) {
   }
   const int code = e.code() == 0 ? static_cast<int>(absl::StatusCode::kUnknown)
                                  : e.code();
-  return absl::Status(static_cast<absl::StatusCode>(code), message);
+  absl::Status status(static_cast<absl::StatusCode>(code), message);
+  if (e.reason() != v1::RoundError::REASON_UNSPECIFIED) {
+    status.SetPayload(kRoundErrorReasonUrl,
+                      absl::Cord(v1::RoundError::Reason_Name(e.reason())));
+  }
+  return status;
 }
 
 }  // namespace syncnorm

@@ -32,6 +32,11 @@ absl::StatusOr<ForwardReply> ShardedNodeGroup::SyncForward(
   return For(layer).ReduceForward(layer, step, local);
 }
 
+absl::StatusOr<ForwardReply> ShardedNodeGroup::SyncForwardWithUpdate(
+    int layer, int64_t step, const Moments& local, const RoundUpdate& update) {
+  return For(layer).ReduceForward(layer, step, local, update);
+}
+
 absl::StatusOr<GradSums> ShardedNodeGroup::SyncBackward(int layer,
                                                         int64_t step,
                                                         const GradSums& local) {

@@ -30,6 +30,9 @@ class ShardedNodeGroup : public NodeGroup {
 
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                            const Moments& local) override;
+  absl::StatusOr<ForwardReply> SyncForwardWithUpdate(
+      int layer, int64_t step, const Moments& local,
+      const RoundUpdate& update) override;
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
                                         const GradSums& local) override;
 

@@ -1,5 +1,6 @@
 #include "client/sync_batch_norm.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,6 +68,28 @@ absl::Status SyncBatchNorm::SetRunningStats(const RunningStats& stats) {
   return absl::OkStatus();
 }
 
+absl::Status SyncBatchNorm::ImportRunningStats(const RunningStats& stats) {
+  RoundUpdate update;
+  update.imported = stats;
+  absl::Status s = ValidateRoundUpdate(update, rule_, channels_);
+  if (!s.ok()) return s;
+  running_ = stats;
+  import_pending_ = true;
+  return absl::OkStatus();
+}
+
+void SyncBatchNorm::set_momentum(MomentumMode mode, double momentum) {
+  SyncBatchNormOptions o = options_;
+  o.momentum_mode = mode;
+  o.momentum = momentum;
+  const RoundMomentum m = MomentumOf(RuleOf(o));
+  if (SameMomentum(m, MomentumOf(rule_))) {
+    momentum_.reset();
+  } else {
+    momentum_ = m;
+  }
+}
+
 absl::Status SyncBatchNorm::CheckLike(const TensorRef& t,
                                       const TensorRef& like,
                                       const char* what) const {
@@ -126,15 +149,19 @@ absl::Status SyncBatchNorm::BatchStatistics(const TensorRef& x,
           "this layer has no node group, so it cannot train; give it one or "
           "use eval or freeze");
     }
+    RoundUpdate update;
+    update.momentum = momentum_;
+    if (import_pending_) update.imported = running_;
     const absl::Time start = absl::Now();
     missing_ranks_.clear();
     absl::StatusOr<ForwardReply> reply =
-        group_->SyncForward(layer_, step_, local);
+        group_->SyncForwardWithUpdate(layer_, step_, local, update);
     forward_sync_ = absl::Now() - start;
     if (!reply.ok()) return reply.status();
     global = std::move(reply->global);
     missing_ranks_ = std::move(reply->missing_ranks);
-    ApplyRound(rule_, global, running_);
+    ApplyRound(rule_, update, global, running_);
+    import_pending_ = false;
   }
   saved_.global_count = global.count;
   saved_.mean = std::move(global.mean);
@@ -151,8 +178,8 @@ absl::Status SyncBatchNorm::Forward(const TensorRef& x, const TensorRef& y,
   absl::StatusOr<Geometry> g = Prepare(x, y, z);
   if (!g.ok()) return g.status();
   // torch: batch statistics in training, and in eval without running stats.
-  const bool use_running =
-      options_.freeze || (!training_ && options_.track_running_stats);
+  const bool use_running = options_.freeze || options_.use_global_stats ||
+                           (!training_ && options_.track_running_stats);
   const bool sync = training_ && !use_running;
   if (use_running) {
     RunningStatistics();
@@ -225,6 +252,10 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
                                   reduce, &sums, grad_weight_.data(),
                                   grad_bias_.data());
   if (!s.ok()) return s;
+  if (options_.freeze) {  // MegEngine: gamma and beta are frozen too
+    std::fill(grad_weight_.begin(), grad_weight_.end(), 0.0);
+    std::fill(grad_bias_.begin(), grad_bias_.end(), 0.0);
+  }
   std::vector<double> mean_dy(channels_, 0.0), mean_dy_xmu(channels_, 0.0);
   if (saved_.synced) {
     const absl::Time start = absl::Now();

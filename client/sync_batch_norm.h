@@ -4,6 +4,7 @@
 #define SYNCNORM_CLIENT_SYNC_BATCH_NORM_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -12,6 +13,7 @@
 #include "client/sync_batch_norm_options.h"
 #include "kernels/batch_norm.h"
 #include "kernels/moments.h"
+#include "kernels/round_update.h"
 
 namespace syncnorm {
 
@@ -83,8 +85,21 @@ class SyncBatchNorm {
   const std::vector<double>& grad_weight() const { return grad_weight_; }
   const std::vector<double>& grad_bias() const { return grad_bias_; }
   const RunningStats& running_stats() const { return running_; }
-  // Replaces the running statistics (say, loaded from the aggregator).
+  // Replaces the running statistics here only: with the aggregator's (say,
+  // loaded by LoadRunningStats). INVALID_ARGUMENT for another channel count.
   absl::Status SetRunningStats(const RunningStats& stats);
+  // Replaces the running statistics here and at the aggregator (torch's
+  // load_state_dict or reset_running_stats): the next training forward
+  // round carries them and the aggregator applies the round to them. Every
+  // worker of the group must import the same values before that round, or
+  // the round fails with INVALID_ARGUMENT (and the import waits for the
+  // next). INVALID_ARGUMENT for another channel count or bad values.
+  absl::Status ImportRunningStats(const RunningStats& stats);
+  // The momentum of the next forward rounds, as torch and apex read it at
+  // every forward: its rule and value (negative: the rule's default). A
+  // round whose momentum is not the layer's (the options') sends it along;
+  // every worker of the group must set the same.
+  void set_momentum(MomentumMode mode, double momentum);
   // Wall time of the last forward and backward sync (0 without a round).
   absl::Duration last_forward_sync() const { return forward_sync_; }
   absl::Duration last_backward_sync() const { return backward_sync_; }
@@ -129,7 +144,7 @@ class SyncBatchNorm {
   // Constant after construction.
   const int layer_;
   const SyncBatchNormOptions options_;
-  const RunningRule rule_;
+  const RunningRule rule_;  // the job's (ToLayerSpec of options_)
   NodeGroup* const group_;
   const KernelContext context_;
 
@@ -139,6 +154,10 @@ class SyncBatchNorm {
   std::vector<float> weight_, bias_;
   std::vector<double> grad_weight_, grad_bias_;
   RunningStats running_;
+  // What the next forward round sends beyond its moments: a momentum that
+  // is not rule_'s, and whether running_ is to be imported.
+  std::optional<RoundMomentum> momentum_;
+  bool import_pending_ = false;
   Saved saved_;
   absl::Duration forward_sync_, backward_sync_;
   std::vector<int> missing_ranks_;  // of the last forward round

@@ -39,10 +39,15 @@ struct SyncBatchNormOptions {
   // unbiased n/(n-1)). Default false: unbiased, like torch.
   bool biased_running_var = false;
 
-  // Normalize with the running statistics in training too, without a round
-  // and without updating them (MegEngine freeze, MXNet use_global_stats).
-  // gamma and beta still get gradients. Default false.
+  // MegEngine freeze: normalize with the running statistics in training
+  // too, without a round and without updating them, and freeze gamma and
+  // beta as well (grad_weight and grad_bias are zero). Default false.
   bool freeze = false;
+
+  // MXNet use_global_stats: normalize with the running statistics in
+  // training too, without a round and without updating them; gamma and
+  // beta still get gradients. Default false.
+  bool use_global_stats = false;
 
   // Input is channels-last (N, *spatial, C) (apex channel_last). 2-D input
   // is (N, C) either way. Default false.

@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/moments.h"
+#include "kernels/round_update.h"
 
 namespace syncnorm {
 namespace {
@@ -55,6 +56,15 @@ class FakeAggregator : public NodeGroup {
     reply.version = ++version_;
     reply.missing_ranks = missing_ranks_;
     return reply;
+  }
+  absl::StatusOr<ForwardReply> SyncForwardWithUpdate(
+      int layer, int64_t step, const Moments& merged,
+      const RoundUpdate& update) override {
+    {
+      absl::MutexLock lock(&mu_);
+      updates_.push_back(update);
+    }
+    return SyncForward(layer, step, merged);
   }
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
                                         const GradSums& summed) override {
@@ -92,6 +102,11 @@ class FakeAggregator : public NodeGroup {
     absl::MutexLock lock(&mu_);
     return backward_calls_;
   }
+  // The update of each forward round (SyncForwardWithUpdate).
+  std::vector<RoundUpdate> updates() {
+    absl::MutexLock lock(&mu_);
+    return updates_;
+  }
 
  private:
   absl::Mutex mu_;
@@ -100,6 +115,7 @@ class FakeAggregator : public NodeGroup {
   std::vector<int64_t> forward_counts_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> forward_steps_ ABSL_GUARDED_BY(mu_);
   int backward_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<RoundUpdate> updates_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> missing_ranks_ ABSL_GUARDED_BY(mu_);
 };
@@ -672,13 +688,19 @@ INSTANTIATE_TEST_SUITE_P(
 // ---- freeze
 // --------------------------------------------------------------------
 
-TEST(SyncBatchNormFreezeTest, NormalizesWithRunningStatsWithoutARound) {
+// MXNet use_global_stats: running statistics, no round, gamma and beta
+// learn; MegEngine freeze: the same, with gamma and beta frozen too.
+class SyncBatchNormFreezeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SyncBatchNormFreezeTest, NormalizesWithRunningStatsWithoutARound) {
+  const bool megengine = GetParam();
   constexpr int64_t kChannels = 3;
   const int64_t batches[kWorkers] = {2, 0, 3};
   std::mt19937_64 rng(404);
   SyncBatchNormOptions options;
   options.num_features = kChannels;
-  options.freeze = true;
+  options.freeze = megengine;
+  options.use_global_stats = !megengine;
   options.fuse_relu = true;
   options.channels_last = true;
   options.initial_running_mean = RandomValues(kChannels, rng, -1, 3);
@@ -738,8 +760,13 @@ TEST(SyncBatchNormFreezeTest, NormalizesWithRunningStatsWithoutARound) {
     ExpectClose(out.y, ref[w].y, kOutputTol, "y");
     ExpectClose(out.grad_input, ref[w].grad_input, kOutputTol, "grad_input");
     ExpectClose(out.grad_z, ref[w].grad_z, kOutputTol, "grad_z");
-    ExpectClose(out.grad_weight, ref[w].grad_weight, 1e-9, "grad_weight");
-    ExpectClose(out.grad_bias, ref[w].grad_bias, 1e-9, "grad_bias");
+    if (megengine) {
+      EXPECT_EQ(out.grad_weight, std::vector<double>(kChannels, 0.0));
+      EXPECT_EQ(out.grad_bias, std::vector<double>(kChannels, 0.0));
+    } else {
+      ExpectClose(out.grad_weight, ref[w].grad_weight, 1e-9, "grad_weight");
+      ExpectClose(out.grad_bias, ref[w].grad_bias, 1e-9, "grad_bias");
+    }
     EXPECT_EQ(out.running.mean, options.initial_running_mean);
     EXPECT_EQ(out.running.var, options.initial_running_var);
     EXPECT_EQ(out.running.num_batches_tracked, 0);
@@ -748,6 +775,13 @@ TEST(SyncBatchNormFreezeTest, NormalizesWithRunningStatsWithoutARound) {
   EXPECT_EQ(service.aggregator->forward_calls(), 0);
   EXPECT_EQ(service.aggregator->backward_calls(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(FreezeAndUseGlobalStats, SyncBatchNormFreezeTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "MegEngineFreeze"
+                                             : "MxnetUseGlobalStats";
+                         });
 
 // ---- errors
 // ----------------------------------------------------------------------
@@ -788,6 +822,121 @@ TEST(SyncBatchNormQuorumTest, LastMissingRanksFollowTheRounds) {
   f.aggregator.FailForward(absl::DeadlineExceededError("ranks [1]"));
   EXPECT_FALSE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
   EXPECT_TRUE(f.layer->last_missing_ranks().empty());
+}
+
+// ---- changes after construction ----------------------------------------
+
+// The batch of `x` (N x C x spatial) of channel c: mean and unbiased var,
+// two passes in long double.
+std::pair<double, double> BatchMeanVar(const std::vector<float>& x,
+                                       const Layout& l, int c) {
+  const int64_t inner = static_cast<int64_t>(x.size()) / (l.batch * l.channels);
+  long double sum = 0, n = 0;
+  for (int64_t i = 0; i < l.batch; ++i) {
+    for (int64_t j = 0; j < inner; ++j) {
+      sum += x[(i * l.channels + c) * inner + j];
+      n += 1;
+    }
+  }
+  const long double mean = sum / n;
+  long double m2 = 0;
+  for (int64_t i = 0; i < l.batch; ++i) {
+    for (int64_t j = 0; j < inner; ++j) {
+      const long double d = x[(i * l.channels + c) * inner + j] - mean;
+      m2 += d * d;
+    }
+  }
+  return {static_cast<double>(mean), static_cast<double>(m2 / (n - 1))};
+}
+
+// torch and apex read momentum at every forward: a round with another
+// momentum than the options' sends it and mirrors its update.
+TEST(SyncBatchNormChangesTest, MomentumSetAfterConstructionIsTheRounds) {
+  SoloFixture f(/*num_features=*/2);
+  std::mt19937_64 rng(21);
+  Layout l{5, 2, {3}, false};
+  std::vector<float> x = RandomTensor(l, rng, 2, 1), y = Poisoned(l);
+  f.layer->set_momentum(MomentumMode::kTorch, 1.0);  // apex's unit test
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  for (int c = 0; c < 2; ++c) {
+    const auto [mean, var] = BatchMeanVar(x, l, c);
+    EXPECT_NEAR(f.layer->running_stats().mean[c], mean, 1e-12);
+    EXPECT_NEAR(f.layer->running_stats().var[c], var, 1e-12);
+  }
+  f.layer->set_momentum(MomentumMode::kTorch, -1);  // the options' again
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  const std::vector<RoundUpdate> sent = f.aggregator.updates();
+  ASSERT_EQ(sent.size(), 2u);
+  ASSERT_TRUE(sent[0].momentum.has_value());
+  EXPECT_EQ(sent[0].momentum->mode, MomentumMode::kTorch);
+  EXPECT_EQ(sent[0].momentum->momentum, 1.0);
+  EXPECT_FALSE(sent[0].imported.has_value());
+  EXPECT_TRUE(sent[1].empty());
+}
+
+// torch's load_state_dict / reset_running_stats: the next round carries
+// the statistics and starts from them; a failed round keeps them pending.
+TEST(SyncBatchNormChangesTest, ImportedStatisticsGoWithTheNextRound) {
+  SoloFixture f(/*num_features=*/2);
+  std::mt19937_64 rng(22);
+  Layout l{4, 2, {2}, false};
+  std::vector<float> x = RandomTensor(l, rng, -1, 2), y = Poisoned(l);
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  RunningStats loaded;
+  loaded.num_batches_tracked = 7;
+  loaded.mean = {0.5, -3};
+  loaded.var = {2, 0.25};
+  EXPECT_EQ(f.layer->ImportRunningStats(RunningStats::Initial(3)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(f.layer->ImportRunningStats(loaded).ok());
+  EXPECT_EQ(f.layer->running_stats().mean, loaded.mean);
+  f.aggregator.FailForward(absl::UnavailableError("down"));
+  EXPECT_FALSE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  f.aggregator.FailForward(absl::OkStatus());
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  const std::vector<RoundUpdate> sent = f.aggregator.updates();
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_TRUE(sent[0].empty());
+  for (int i : {1, 2}) {
+    ASSERT_TRUE(sent[i].imported.has_value()) << i;
+    EXPECT_EQ(sent[i].imported->mean, loaded.mean);
+    EXPECT_EQ(sent[i].imported->num_batches_tracked, 7);
+  }
+  const RunningStats& r = f.layer->running_stats();
+  EXPECT_EQ(r.num_batches_tracked, 8);
+  for (int c = 0; c < 2; ++c) {
+    const auto [mean, var] = BatchMeanVar(x, l, c);
+    EXPECT_NEAR(r.mean[c], 0.9 * loaded.mean[c] + 0.1 * mean, 1e-12);
+    EXPECT_NEAR(r.var[c], 0.9 * loaded.var[c] + 0.1 * var, 1e-12);
+  }
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_TRUE(f.aggregator.updates()[3].empty()) << "sent once";
+}
+
+// The workers of a node must change a layer alike.
+TEST(SyncBatchNormChangesTest, WorkersOfANodeThatImportDifferentlyFail) {
+  FakeService service(2);
+  std::mt19937_64 rng(23);
+  Layout l{3, 2, {}, false};
+  std::vector<absl::Status> got(2);
+  std::vector<std::vector<float>> xs = {RandomTensor(l, rng, 0, 1),
+                                        RandomTensor(l, rng, 0, 1)};
+  RunWorkers(2, [&](int w) {
+    std::unique_ptr<NodeGroup> member = service.node->Member(w);
+    SyncBatchNormOptions options;
+    options.num_features = 2;
+    SyncBatchNorm layer(0, options, member.get(), nullptr);
+    if (w == 1) {
+      ASSERT_TRUE(layer.ImportRunningStats(RunningStats::Initial(2)).ok());
+    }
+    std::vector<float> y = Poisoned(l);
+    got[w] = layer.Forward(Ref(xs[w], l), Ref(y, l));
+  });
+  for (const absl::Status& s : got) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("changed layer 0 differently"));
+  }
+  EXPECT_EQ(service.aggregator->forward_calls(), 0);
 }
 
 TEST(SyncBatchNormErrorTest, InferredChannelsThenAWrongCount) {

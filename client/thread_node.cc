@@ -15,12 +15,31 @@ class ThreadNode::MemberGroup : public NodeGroup {
 
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                            const Moments& local) override {
+    return SyncForwardWithUpdate(layer, step, local, RoundUpdate());
+  }
+
+  absl::StatusOr<ForwardReply> SyncForwardWithUpdate(
+      int layer, int64_t step, const Moments& local,
+      const RoundUpdate& update) override {
     ThreadNode* node = node_;
-    return node->Exchange<Moments, ForwardReply>(
-        Key(layer, step, 1), local_rank_, local,
-        [](Moments& acc, const Moments& part) { MergeMoments(acc, part); },
-        [node, layer, step](const Moments& merged) {
-          return node->upstream_->SyncForward(layer, step, merged);
+    return node->Exchange<ForwardPart, ForwardReply>(
+        Key(layer, step, 1), local_rank_,
+        ForwardPart{local, update},
+        [](ForwardPart& acc, const ForwardPart& part) {
+          MergeMoments(acc.moments, part.moments);
+          acc.disagree = acc.disagree || !SameUpdate(acc.update, part.update);
+        },
+        [node, layer,
+         step](const ForwardPart& merged) -> absl::StatusOr<ForwardReply> {
+          if (merged.disagree) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "the local ranks of this node changed layer ", layer,
+                " differently before step ", step,
+                ": every worker must have the same momentum and, after "
+                "loading or resetting running statistics, the same ones"));
+          }
+          return node->upstream_->SyncForwardWithUpdate(
+              layer, step, merged.moments, merged.update);
         });
   }
 

@@ -20,7 +20,9 @@ namespace syncnorm {
 // Member(local_rank) and calls the NodeGroup methods; the node folds the
 // local moments in local-rank order (so every member gets the same bits
 // whatever the arrival order), the thread that arrives last sends the node's
-// contribution upstream, and every member gets the global result. A member
+// contribution upstream, and every member gets the global result. Forward
+// round updates (SyncForwardWithUpdate) must be the same on every member,
+// or the round fails on every member with INVALID_ARGUMENT. A member
 // that waits longer than `timeout` for its peers gets DEADLINE_EXCEEDED
 // naming the local ranks that did not arrive.
 //
@@ -39,6 +41,14 @@ class ThreadNode {
   class MemberGroup;
   using Key = std::tuple<int, int64_t, int>;  // layer, step, phase
 
+  // A member's forward share: its moments and its round update, which must
+  // be every member's (`disagree` marks a fold that met another).
+  struct ForwardPart {
+    Moments moments;
+    RoundUpdate update;
+    bool disagree = false;
+  };
+
   template <typename T, typename R>
   struct Round {
     std::vector<std::optional<T>> parts;
@@ -56,7 +66,7 @@ class ThreadNode {
                              Fold fold, Send send) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The open rounds of a phase, chosen by its part type.
-  Rounds<Moments, ForwardReply>& RoundsOf(const Moments&)
+  Rounds<ForwardPart, ForwardReply>& RoundsOf(const ForwardPart&)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return forward_;
   }
@@ -71,7 +81,7 @@ class ThreadNode {
   const absl::Duration timeout_;
 
   absl::Mutex mu_;
-  Rounds<Moments, ForwardReply> forward_ ABSL_GUARDED_BY(mu_);
+  Rounds<ForwardPart, ForwardReply> forward_ ABSL_GUARDED_BY(mu_);
   Rounds<GradSums, GradSums> backward_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -18,6 +18,7 @@ void LogJobCreated(const JobSpec& spec) {
   line.Add("job", BoundedText(spec.job_id))
       .Add("world_size", spec.world_size)
       .Add("group_size", spec.group_size)
+      .Add("groups", spec.num_groups())
       .Add("layers", spec.layers.size())
       .Add("round_timeout_ms", absl::ToInt64Milliseconds(spec.round_timeout));
   if (spec.shard.sharded()) {
@@ -135,7 +136,7 @@ absl::StatusOr<JobSnapshot> Aggregator::CreateJob(JobSpec spec) {
     absl::MutexLock lock(&jobs_mu_);
     auto it = jobs_.find(resolved->job_id);
     if (it != jobs_.end()) {
-      if (it->second->spec() != *resolved) {
+      if (!it->second->SameSpec(*resolved)) {
         return absl::AlreadyExistsError(
             absl::StrCat("job '", BoundedText(resolved->job_id),
                          "' already exists with a different "
@@ -350,7 +351,7 @@ void Aggregator::Contribute(Contribution c, RoundCallback done) {
   }
   RoundAdmission::Key key;
   key.job_id = c.job_id;
-  key.group = c.rank / std::max(1, job->spec().group_size);
+  key.group = job->GroupOf(c.rank);
   key.layer = c.layer;
   key.step = c.step;
   key.phase = static_cast<int>(c.phase);

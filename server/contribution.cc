@@ -104,6 +104,25 @@ class WordLaneHasher {
   uint64_t n_ = 0;  // words added
 };
 
+// The words of an update, in order: whether each part is there, then the
+// momentum's mode and bits, the import's counter and values.
+template <typename Hasher>
+uint64_t UpdateFingerprint(const RoundUpdate& update) {
+  Hasher h;
+  h.Add(update.momentum.has_value() ? 1 : 0);
+  if (update.momentum.has_value()) {
+    h.Add(static_cast<uint64_t>(update.momentum->mode));
+    h.Add(std::vector<double>{update.momentum->momentum});
+  }
+  h.Add(update.imported.has_value() ? 1 : 0);
+  if (update.imported.has_value()) {
+    h.Add(static_cast<uint64_t>(update.imported->num_batches_tracked));
+    h.Add(update.imported->mean);
+    h.Add(update.imported->var);
+  }
+  return h.value();
+}
+
 }  // namespace
 
 const char* PhaseName(Phase phase) {
@@ -135,6 +154,19 @@ bool SamePayload(const Payload& a, const Payload& b) {
 uint64_t PayloadFingerprint(const Payload& payload, FingerprintKind kind) {
   return kind == FingerprintKind::kFnv1a ? Fingerprint<Fnv1aHasher>(payload)
                                          : Fingerprint<WordLaneHasher>(payload);
+}
+
+uint64_t ContributionFingerprint(const Payload& payload,
+                                 const RoundUpdate& update,
+                                 FingerprintKind kind) {
+  const uint64_t fingerprint = PayloadFingerprint(payload, kind);
+  if (update.empty()) return fingerprint;
+  const uint64_t u = kind == FingerprintKind::kFnv1a
+                         ? UpdateFingerprint<Fnv1aHasher>(update)
+                         : UpdateFingerprint<WordLaneHasher>(update);
+  // Order matters (payload, then update); the odd multiplier keeps the two
+  // from cancelling.
+  return (fingerprint ^ 0x9e3779b97f4a7c15ULL) * 0xbf58476d1ce4e5b9ULL ^ u;
 }
 
 }  // namespace syncnorm

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/moments.h"
+#include "kernels/round_update.h"
 
 namespace syncnorm {
 
@@ -33,6 +34,19 @@ struct Contribution {
   Phase phase = Phase::kUnspecified;
   int rank = 0;
   Payload payload;
+  // FORWARD: this round's momentum and imported statistics, when the rank
+  // sent any (Contribution.momentum, imported_stats on the wire).
+  RoundUpdate update;
+};
+
+// Causes of a failed round a client may act on; values match the wire's
+// RoundError.Reason.
+enum class RoundErrorReason : int {
+  kUnspecified = 0,
+  // A global count of 1 with an unbiased running var.
+  kSingleValuePerChannel = 1,
+  // The ranks of the group sent different updates (RoundUpdate).
+  kRanksDisagree = 2,
 };
 
 // How a round ended, the same object for every contributor of the round.
@@ -49,6 +63,8 @@ struct RoundOutcome {
   // OK: the layer's running-stats version after the round (for BACKWARD,
   // after that step's forward round).
   int64_t version = 0;
+  // Not OK: the cause, when a client may act on it.
+  RoundErrorReason reason = RoundErrorReason::kUnspecified;
 };
 
 // Receives a contribution's outcome; called exactly once, never under a lock
@@ -79,6 +95,13 @@ inline constexpr FingerprintKind kFingerprintKind = FingerprintKind::kWordLanes;
 // payload joins a round, never by the thread that completes the round.
 uint64_t PayloadFingerprint(const Payload& payload,
                             FingerprintKind kind = kFingerprintKind);
+
+// The fingerprint of a payload with its round update: PayloadFingerprint's
+// when the update is empty (so rounds stored before updates existed keep
+// theirs), else that mixed with every bit of the update.
+uint64_t ContributionFingerprint(const Payload& payload,
+                                 const RoundUpdate& update,
+                                 FingerprintKind kind = kFingerprintKind);
 
 }  // namespace syncnorm
 

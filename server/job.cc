@@ -26,13 +26,14 @@ absl::Status NotOwned(const JobSpec& spec, int layer) {
 Job::Job(JobSpec spec, JobOptions options, StateStore* store,
          const Clock* clock)
     : spec_(std::move(spec)),
+      layout_(spec_),
       options_(options),
       store_(store),
       clock_(clock) {
   shards_.reserve(spec_.layers.size());
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     shards_.push_back(std::make_unique<LayerShard>(
-        spec_, static_cast<int>(i), options_.recent_rounds, store_,
+        spec_, layout_, static_cast<int>(i), options_.recent_rounds, store_,
         options_.observer, options_.straggler_threshold));
   }
 }
@@ -83,9 +84,16 @@ absl::Status Job::ValidatePayload(const Contribution& c) const {
           absl::StrCat(where, "a FORWARD contribution must carry moments"));
     }
     absl::Status s = ValidateMoments(*m, layer.channels);
+    if (s.ok()) s = ValidateRoundUpdate(c.update, layer.rule, layer.channels);
     if (!s.ok())
       return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
     return absl::OkStatus();
+  }
+  if (!c.update.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     "a BACKWARD contribution carries no momentum or "
+                     "imported_stats; they go with the step's FORWARD"));
   }
   const auto* g = std::get_if<GradSums>(&c.payload);
   if (g == nullptr) {
@@ -148,6 +156,22 @@ absl::Status Job::Delete(const JobImage* successor) {
   deleted_ = true;
   checkpoints_.clear();
   return absl::OkStatus();
+}
+
+bool Job::SameSpec(const JobSpec& other) const {
+  JobSpec theirs = other;
+  if (theirs.layers.size() == spec_.layers.size()) {
+    for (size_t i = 0; i < spec_.layers.size(); ++i) {
+      if (spec_.shard.owns(static_cast<int>(i)) && shards_[i]->Pristine()) {
+        continue;
+      }
+      theirs.layers[i].initial_running_mean =
+          spec_.layers[i].initial_running_mean;
+      theirs.layers[i].initial_running_var =
+          spec_.layers[i].initial_running_var;
+    }
+  }
+  return theirs == spec_;
 }
 
 int64_t Job::CommittedStep() const {

@@ -20,6 +20,7 @@
 #include "kernels/moments.h"
 #include "server/clock.h"
 #include "server/contribution.h"
+#include "server/group_layout.h"
 #include "server/job_spec.h"
 #include "server/layer_shard.h"
 #include "server/round_observer.h"
@@ -82,13 +83,22 @@ class Job {
   Job& operator=(const Job&) = delete;
 
   const JobSpec& spec() const { return spec_; }
+  // The group of `rank`. REQUIRES: 0 <= rank < spec().world_size.
+  int GroupOf(int rank) const { return layout_.GroupOf(rank); }
+
+  // Whether `other` (resolved) is this job's spec, for an idempotent
+  // CreateJob: every field equal, except the initial running statistics of
+  // a layer that has moved from them in some group (see
+  // LayerShard::Pristine) or that another shard owns.
+  bool SameSpec(const JobSpec& other) const;
 
   // Installs what the store held for this job. REQUIRES: before any other
   // call; `stored.spec` equals spec().
   void Load(const StoredJob& stored);
 
   // OK when `c` fits this job; else INVALID_ARGUMENT saying what to fix
-  // (layer, step, rank, phase, payload kind, shape, values), or
+  // (layer, step, rank, phase, payload kind, shape, values, round update),
+  // or
   // FAILED_PRECONDITION for a layer another shard owns (spec().shard).
   absl::Status Validate(const Contribution& c) const;
 
@@ -193,6 +203,7 @@ class Job {
 
   // Constant after construction; shards_[i] serves spec_.layers[i].
   const JobSpec spec_;
+  const GroupLayout layout_;  // of spec_
   const JobOptions options_;
   StateStore* const store_;
   const Clock* const clock_;

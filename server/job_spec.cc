@@ -1,5 +1,6 @@
 #include "server/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <utility>
@@ -51,6 +52,12 @@ absl::Status CheckShape(const JobSpec& spec) {
         "; it must be the (positive) number of contributing ranks, at most ",
         kMaxWorldSize));
   }
+  if (!spec.groups.empty() && spec.group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group_size is ", spec.group_size, " and ", spec.groups.size(),
+        " groups are given; give group_size (consecutive blocks) or groups "
+        "(rank lists), not both"));
+  }
   if (spec.group_size < 0 ||
       (spec.group_size > 0 && spec.world_size % spec.group_size != 0)) {
     return absl::InvalidArgumentError(
@@ -75,14 +82,62 @@ absl::Status CheckShape(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// REQUIRES: spec.group_size and round_timeout resolved.
+// Checks that `groups` partition the ranks of the world, then sorts them
+// and, when they are consecutive blocks of one size, makes them group_size.
+// REQUIRES: CheckShape(spec).ok().
+absl::Status ResolveGroups(JobSpec& spec) {
+  if (spec.groups.empty()) return absl::OkStatus();
+  std::vector<int> group_of(spec.world_size, -1);
+  for (size_t g = 0; g < spec.groups.size(); ++g) {
+    if (spec.groups[g].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "groups[", g, "] has no ranks; every group needs at least one"));
+    }
+    for (int rank : spec.groups[g]) {
+      if (rank < 0 || rank >= spec.world_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "groups[", g, "] has rank ", rank,
+            ", outside the world's ranks 0..", spec.world_size - 1));
+      }
+      if (group_of[rank] >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, " is in groups[", group_of[rank], "] and groups[", g,
+            "]; every rank must be in exactly one group"));
+      }
+      group_of[rank] = static_cast<int>(g);
+    }
+  }
+  for (int rank = 0; rank < spec.world_size; ++rank) {
+    if (group_of[rank] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " is in no group; every rank 0..", spec.world_size - 1,
+          " must be in exactly one (a rank alone is a group of one)"));
+    }
+  }
+  for (std::vector<int>& g : spec.groups) std::sort(g.begin(), g.end());
+  std::sort(spec.groups.begin(), spec.groups.end());
+  const size_t k = spec.groups[0].size();
+  bool blocks = true;
+  for (size_t g = 0; blocks && g < spec.groups.size(); ++g) {
+    blocks = spec.groups[g].size() == k &&
+             spec.groups[g].front() == static_cast<int>(g * k);
+  }
+  if (blocks) {
+    spec.group_size = static_cast<int>(k);
+    spec.groups.clear();
+  }
+  return absl::OkStatus();
+}
+
+// REQUIRES: spec's groups and round_timeout resolved.
 absl::Status CheckQuorum(const JobSpec& spec) {
   const QuorumPolicy& q = spec.quorum;
-  if (q.min_ranks < 0 || q.min_ranks > spec.group_size) {
+  const int smallest = SmallestGroupSize(spec);
+  if (q.min_ranks < 0 || q.min_ranks > smallest) {
     return absl::InvalidArgumentError(absl::StrCat(
         "quorum.min_ranks is ", q.min_ranks, "; it must be within [0, ",
-        spec.group_size, "] (0: off; counted per group of ", spec.group_size,
-        " ranks)"));
+        smallest, "] (0: off; counted per group of ",
+        spec.groups.empty() ? "" : "at least ", smallest, " ranks)"));
   }
   const int64_t grace_ms = absl::ToInt64Milliseconds(q.grace);
   if (q.grace < absl::ZeroDuration()) {
@@ -166,6 +221,25 @@ absl::Status ResolveLayer(size_t index, LayerConfig& layer) {
 
 }  // namespace
 
+std::vector<int> GroupRanks(const JobSpec& spec, int g) {
+  if (!spec.groups.empty()) return spec.groups[g];
+  const int k = spec.group_size > 0 ? spec.group_size : spec.world_size;
+  std::vector<int> ranks(k);
+  for (int i = 0; i < k; ++i) ranks[i] = g * k + i;
+  return ranks;
+}
+
+int SmallestGroupSize(const JobSpec& spec) {
+  if (spec.groups.empty()) {
+    return spec.group_size > 0 ? spec.group_size : spec.world_size;
+  }
+  size_t smallest = spec.groups[0].size();
+  for (const std::vector<int>& g : spec.groups) {
+    smallest = std::min(smallest, g.size());
+  }
+  return static_cast<int>(smallest);
+}
+
 absl::Status CheckNewNames(const JobSpec& spec) {
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const std::string& name = spec.layers[i].name;
@@ -193,8 +267,11 @@ absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
   for (size_t i = 0; s.ok() && i < spec.layers.size(); ++i) {
     s = ResolveLayer(i, spec.layers[i]);
   }
+  if (s.ok()) s = ResolveGroups(spec);
   if (!s.ok()) return s;
-  if (spec.group_size == 0) spec.group_size = spec.world_size;
+  if (spec.group_size == 0 && spec.groups.empty()) {
+    spec.group_size = spec.world_size;
+  }
   if (spec.round_timeout == absl::ZeroDuration()) {
     spec.round_timeout = default_round_timeout;
   }
@@ -226,8 +303,9 @@ bool operator==(const QuorumPolicy& a, const QuorumPolicy& b) {
 
 bool operator==(const JobSpec& a, const JobSpec& b) {
   return a.job_id == b.job_id && a.world_size == b.world_size &&
-         a.group_size == b.group_size && a.round_timeout == b.round_timeout &&
-         a.layers == b.layers && a.quorum == b.quorum && a.shard == b.shard;
+         a.group_size == b.group_size && a.groups == b.groups &&
+         a.round_timeout == b.round_timeout && a.layers == b.layers &&
+         a.quorum == b.quorum && a.shard == b.shard;
 }
 
 bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }

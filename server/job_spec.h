@@ -55,9 +55,15 @@ struct JobSpec {
   std::string job_id;
   // Number of contributors W; ranks are 0..W-1. Positive.
   int world_size = 0;
-  // Ranks per group; 0 before resolution means one group of world_size.
-  // Must divide world_size.
+  // Ranks per group when the groups are consecutive blocks; 0 before
+  // resolution means one group of world_size (or the explicit `groups`).
+  // Must divide world_size. 0 after resolution: explicit groups.
   int group_size = 0;
+  // The groups as rank lists (torch process groups), when they are not
+  // consecutive blocks: every rank in exactly one. Resolution sorts each
+  // group and the groups by lowest rank (group g is groups[g]), and turns
+  // consecutive blocks of one size into group_size (leaving this empty).
+  std::vector<std::vector<int>> groups;
   // How long a round waits for missing ranks after its first contribution;
   // zero before resolution means the server default.
   absl::Duration round_timeout = absl::ZeroDuration();
@@ -70,11 +76,20 @@ struct JobSpec {
   ShardAssignment shard;
 
   int num_groups() const {
+    if (!groups.empty()) return static_cast<int>(groups.size());
     return group_size > 0 ? world_size / group_size : 1;
   }
 };
 
-// Validates `spec` and fills in every default: group_size 0 -> world_size,
+// The ranks of group `g` of a resolved spec, ascending.
+// REQUIRES: 0 <= g < spec.num_groups().
+std::vector<int> GroupRanks(const JobSpec& spec, int g);
+
+// The ranks of the smallest group of a resolved spec.
+int SmallestGroupSize(const JobSpec& spec);
+
+// Validates `spec` and fills in every default: group_size 0 -> world_size
+// (without groups; groups are sorted, consecutive blocks -> group_size),
 // round_timeout 0 -> default_round_timeout, mode unspecified -> kTorch,
 // momentum 0 -> DefaultMomentum(mode), empty initial stats -> zeros / ones.
 // Returns INVALID_ARGUMENT naming the offending field and the fix otherwise.

@@ -136,6 +136,42 @@ TEST(JobSpecTest, RejectsBadSpecsWithActionableMessages) {
        },
        "quorum.min_ranks is 3; it must be within [0, 2] (0: off; counted per "
        "group of 2 ranks)"},
+      {"groups and group_size",
+       [](JobSpec& s) {
+         s.group_size = 2;
+         s.groups = {{0, 1}, {2, 3}};
+       },
+       "give group_size (consecutive blocks) or groups (rank lists), not "
+       "both"},
+      {"empty group",
+       [](JobSpec& s) {
+         s.groups = {{0, 1, 2, 3}, {}};
+       },
+       "groups[1] has no ranks"},
+      {"rank outside the world",
+       [](JobSpec& s) {
+         s.groups = {{0, 2}, {1, 4}};
+       },
+       "groups[1] has rank 4, outside the world's ranks 0..3"},
+      {"rank in two groups",
+       [](JobSpec& s) {
+         s.groups = {{0, 2}, {2, 1}};
+       },
+       "rank 2 is in groups[0] and groups[1]; every rank must be in exactly "
+       "one group"},
+      {"rank in no group",
+       [](JobSpec& s) {
+         s.groups = {{0, 2}, {1}};
+       },
+       "rank 3 is in no group"},
+      {"quorum above the smallest group",
+       [](JobSpec& s) {
+         s.groups = {{0, 2, 3}, {1}};
+         s.quorum.min_ranks = 2;
+         s.quorum.grace = absl::Milliseconds(5);
+       },
+       "quorum.min_ranks is 2; it must be within [0, 1] (0: off; counted per "
+       "group of at least 1 ranks)"},
       {"quorum grace negative",
        [](JobSpec& s) {
          s.quorum.min_ranks = 2;
@@ -161,6 +197,43 @@ TEST(JobSpecTest, RejectsBadSpecsWithActionableMessages) {
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message))
         << c.what;
   }
+}
+
+// Groups as rank lists (torch process groups): sorted, ordered by lowest
+// rank, and the same as group_size when they are consecutive blocks.
+TEST(JobSpecTest, ExplicitGroupsResolveToOneForm) {
+  JobSpec spec = ValidSpec();
+  spec.groups = {{3, 1}, {2, 0}};
+  absl::StatusOr<JobSpec> r = ResolveJobSpec(spec, kDefault);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->group_size, 0);
+  EXPECT_EQ(r->groups, (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  EXPECT_EQ(r->num_groups(), 2);
+  EXPECT_EQ(GroupRanks(*r, 1), (std::vector<int>{1, 3}));
+  absl::StatusOr<JobSpec> again = ResolveJobSpec(*r, kDefault);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(*again == *r);
+  // Uneven groups are fine.
+  spec.groups = {{0, 1, 3}, {2}};
+  r = ResolveJobSpec(spec, kDefault);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(SmallestGroupSize(*r), 1);
+  EXPECT_EQ(GroupRanks(*r, 1), (std::vector<int>{2}));
+  // Consecutive blocks, in any order, are group_size.
+  spec.groups = {{3, 2}, {1, 0}};
+  r = ResolveJobSpec(spec, kDefault);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->group_size, 2);
+  EXPECT_TRUE(r->groups.empty());
+  JobSpec blocks = ValidSpec();
+  blocks.group_size = 2;
+  EXPECT_TRUE(*r == *ResolveJobSpec(blocks, kDefault));
+  EXPECT_EQ(GroupRanks(*r, 1), (std::vector<int>{2, 3}));
+  // One group of every rank is group_size = world_size.
+  spec.groups = {{0, 1, 2, 3}};
+  r = ResolveJobSpec(spec, kDefault);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(*r == *ResolveJobSpec(ValidSpec(), kDefault));
 }
 
 // New layer names and tags: up to kMaxNameBytes (1024) bytes, counted in

@@ -162,7 +162,7 @@ absl::Status KvStateStore::LoadRounds(std::vector<StoredJob>& jobs) {
       return Corrupt(key, absl::DataLossError("a round without its layer"));
     }
     absl::StatusOr<StoredRound> round =
-        DecodeRound(value, job->spec, layer->slot.layer);
+        DecodeRound(value, job->spec, layer->slot.group, layer->slot.layer);
     if (!round.ok()) return Corrupt(key, round.status());
     if (static_cast<int64_t>(round->phase) != n[2] || round->step != n[3]) {
       return Corrupt(key, absl::DataLossError("the key and value disagree"));

@@ -15,10 +15,12 @@ LayerShard::GroupState::GroupState(const LayerConfig& layer, int capacity)
   state.stats.var = layer.initial_running_var;
 }
 
-LayerShard::LayerShard(const JobSpec& spec, int layer, int recent_capacity,
-                       StateStore* store, RoundObserver* observer,
+LayerShard::LayerShard(const JobSpec& spec, const GroupLayout& groups,
+                       int layer, int recent_capacity, StateStore* store,
+                       RoundObserver* observer,
                        absl::Duration straggler_threshold)
     : spec_(spec),
+      layout_(groups),
       layer_(layer),
       config_(spec.layers[layer]),
       recent_capacity_(recent_capacity),
@@ -79,6 +81,15 @@ absl::Status LayerShard::Superseded(const RoundKey& key, int64_t latest) const {
       "applied step ", latest, "; steps must increase"));
 }
 
+absl::Status LayerShard::BeforeForward(const RoundKey& key,
+                                       int64_t forward) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step ", std::get<1>(key), " of layer ", layer_,
+      " (BACKWARD) has no completed FORWARD round: the layer's forward "
+      "rounds have completed up to step ",
+      forward, "; send a step's backward after its forward"));
+}
+
 absl::Status LayerShard::Conflict(const Contribution& c) const {
   return absl::AbortedError(
       absl::StrCat("a different payload was already received for (job ",
@@ -117,26 +128,38 @@ void LayerShard::ContributeLocked(Contribution c, RoundCallback done,
     out.push_back(Failure(std::move(done), *aborted_));
     return;
   }
-  const RoundKey key(c.rank / spec_.group_size, c.step, c.phase);
+  // The layer's own momentum, sent anyway, is no momentum of the round's.
+  if (c.update.momentum.has_value() &&
+      SameMomentum(*c.update.momentum, MomentumOf(config_.rule))) {
+    c.update.momentum.reset();
+  }
+  const RoundKey key(layout_.GroupOf(c.rank), c.step, c.phase);
   if (auto it = rounds_.find(key); it != rounds_.end()) {
     AddToRound(key, *it->second, std::move(c), std::move(done), now, out,
                applied);
     return;
   }
-  const int64_t latest = groups_[std::get<0>(key)]
-                             .state.latest_completed[PhaseIndex(c.phase)];
+  const std::array<int64_t, 2>& latest =
+      groups_[std::get<0>(key)].state.latest_completed;
   PhaseState& state = StateOf(key);
   if (const RecentRounds::Entry* e = state.recent.Find(c.step)) {
     AnswerRetry(*e, c, std::move(done), out);
     return;
   }
-  if (c.step <= latest) {
-    out.push_back(Failure(std::move(done), Superseded(key, latest)));
+  // Forward steps apply in order; a backward changes no state, so it only
+  // needs its forward done (autograd runs a reused layer's backwards in
+  // reverse).
+  const int64_t forward = latest[PhaseIndex(Phase::kForward)];
+  if (c.phase == Phase::kForward && c.step <= forward) {
+    out.push_back(Failure(std::move(done), Superseded(key, forward)));
     return;
   }
-  auto round =
-      std::make_unique<Round>(std::get<0>(key) * spec_.group_size,
-                              spec_.group_size, now + spec_.round_timeout);
+  if (c.phase == Phase::kBackward && c.step > forward) {
+    out.push_back(Failure(std::move(done), BeforeForward(key, forward)));
+    return;
+  }
+  auto round = std::make_unique<Round>(layout_.Ranks(std::get<0>(key)),
+                                       now + spec_.round_timeout);
   Round& r = *rounds_.emplace(key, std::move(round)).first->second;
   AddToRound(key, r, std::move(c), std::move(done), now, out, applied);
 }
@@ -146,7 +169,8 @@ void LayerShard::AddToRound(const RoundKey& key, Round& round, Contribution c,
                             Deliveries& out, bool& applied) {
   RoundCallback evicted;
   const Round::AddResult added =
-      round.Add(c.rank, std::move(c.payload), std::move(done), now, &evicted);
+      round.Add(c.rank, std::move(c.payload), std::move(c.update),
+                std::move(done), now, &evicted);
   if (evicted != nullptr) {
     out.push_back(Failure(std::move(evicted), Replaced(c)));
   }
@@ -200,9 +224,10 @@ void LayerShard::AnswerRetry(const RecentRounds::Entry& entry,
                              const Contribution& c, RoundCallback done,
                              Deliveries& out) const {
   const std::optional<uint64_t>& sent =
-      entry.fingerprints[c.rank % spec_.group_size];
+      entry.fingerprints[layout_.IndexInGroup(c.rank)];
   if (sent.has_value() &&
-      *sent != PayloadFingerprint(c.payload, entry.fingerprint_kind)) {
+      *sent != ContributionFingerprint(c.payload, c.update,
+                                       entry.fingerprint_kind)) {
     out.push_back(Failure(std::move(done), Conflict(c)));
     return;
   }
@@ -253,20 +278,29 @@ void LayerShard::Complete(const RoundKey& key, Round& round, absl::Time now,
   group.state = std::move(next);
   Report(key, round, outcome, now);
   Finish(key, std::move(outcome), std::move(after), out);
-  FailSuperseded(key, out);
+  if (phase == Phase::kForward) FailSuperseded(key, out);
   applied = phase == Phase::kForward;
 }
 
 void LayerShard::ApplyForward(const RoundKey& key, Round& round,
                               LayerState& next, RoundOutcome& outcome) {
+  const absl::StatusOr<RoundUpdate> update = round.AgreedUpdate();
+  if (!update.ok()) {
+    outcome.status = absl::InvalidArgumentError(
+        absl::StrCat(RoundLabel(key), " failed: ", update.status().message()));
+    outcome.reason = RoundErrorReason::kRanksDisagree;
+    return;
+  }
   const Moments merged = round.MergedMoments(config_.channels);
-  const absl::Status updatable = CheckUpdatable(config_.rule, merged.count);
+  const absl::Status updatable =
+      CheckUpdatable(RoundRule(config_.rule, *update), merged.count);
   if (!updatable.ok()) {
     outcome.status = absl::FailedPreconditionError(
         absl::StrCat(RoundLabel(key), ": ", updatable.message()));
+    outcome.reason = RoundErrorReason::kSingleValuePerChannel;
     return;
   }
-  ApplyRound(config_.rule, merged, next.stats);
+  ApplyRound(config_.rule, *update, merged, next.stats);
   next.last_applied = std::get<1>(key);
   outcome.moments = Finalize(merged);
   outcome.version = next.stats.num_batches_tracked;
@@ -459,6 +493,19 @@ std::vector<RoundCallback> LayerShard::Reset(
     }
   }
   return dropped;
+}
+
+bool LayerShard::Pristine() const {
+  absl::MutexLock lock(&mu_);
+  for (const GroupState& g : groups_) {
+    const RunningStats& s = g.state.stats;
+    if (g.state.last_applied != -1 || s.num_batches_tracked != 0 ||
+        s.mean != config_.initial_running_mean ||
+        s.var != config_.initial_running_var) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void LayerShard::SetStats(int group, const RunningStats& stats) {

@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "kernels/moments.h"
 #include "server/contribution.h"
+#include "server/group_layout.h"
 #include "server/job_spec.h"
 #include "server/recent_rounds.h"
 #include "server/round.h"
@@ -38,13 +39,15 @@ namespace syncnorm {
 // if that write fails, the round fails for all and nothing is applied.
 class LayerShard {
  public:
-  // `spec` (resolved), `store` and `observer` (if not null) must outlive
-  // the shard. `recent_capacity` finished rounds are kept per (group, phase)
-  // for retries. `observer` hears of every round that ends, with its
-  // contributors that arrived more than `straggler_threshold` after the
-  // first. REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
-  LayerShard(const JobSpec& spec, int layer, int recent_capacity,
-             StateStore* store, RoundObserver* observer = nullptr,
+  // `spec` (resolved), `groups` (its layout), `store` and `observer` (if
+  // not null) must outlive the shard. `recent_capacity` finished rounds are
+  // kept per (group, phase) for retries. `observer` hears of every round
+  // that ends, with its contributors that arrived more than
+  // `straggler_threshold` after the first.
+  // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
+  LayerShard(const JobSpec& spec, const GroupLayout& groups, int layer,
+             int recent_capacity, StateStore* store,
+             RoundObserver* observer = nullptr,
              absl::Duration straggler_threshold = absl::Seconds(1));
 
   LayerShard(const LayerShard&) = delete;
@@ -67,10 +70,12 @@ class LayerShard {
 
   // Adds `c` to its round; `done` is answered exactly once: when the round
   // completes or fails, at once for a retry of a finished round, or at once
-  // with ABORTED (conflicting payload), FAILED_PRECONDITION (superseded
-  // step) or the status given to Abort. The answers this call can give are
-  // appended to `out` for the caller to Deliver. Returns true when this
-  // call completed a forward round that was applied.
+  // with ABORTED (conflicting payload), FAILED_PRECONDITION (a superseded
+  // FORWARD step, a BACKWARD before its FORWARD completed) or the status
+  // given to Abort. BACKWARD rounds of completed forward steps are taken in
+  // any order. The answers this call can give are appended to `out` for
+  // the caller to Deliver. Returns true when this call completed a forward
+  // round that was applied.
   // REQUIRES: c is validated against the spec and c.layer is this layer.
   bool Contribute(Contribution c, RoundCallback done, absl::Time now,
                   Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
@@ -101,6 +106,10 @@ class LayerShard {
   // The latest state of `group`. REQUIRES: group in range.
   LayerState State(int group) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether no group has moved from the layer's initial statistics: no
+  // forward round applied, no import, statistics as created.
+  bool Pristine() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // A restore: drops every pending round and replaces every group's state
   // (per_group[g]), forgetting the finished rounds. Returns the callbacks of
   // the dropped rounds, for the caller to fail once it holds no lock. The
@@ -119,7 +128,8 @@ class LayerShard {
   struct PhaseState {
     explicit PhaseState(int capacity) : recent(capacity) {}
     RecentRounds recent;
-    // Steps of this phase's rounds in the store, ascending.
+    // Steps of this phase's rounds in the store, in the order they were
+    // stored (ascending after a restart), the first to go first.
     std::deque<int64_t> persisted;
   };
 
@@ -179,12 +189,14 @@ class LayerShard {
   void Drop(const RoundKey& key, const absl::Status& status, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Superseded(const RoundKey& key, int64_t latest) const;
+  absl::Status BeforeForward(const RoundKey& key, int64_t forward) const;
   absl::Status Conflict(const Contribution& c) const;
   // For the waiter a retry evicted (Round::kMaxWaitersPerRank).
   absl::Status Replaced(const Contribution& c) const;
 
   // Constant after construction.
   const JobSpec& spec_;
+  const GroupLayout& layout_;
   const int layer_;
   const LayerConfig& config_;
   const int recent_capacity_;

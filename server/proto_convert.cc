@@ -52,6 +52,9 @@ JobSpec JobSpecFromProto(const v1::CreateJobRequest& request) {
   for (const v1::LayerSpec& layer : request.layers()) {
     spec.layers.push_back(LayerFromProto(layer));
   }
+  for (const v1::RankGroup& group : request.groups()) {
+    spec.groups.emplace_back(group.ranks().begin(), group.ranks().end());
+  }
   spec.quorum.min_ranks = request.quorum().min_ranks();
   spec.quorum.grace = absl::Milliseconds(request.quorum().grace_ms());
   if (request.has_shard()) {
@@ -73,6 +76,9 @@ void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
   for (const LayerConfig& layer : spec.layers) {
     LayerToProto(layer, *info.add_layers());
   }
+  for (const std::vector<int>& group : spec.groups) {
+    info.add_groups()->mutable_ranks()->Assign(group.begin(), group.end());
+  }
   if (spec.quorum.enabled()) {
     info.mutable_quorum()->set_min_ranks(spec.quorum.min_ranks);
     info.mutable_quorum()->set_grace_ms(
@@ -93,6 +99,17 @@ Contribution ContributionFromProto(v1::Contribution&& proto) {
   c.step = proto.step();
   c.phase = static_cast<Phase>(proto.phase());
   c.rank = proto.rank();
+  if (proto.has_momentum()) {
+    c.update.momentum = RoundMomentum{
+        static_cast<MomentumMode>(proto.momentum().momentum_mode()),
+        proto.momentum().momentum()};
+  }
+  if (proto.has_imported_stats()) {
+    const v1::ImportedStats& i = proto.imported_stats();
+    c.update.imported =
+        RunningStats{i.num_batches_tracked(), ToVector(i.running_mean()),
+                     ToVector(i.running_var())};
+  }
   if (proto.has_moments()) {
     Moments m;
     m.count = proto.moments().count();
@@ -119,6 +136,7 @@ void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
     error->set_code(static_cast<int>(outcome.status.code()));
     error->set_message(std::string(outcome.status.message()));
     for (int rank : outcome.missing_ranks) error->add_missing_ranks(rank);
+    error->set_reason(static_cast<v1::RoundError::Reason>(outcome.reason));
     return;
   }
   result.set_version(outcome.version);

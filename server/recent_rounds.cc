@@ -1,17 +1,12 @@
 #include "server/recent_rounds.h"
 
-#include <algorithm>
 #include <utility>
 
 namespace syncnorm {
 
 void RecentRounds::Add(Entry entry) {
   entries_.push_back(std::move(entry));
-  if (entries_.size() <= capacity_) return;
-  auto oldest = std::min_element(
-      entries_.begin(), entries_.end(),
-      [](const Entry& a, const Entry& b) { return a.step < b.step; });
-  entries_.erase(oldest);
+  if (entries_.size() > capacity_) entries_.erase(entries_.begin());
 }
 
 const RecentRounds::Entry* RecentRounds::Find(int64_t step) const {

@@ -13,8 +13,10 @@
 
 namespace syncnorm {
 
-// A bounded window of finished rounds (completed or failed), newest steps
-// kept. Not thread-safe: its owner's mutex guards it.
+// A bounded window of finished rounds (completed or failed), the latest
+// finished kept: for FORWARD rounds, which finish in step order, the newest
+// steps; BACKWARD rounds may finish in any order. Not thread-safe: its
+// owner's mutex guards it.
 class RecentRounds {
  public:
   struct Entry {
@@ -34,7 +36,7 @@ class RecentRounds {
   // Keeps at most `capacity` entries. REQUIRES: capacity > 0.
   explicit RecentRounds(int capacity) : capacity_(capacity) {}
 
-  // Adds `entry`; when over capacity, drops the entry with the lowest step.
+  // Adds `entry`; when over capacity, drops the entry added first.
   // REQUIRES: no entry for entry.step yet.
   void Add(Entry entry);
 

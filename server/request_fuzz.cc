@@ -1,10 +1,10 @@
 // libFuzzer target over what the server does with bytes it did not make:
 // request validation (a Contribution or CreateJobRequest parsed from the
 // input, through the proto conversion, into an in-memory Aggregator with a
-// few jobs, quorum included) and the state decoder (every record kind of
-// server/state_codec.h). The first input byte picks the path. Any crash,
-// sanitizer report or broken promise (a callback not called exactly once)
-// is a finding.
+// few jobs, quorum and explicit groups included) and the state decoder
+// (every record kind of server/state_codec.h). The first input byte picks
+// the path. Any crash, sanitizer report or broken promise (a callback not
+// called exactly once) is a finding.
 //
 // Built and run outside Bazel by tests/fuzz/run_fuzz.sh (clang
 // -fsanitize=fuzzer,address), over the seeds in tests/fuzz/corpus/.
@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -27,11 +29,12 @@ namespace syncnorm {
 namespace {
 
 JobSpec FuzzJob(const std::string& id, int world, int group, int channels,
-                int min_ranks) {
+                int min_ranks, std::vector<std::vector<int>> groups = {}) {
   JobSpec s;
   s.job_id = id;
   s.world_size = world;
   s.group_size = group;
+  s.groups = std::move(groups);
   s.round_timeout = absl::Seconds(1);
   for (int l = 0; l < 2; ++l) {
     LayerConfig layer;
@@ -48,7 +51,8 @@ struct World {
   World() : aggregator(Options(), &clock) {
     for (const JobSpec& s :
          {FuzzJob("a", 2, 0, 2, 0), FuzzJob("b", 4, 2, 3, 1),
-          FuzzJob("c", 1, 0, 1, 0)}) {
+          FuzzJob("c", 1, 0, 1, 0),
+          FuzzJob("d", 5, 0, 2, 1, {{0, 2}, {1, 3, 4}})}) {
       if (!aggregator.CreateJob(s).ok()) std::abort();
       specs.push_back(*ResolveJobSpec(s, absl::Seconds(1)));
     }
@@ -111,9 +115,10 @@ void FuzzDecoders(World& w, uint8_t which, const uint8_t* data, size_t size) {
       (void)DecodeLayer(value, spec.layers[0]);
       break;
     case 2: {
-      absl::StatusOr<StoredRound> round = DecodeRound(value, spec, 1);
-      if (round.ok() && static_cast<int>(round->fingerprints.size()) !=
-                            spec.group_size) {
+      const int group = spec.num_groups() - 1;
+      absl::StatusOr<StoredRound> round = DecodeRound(value, spec, group, 1);
+      if (round.ok() &&
+          round->fingerprints.size() != GroupRanks(spec, group).size()) {
         std::abort();
       }
       break;

@@ -3,23 +3,47 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace syncnorm {
 
-Round::Round(int first_rank, int group_size, absl::Time deadline)
-    : first_rank_(first_rank),
-      deadline_(deadline),
-      payloads_(group_size),
-      fingerprints_(group_size),
-      arrivals_(group_size, absl::InfiniteFuture()),
-      waiting_(group_size, 0) {}
+namespace {
 
-Round::AddResult Round::Add(int rank, Payload payload, RoundCallback&& done,
-                            absl::Time now, RoundCallback* evicted) {
-  const int index = rank - first_rank_;
+std::vector<int> Consecutive(int first_rank, int group_size) {
+  std::vector<int> ranks(group_size);
+  for (int i = 0; i < group_size; ++i) ranks[i] = first_rank + i;
+  return ranks;
+}
+
+}  // namespace
+
+Round::Round(std::vector<int> ranks, absl::Time deadline)
+    : ranks_(std::move(ranks)),
+      deadline_(deadline),
+      payloads_(ranks_.size()),
+      updates_(ranks_.size()),
+      fingerprints_(ranks_.size()),
+      arrivals_(ranks_.size(), absl::InfiniteFuture()),
+      waiting_(ranks_.size(), 0) {}
+
+Round::Round(int first_rank, int group_size, absl::Time deadline)
+    : Round(Consecutive(first_rank, group_size), deadline) {}
+
+int Round::IndexOf(int rank) const {
+  return static_cast<int>(std::lower_bound(ranks_.begin(), ranks_.end(), rank) -
+                          ranks_.begin());
+}
+
+Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
+                            RoundCallback&& done, absl::Time now,
+                            RoundCallback* evicted) {
+  const int index = IndexOf(rank);
   std::optional<Payload>& slot = payloads_[index];
   *evicted = nullptr;
   if (slot.has_value()) {
-    if (!SamePayload(*slot, payload)) return AddResult::kConflict;
+    if (!SamePayload(*slot, payload) || !SameUpdate(updates_[index], update)) {
+      return AddResult::kConflict;
+    }
     if (waiting_[index] >= kMaxWaitersPerRank) {
       auto oldest =
           std::find_if(waiters_.begin(), waiters_.end(),
@@ -34,9 +58,10 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundCallback&& done,
   }
   // The contributing thread hashes its own payload, so the thread that
   // completes the round does not hash everyone's.
-  fingerprints_[rank - first_rank_] = PayloadFingerprint(payload);
+  fingerprints_[index] = ContributionFingerprint(payload, update);
   slot = std::move(payload);
-  arrivals_[rank - first_rank_] = now;
+  updates_[index] = std::move(update);
+  arrivals_[index] = now;
   first_arrival_ = std::min(first_arrival_, now);
   ++received_;
   waiters_.push_back(Waiter{index, std::move(done)});
@@ -48,7 +73,7 @@ std::vector<int> Round::MissingRanks() const {
   std::vector<int> missing;
   for (size_t i = 0; i < payloads_.size(); ++i) {
     if (!payloads_[i].has_value()) {
-      missing.push_back(first_rank_ + static_cast<int>(i));
+      missing.push_back(ranks_[i]);
     }
   }
   return missing;
@@ -58,7 +83,7 @@ std::vector<int> Round::PresentRanks() const {
   std::vector<int> present;
   for (size_t i = 0; i < payloads_.size(); ++i) {
     if (payloads_[i].has_value()) {
-      present.push_back(first_rank_ + static_cast<int>(i));
+      present.push_back(ranks_[i]);
     }
   }
   return present;
@@ -67,9 +92,8 @@ std::vector<int> Round::PresentRanks() const {
 std::vector<int> Round::Stragglers(absl::Duration threshold) const {
   std::vector<std::pair<absl::Time, int>> late;
   for (size_t i = 0; i < payloads_.size(); ++i) {
-    if (payloads_[i].has_value() &&
-        arrivals_[i] - first_arrival_ > threshold) {
-      late.emplace_back(arrivals_[i], first_rank_ + static_cast<int>(i));
+    if (payloads_[i].has_value() && arrivals_[i] - first_arrival_ > threshold) {
+      late.emplace_back(arrivals_[i], ranks_[i]);
     }
   }
   std::sort(late.begin(), late.end(), [](const auto& a, const auto& b) {
@@ -110,6 +134,28 @@ GradSums Round::SummedGradSums(int channels) const {
     AddGradSums(acc, std::get<GradSums>(*p));
   }
   return acc;
+}
+
+absl::StatusOr<RoundUpdate> Round::AgreedUpdate() const {
+  const RoundUpdate* first = nullptr;
+  int first_rank = 0;
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (!payloads_[i].has_value()) continue;
+    if (first == nullptr) {
+      first = &updates_[i];
+      first_rank = ranks_[i];
+    } else if (!SameUpdate(*first, updates_[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", ranks_[i],
+          " sent a different momentum or imported_stats "
+          "than rank ",
+          first_rank,
+          ": every rank of a group must change the "
+          "layer alike (the same momentum; the same statistics after "
+          "load_state_dict, reset_running_stats or a write to the buffers)"));
+    }
+  }
+  return *first;
 }
 
 const std::vector<std::optional<uint64_t>>& Round::Fingerprints() const {

@@ -9,8 +9,10 @@
 #include <optional>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/moments.h"
+#include "kernels/round_update.h"
 #include "server/contribution.h"
 
 namespace syncnorm {
@@ -32,21 +34,25 @@ class Round {
     kConflict,   // a different payload: refused, callback not kept
   };
 
-  // A round of ranks [first_rank, first_rank + group_size) that expires at
-  // `deadline`. REQUIRES: group_size > 0.
+  // A round of the group of `ranks` that expires at `deadline`.
+  // REQUIRES: ranks ascending, distinct, not empty.
+  Round(std::vector<int> ranks, absl::Time deadline);
+  // A round of ranks [first_rank, first_rank + group_size).
+  // REQUIRES: group_size > 0.
   Round(int first_rank, int group_size, absl::Time deadline);
 
   Round(const Round&) = delete;
   Round& operator=(const Round&) = delete;
 
-  // Records `rank`'s payload and callback; see AddResult. `done` is moved
-  // from only when kept (kAdded, kDuplicate); on kConflict the caller still
-  // owns it. `now` is when the payload arrived (kAdded). A kDuplicate that
-  // finds kMaxWaitersPerRank callbacks of its rank waiting moves the oldest
-  // into `*evicted` (left empty otherwise), which the caller must answer.
+  // Records `rank`'s payload, round update and callback; see AddResult: a
+  // duplicate has the same payload and update. `done` is moved from only
+  // when kept (kAdded, kDuplicate); on kConflict the caller still owns it.
+  // `now` is when the payload arrived (kAdded). A kDuplicate that finds
+  // kMaxWaitersPerRank callbacks of its rank waiting moves the oldest into
+  // `*evicted` (left empty otherwise), which the caller must answer.
   // REQUIRES: rank within the group; evicted not null.
-  AddResult Add(int rank, Payload payload, RoundCallback&& done, absl::Time now,
-                RoundCallback* evicted);
+  AddResult Add(int rank, Payload payload, RoundUpdate update,
+                RoundCallback&& done, absl::Time now, RoundCallback* evicted);
 
   bool complete() const { return received_ == payloads_.size(); }
   // Ranks that have contributed.
@@ -73,27 +79,38 @@ class Round {
   // The rank-order sum of the gradient sums present. REQUIRES: BACKWARD.
   GradSums SummedGradSums(int channels) const;
 
-  // Per rank of the group: the payload's fingerprint (kFingerprintKind,
-  // computed when it was added), or nullopt if absent.
+  // The update every rank present sent; INVALID_ARGUMENT naming a rank
+  // whose update differs from the lowest rank's.
+  // REQUIRES: at least one rank present.
+  absl::StatusOr<RoundUpdate> AgreedUpdate() const;
+
+  // Per rank of the group: the fingerprint of its payload and update
+  // (ContributionFingerprint, kFingerprintKind, computed when it was
+  // added), or nullopt if absent.
   const std::vector<std::optional<uint64_t>>& Fingerprints() const;
 
   // Moves out every callback collected so far.
   std::vector<RoundCallback> TakeWaiters();
 
  private:
-  const int first_rank_;
+  // The position of `rank` in ranks_.
+  int IndexOf(int rank) const;
+
+  const std::vector<int> ranks_;  // ascending
   const absl::Time deadline_;
-  std::vector<std::optional<Payload>> payloads_;  // indexed by rank - first
-  std::vector<std::optional<uint64_t>> fingerprints_;  // of payloads_
-  std::vector<absl::Time> arrivals_;              // indexed by rank - first
+  // Indexed by position in ranks_ (as are the vectors below).
+  std::vector<std::optional<Payload>> payloads_;
+  std::vector<RoundUpdate> updates_;
+  std::vector<std::optional<uint64_t>> fingerprints_;  // of both
+  std::vector<absl::Time> arrivals_;
   absl::Time first_arrival_ = absl::InfiniteFuture();
   size_t received_ = 0;
   struct Waiter {
-    int index;  // rank - first_rank_
+    int index;  // position in ranks_
     RoundCallback done;
   };
   std::vector<Waiter> waiters_;  // oldest first
-  std::vector<int> waiting_;     // waiters per rank - first_rank_
+  std::vector<int> waiting_;     // waiters per position
 };
 
 }  // namespace syncnorm

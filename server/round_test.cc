@@ -25,13 +25,13 @@ TEST(RoundTest, TracksRanksRetriesAndConflicts) {
   RoundCallback cb = [&](const RoundOutcome&) { ++calls; };
   RoundCallback a = cb, b = cb, c = cb;
   RoundCallback evicted;
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(a),
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), {}, std::move(a),
                       absl::UnixEpoch(), &evicted),
             Round::AddResult::kAdded);
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), std::move(b),
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.5), {}, std::move(b),
                       absl::UnixEpoch(), &evicted),
             Round::AddResult::kDuplicate);
-  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.25), std::move(c),
+  EXPECT_EQ(round.Add(5, MomentsOf(2, 1.0, 0.25), {}, std::move(c),
                       absl::UnixEpoch(), &evicted),
             Round::AddResult::kConflict);
   EXPECT_TRUE(c != nullptr) << "a refused callback stays with the caller";
@@ -50,27 +50,27 @@ TEST(RoundTest, RetriesBeyondTheCapEvictTheOldestWaiterOfTheirRank) {
     return [&answered, id](const RoundOutcome&) { answered.push_back(id); };
   };
   RoundCallback evicted;
-  ASSERT_EQ(round.Add(1, MomentsOf(2, 1.0, 0.5), waiter(0), absl::UnixEpoch(),
-                      &evicted),
+  ASSERT_EQ(round.Add(1, MomentsOf(2, 1.0, 0.5), {}, waiter(0),
+                      absl::UnixEpoch(), &evicted),
             Round::AddResult::kAdded);
   EXPECT_TRUE(evicted == nullptr);
   for (int i = 1; i < Round::kMaxWaitersPerRank; ++i) {
-    ASSERT_EQ(round.Add(1, MomentsOf(2, 1.0, 0.5), waiter(i), absl::UnixEpoch(),
-                        &evicted),
+    ASSERT_EQ(round.Add(1, MomentsOf(2, 1.0, 0.5), {}, waiter(i),
+                        absl::UnixEpoch(), &evicted),
               Round::AddResult::kDuplicate);
     EXPECT_TRUE(evicted == nullptr) << i;
   }
   // One more: waiter 0, the oldest of rank 1, comes back to the caller.
   ASSERT_EQ(
-      round.Add(1, MomentsOf(2, 1.0, 0.5), waiter(Round::kMaxWaitersPerRank),
-                absl::UnixEpoch(), &evicted),
+      round.Add(1, MomentsOf(2, 1.0, 0.5), {},
+                waiter(Round::kMaxWaitersPerRank), absl::UnixEpoch(), &evicted),
       Round::AddResult::kDuplicate);
   ASSERT_TRUE(evicted != nullptr);
   evicted(RoundOutcome{});
   EXPECT_EQ(answered, std::vector<int>{0});
   // Rank 0 has its own allowance.
-  ASSERT_EQ(round.Add(0, MomentsOf(1, 0.0, 0.0), waiter(100), absl::UnixEpoch(),
-                      &evicted),
+  ASSERT_EQ(round.Add(0, MomentsOf(1, 0.0, 0.0), {}, waiter(100),
+                      absl::UnixEpoch(), &evicted),
             Round::AddResult::kAdded);
   EXPECT_TRUE(evicted == nullptr);
   std::vector<RoundCallback> waiters = round.TakeWaiters();
@@ -84,14 +84,14 @@ TEST(RoundTest, MergesInRankOrder) {
   Round round(0, 3, absl::UnixEpoch());
   RoundCallback evicted;
   round.Add(
-      2, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {}, absl::UnixEpoch(),
-      &evicted);
+      2, MomentsOf(3, 5.0, 1.0), {}, [](const RoundOutcome&) {},
+      absl::UnixEpoch(), &evicted);
   round.Add(
-      0, MomentsOf(0, 0.0, 0.0), [](const RoundOutcome&) {}, absl::UnixEpoch(),
-      &evicted);
+      0, MomentsOf(0, 0.0, 0.0), {}, [](const RoundOutcome&) {},
+      absl::UnixEpoch(), &evicted);
   round.Add(
-      1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {}, absl::UnixEpoch(),
-      &evicted);
+      1, MomentsOf(1, 2.0, 0.0), {}, [](const RoundOutcome&) {},
+      absl::UnixEpoch(), &evicted);
   ASSERT_TRUE(round.complete());
   Moments expected = Moments::Zero(1);
   MergeMoments(expected, std::get<Moments>(MomentsOf(0, 0.0, 0.0)));
@@ -109,12 +109,12 @@ TEST(RoundTest, PartialMergeSkipsAbsentRanksAndTimesArrivals) {
   RoundCallback evicted;
   EXPECT_EQ(round.first_arrival(), absl::InfiniteFuture());
   round.Add(
-      3, MomentsOf(3, 5.0, 1.0), [](const RoundOutcome&) {},
+      3, MomentsOf(3, 5.0, 1.0), {}, [](const RoundOutcome&) {},
       t0 + absl::Seconds(2), &evicted);
   round.Add(
-      1, MomentsOf(1, 2.0, 0.0), [](const RoundOutcome&) {}, t0, &evicted);
+      1, MomentsOf(1, 2.0, 0.0), {}, [](const RoundOutcome&) {}, t0, &evicted);
   round.Add(
-      0, MomentsOf(2, 1.0, 0.5), [](const RoundOutcome&) {},
+      0, MomentsOf(2, 1.0, 0.5), {}, [](const RoundOutcome&) {},
       t0 + absl::Milliseconds(100), &evicted);
   EXPECT_EQ(round.received(), 3);
   EXPECT_EQ(round.first_arrival(), t0);

@@ -1,5 +1,6 @@
 #include "server/state_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <utility>
@@ -126,14 +127,16 @@ absl::Status CheckRoundSizes(const pb::RoundRecord& p, int channels) {
   return absl::OkStatus();
 }
 
-// A quorum round's missing ranks: ascending, within the world, and each
-// one's fingerprint absent.
-absl::Status CheckMissing(const pb::RoundRecord& p, const JobSpec& spec) {
+// A quorum round's missing ranks: ascending, of the round's group (`ranks`,
+// ascending), and each one's fingerprint absent.
+absl::Status CheckMissing(const pb::RoundRecord& p,
+                          const std::vector<int>& ranks) {
   for (int i = 0; i < p.missing_ranks_size(); ++i) {
     const int rank = p.missing_ranks(i);
-    if (rank < 0 || rank >= spec.world_size ||
+    const auto at = std::lower_bound(ranks.begin(), ranks.end(), rank);
+    if (at == ranks.end() || *at != rank ||
         (i > 0 && rank <= p.missing_ranks(i - 1)) ||
-        p.fingerprints(rank % spec.group_size).present()) {
+        p.fingerprints(static_cast<int>(at - ranks.begin())).present()) {
       return Bad(absl::StrCat("a round whose missing rank ", rank,
                               " is out of range, out of order or present"));
     }
@@ -156,6 +159,9 @@ std::string EncodeJob(const JobSpec& spec) {
   p.set_shard(spec.shard.shard);
   p.set_num_shards(spec.shard.num_shards);
   for (int layer : spec.shard.owned_layers) p.add_owned_layers(layer);
+  for (const std::vector<int>& group : spec.groups) {
+    p.add_groups()->mutable_ranks()->Assign(group.begin(), group.end());
+  }
   return p.SerializeAsString();
 }
 
@@ -174,6 +180,9 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
   spec.shard.num_shards = p.num_shards();
   spec.shard.owned_layers.assign(p.owned_layers().begin(),
                                  p.owned_layers().end());
+  for (const pb::RankGroup& group : p.groups()) {
+    spec.groups.emplace_back(group.ranks().begin(), group.ranks().end());
+  }
   // A stored spec was resolved before it was written: resolving it again
   // must change nothing, which also validates it.
   absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, absl::Seconds(1));
@@ -233,7 +242,8 @@ std::string EncodeRound(const StoredRound& round) {
 }
 
 absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
-                                        const JobSpec& spec, int layer) {
+                                        const JobSpec& spec, int group,
+                                        int layer) {
   pb::RoundRecord p;
   if (absl::Status s = Parse(value, p, "round"); !s.ok()) return s;
   const int channels = spec.layers[layer].channels;
@@ -242,9 +252,10 @@ absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
     return Bad(absl::StrCat("a round of phase ", p.phase()));
   }
   if (absl::Status s = CheckRoundSizes(p, channels); !s.ok()) return s;
-  if (p.fingerprints_size() != spec.group_size) {
+  const std::vector<int> ranks = GroupRanks(spec, group);
+  if (p.fingerprints_size() != static_cast<int>(ranks.size())) {
     return Bad(absl::StrCat("a round of ", p.fingerprints_size(),
-                            " ranks in groups of ", spec.group_size));
+                            " ranks in a group of ", ranks.size()));
   }
   StoredRound r;
   r.phase = static_cast<Phase>(p.phase());
@@ -274,7 +285,7 @@ absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
                             ")"));
   }
   r.fingerprint_kind = static_cast<FingerprintKind>(p.fingerprint_kind());
-  if (absl::Status s = CheckMissing(p, spec); !s.ok()) return s;
+  if (absl::Status s = CheckMissing(p, ranks); !s.ok()) return s;
   r.outcome.missing_ranks.assign(p.missing_ranks().begin(),
                                  p.missing_ranks().end());
   return r;

@@ -32,8 +32,10 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value);
 absl::StatusOr<LayerState> DecodeLayer(absl::string_view value,
                                        const LayerConfig& layer,
                                        bool* stats_in_round = nullptr);
+// A round of (group, layer). REQUIRES: group and layer in range.
 absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
-                                        const JobSpec& spec, int layer);
+                                        const JobSpec& spec, int group,
+                                        int layer);
 absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
                                                 const JobSpec& spec);
 

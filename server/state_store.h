@@ -26,7 +26,8 @@ struct LayerState {
   // Step of the last applied forward round; -1 before any.
   int64_t last_applied = -1;
   // Highest step that completed OK, indexed FORWARD = 0, BACKWARD = 1; -1
-  // before any. Contributions at or below it are superseded.
+  // before any. FORWARD contributions at or below it are superseded, and
+  // BACKWARD ones above the FORWARD's come before their forward round.
   std::array<int64_t, 2> latest_completed = {-1, -1};
 };
 

@@ -56,6 +56,21 @@ v1::Contribution GoodForward() {
   return c;
 }
 
+// A group of `ranks` added to the request.
+void AddGroup(v1::CreateJobRequest& r, const std::vector<int>& ranks) {
+  v1::RankGroup* g = r.add_groups();
+  for (int rank : ranks) g->add_ranks(rank);
+}
+
+// Imported statistics with these values on the contribution.
+void SetImported(v1::Contribution& c, const std::vector<double>& mean,
+                 const std::vector<double>& var, int64_t count = 0) {
+  v1::ImportedStats* i = c.mutable_imported_stats();
+  i->set_num_batches_tracked(count);
+  for (double m : mean) i->add_running_mean(m);
+  for (double v : var) i->add_running_var(v);
+}
+
 void SetGradSums(v1::Contribution& c, std::vector<double> dy,
                  std::vector<double> dy_xmu) {
   for (double v : dy) c.mutable_grad_sums()->add_sum_dy(v);
@@ -200,6 +215,24 @@ std::vector<Case> CreateJobCases() {
   });
   add("quorum.grace_ms without min_ranks", kInvalid,
       [](auto& r) { r.mutable_quorum()->set_grace_ms(100); });
+  add("groups and group_size", kInvalid, [](auto& r) {
+    r.set_group_size(1);
+    AddGroup(r, {0});
+    AddGroup(r, {1});
+  });
+  add("groups with a rank outside the world", kInvalid, [](auto& r) {
+    AddGroup(r, {0});
+    AddGroup(r, {2});
+  });
+  add("groups with a rank twice", kInvalid, [](auto& r) {
+    AddGroup(r, {0, 1});
+    AddGroup(r, {1});
+  });
+  add("groups without a rank", kInvalid, [](auto& r) { AddGroup(r, {1}); });
+  add("an empty group", kInvalid, [](auto& r) {
+    AddGroup(r, {0, 1});
+    AddGroup(r, {});
+  });
   add("quorum.grace_ms not below the timeout", kInvalid, [](auto& r) {
     r.mutable_quorum()->set_min_ranks(1);
     r.mutable_quorum()->set_grace_ms(2000);
@@ -280,6 +313,25 @@ std::vector<Case> ContributionCases() {
   add("BACKWARD wrong channel count", kInvalid, [](auto& c) {
     c.set_phase(v1::BACKWARD);
     SetGradSums(c, {1, 1, 1}, {1, 1, 1});
+  });
+  add("momentum above 1", kInvalid,
+      [](auto& c) { c.mutable_momentum()->set_momentum(1.5); });
+  add("momentum_mode unknown", kInvalid, [](auto& c) {
+    c.mutable_momentum()->set_momentum_mode(static_cast<v1::MomentumMode>(9));
+  });
+  add("imported_stats of too few channels", kInvalid, [](auto& c) {
+    SetImported(c, {0, 0}, {1});
+  });
+  add("imported_stats var negative", kInvalid, [](auto& c) {
+    SetImported(c, {0, 0}, {1, -1});
+  });
+  add("imported_stats num_batches_tracked negative", kInvalid, [](auto& c) {
+    SetImported(c, {0, 0}, {1, 1}, -1);
+  });
+  add("imported_stats in a BACKWARD", kInvalid, [](auto& c) {
+    c.set_phase(v1::BACKWARD);
+    SetGradSums(c, {1, 1}, {1, 1});
+    SetImported(c, {0, 0}, {1, 1});
   });
   add("global count 1 with an unbiased running var", grpc::FAILED_PRECONDITION,
       [](auto& c) {

@@ -13,6 +13,7 @@
 #include "client/ctl/backup_commands.h"
 #include "client/ctl/output.h"
 #include "client/ctl/state_dict.h"
+#include "client/job_groups.h"
 
 namespace syncnorm::ctl {
 namespace {
@@ -26,10 +27,6 @@ const char* ModeName(v1::MomentumMode mode) {
     default:
       return "torch";
   }
-}
-
-int Groups(const v1::JobInfo& job) {
-  return job.group_size() > 0 ? job.world_size() / job.group_size() : 1;
 }
 
 absl::Status Need(const Args& args, size_t n, absl::string_view shape) {
@@ -93,8 +90,8 @@ absl::Status Jobs(Client& client, const Args& args, std::ostream& out) {
                          "GROUPS", "LAYERS", "COMMITTED", "STATE");
   for (const v1::JobInfo& j : *jobs) {
     out << absl::StrFormat(
-        "%-32s %6d %6d %6d %10s  %s\n", j.job_id(), j.world_size(), Groups(j),
-        j.layers_size(),
+        "%-32s %6d %6d %6d %10s  %s\n", j.job_id(), j.world_size(),
+        NumGroups(j), j.layers_size(),
         j.missing_shards_size() > 0 ? "-" : absl::StrCat(j.committed_step()),
         JobState(j));
   }
@@ -119,7 +116,7 @@ absl::Status Layers(Client& client, const Args& args, std::ostream& out) {
   }
   out << absl::StrFormat(
       "job %s: world %d, %d group(s), committed step %d; group %d:\n",
-      job->job_id(), job->world_size(), Groups(*job), job->committed_step(),
+      job->job_id(), job->world_size(), NumGroups(*job), job->committed_step(),
       request->group());
   out << absl::StrFormat("%5s %-28s %8s %-10s %9s %7s %12s\n", "INDEX", "NAME",
                          "FEATURES", "MOMENTUM", "VALUE", "VAR", "BATCHES");

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/job_groups.h"
 #include "nlohmann/json.hpp"
 
 namespace syncnorm::ctl {
@@ -120,8 +121,7 @@ absl::StatusOr<v1::SetRunningStatsRequest> ImportStateDict(
     present.insert(it->second);
   }
   if (present.empty()) return Bad("the file holds no layer");
-  const int groups =
-      job.group_size() > 0 ? job.world_size() / job.group_size() : 1;
+  const int groups = NumGroups(job);
   v1::SetRunningStatsRequest request;
   request.set_job_id(job.job_id());
   for (int layer : present) {

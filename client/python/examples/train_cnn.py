@@ -9,14 +9,22 @@ or, without installing the package,
 
     bazel run //client/python:train_cnn -- --workers=4 --steps=300
 
-Without --address it starts the aggregator itself (--aggregator,
-$SYNCNORM_AGGREGATOR, Bazel's runfiles or bazel-bin) on a free loopback
-port. Each worker
-draws its own, uneven batch (batch + rank % 3 - 1 images) from the same
-10-class synthetic distribution; rank 0 logs the loss, accuracy, step time
-and the time spent in syncnorm's forward and backward syncs, and at the end
-the eval accuracy and how far its running statistics are from the
-aggregator's.
+Launched the way torch jobs are: by torchrun (--launcher=torchrun, the
+default: `torchrun --standalone --nproc_per_node=W train_cnn.py --worker`),
+or by this script setting torchrun's variables itself (--launcher=env:
+MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and
+TORCHELASTIC_RUN_ID). Each worker calls init_process_group("gloo") (env://)
+and attach(model) with no arguments: rank and world size come from
+torch.distributed, the job id from TORCHELASTIC_RUN_ID and the aggregator
+from SYNCNORM_ADDRESS. Without --address the launcher starts the
+aggregator itself (--aggregator, $SYNCNORM_AGGREGATOR, Bazel's runfiles or
+bazel-bin) on a free loopback port and exports SYNCNORM_ADDRESS.
+
+Each worker draws its own, uneven batch (batch + rank % 3 - 1 images) from
+the same 10-class synthetic distribution; rank 0 logs the loss, accuracy,
+step time and the time spent in syncnorm's forward and backward syncs, and
+at the end the eval accuracy and how far its running statistics are from
+the aggregator's.
 """
 
 import argparse
@@ -84,17 +92,15 @@ def worker(args):
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import syncnorm
     import syncnorm.torch as snt
 
     torch.set_num_threads(1)
-    rank, world = args.rank, args.workers
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" %
-                            args.dist_port, rank=rank, world_size=world)
+    dist.init_process_group("gloo")  # env://, as torchrun sets it up
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # every rank starts from the same weights
     model = snt.convert_sync_batchnorm(make_model())   # the one-line swap
-    client = syncnorm.Client(args.address)
-    session = snt.attach(model, client, args.job_id, rank, world)
+    session = snt.attach(model)  # rank, world, job and address from the env
+    client = session.client
     # syncnorm keeps the buffers equal on every rank: no buffer broadcast.
     ddp = DDP(model, broadcast_buffers=False)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9,
@@ -105,8 +111,8 @@ def worker(args):
     log = rank == 0
     if log:
         print("%d workers, %d BN layers synced through %s (job %s), "
-              "batch %s" % (world, len(session.layers), args.address,
-                            args.job_id,
+              "batch %s" % (world, len(session.layers), client.address,
+                            session.job_id,
                             [max(1, args.batch + r % 3 - 1)
                              for r in range(world)]), flush=True)
     window = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0,
@@ -143,7 +149,8 @@ def worker(args):
     with torch.no_grad():
         x, labels = data.batch(512, eval_g)
         acc = float((model(x).argmax(1) == labels).float().mean())
-    stats = client.get_running_stats(args.job_id)
+    stats = client.get_running_stats(session.job_id,
+                                     group=session.group_index)
     drift = 0.0
     for entry in stats["layers"]:
         bn = session.layers[entry["layer"]]
@@ -203,17 +210,28 @@ def launch(args):
     aggregator = None
     if not args.address:
         aggregator, args.address = start_aggregator(args)
-    job_id = args.job_id or "train-cnn-" + uuid.uuid4().hex[:8]
-    dist_port = free_port()
-    procs = []
-    for rank in range(args.workers):
-        cmd = [sys.executable, os.path.abspath(__file__),
-               "--rank=%d" % rank, "--workers=%d" % args.workers,
-               "--steps=%d" % args.steps, "--batch=%d" % args.batch,
-               "--lr=%g" % args.lr, "--log_every=%d" % args.log_every,
-               "--address=" + args.address, "--job_id=" + job_id,
-               "--dist_port=%d" % dist_port]
-        procs.append(subprocess.Popen(cmd))
+    env = dict(os.environ, SYNCNORM_ADDRESS=args.address)
+    script = [os.path.abspath(__file__), "--worker",
+              "--steps=%d" % args.steps, "--batch=%d" % args.batch,
+              "--lr=%g" % args.lr, "--log_every=%d" % args.log_every]
+    if args.launcher == "torchrun":
+        # --standalone: a local rendezvous and a fresh run id
+        # (TORCHELASTIC_RUN_ID, the job id) for each run. --redirects=1
+        # --tee=1 (stdout through a log file to the console): torch 1.13
+        # on Python 3.11 cannot parse the default, 0.
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=%d" % args.workers, "--redirects=1",
+               "--tee=1"] + script
+        procs = [subprocess.Popen(cmd, env=env)]
+    else:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   WORLD_SIZE=str(args.workers),
+                   TORCHELASTIC_RUN_ID=args.job_id or
+                   "train-cnn-" + uuid.uuid4().hex[:8])
+        procs = [subprocess.Popen([sys.executable] + script,
+                                  env=dict(env, RANK=str(r),
+                                           LOCAL_RANK=str(r)))
+                 for r in range(args.workers)]
     codes = [p.wait() for p in procs]
     if aggregator is not None:
         aggregator.terminate()
@@ -235,12 +253,17 @@ def main():
                         help="a running aggregator; default: start one")
     parser.add_argument("--aggregator", default="",
                         help="the aggregator binary to start")
-    parser.add_argument("--job_id", default="")
-    parser.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
-    parser.add_argument("--dist_port", type=int, default=0,
+    parser.add_argument("--launcher", choices=("torchrun", "env"),
+                        default="torchrun",
+                        help="torchrun, or this script setting torchrun's "
+                             "variables for each worker process")
+    parser.add_argument("--job_id", default="",
+                        help="with --launcher=env: the job id "
+                             "(TORCHELASTIC_RUN_ID); default: a fresh one")
+    parser.add_argument("--worker", action="store_true",
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rank >= 0:
+    if args.worker:
         sys.exit(worker(args))
     launch(args)
 

@@ -15,6 +15,7 @@
 #include "client/node_group.h"
 #include "client/python/src/bindings.h"
 #include "client/python/src/json_proto.h"
+#include "client/python/src/py_round_update.h"
 #include "client/python/src/py_status.h"
 #include "client/thread_node.h"
 #include "pybind11/numpy.h"
@@ -85,15 +86,18 @@ DoubleArray ToArray(const std::vector<double>& v) {
 }
 
 py::tuple SyncForward(NodeGroup& group, int layer, int64_t step, int64_t count,
-                      const DoubleArray& mean, const DoubleArray& m2) {
+                      const DoubleArray& mean, const DoubleArray& m2,
+                      const py::object& momentum, const py::object& imported) {
   Moments local;
   local.count = count;
   local.mean = ToVector(mean, mean.size(), "mean");
   local.m2 = ToVector(m2, local.mean.size(), "m2");
+  const RoundUpdate update =
+      RoundUpdateFrom(momentum, imported, local.mean.size());
   absl::StatusOr<ForwardReply> reply = absl::UnknownError("not run");
   {
     py::gil_scoped_release release;
-    reply = group.SyncForward(layer, step, local);
+    reply = group.SyncForwardWithUpdate(layer, step, local, update);
   }
   ThrowIfServiceError(reply.status());
   return py::make_tuple(reply->global.count, ToArray(reply->global.mean),
@@ -121,7 +125,10 @@ void BindNodeGroups(py::module_& m) {
                         "One worker's way to the group's global statistics.")
       .def("sync_forward", &SyncForward, py::arg("layer"), py::arg("step"),
            py::arg("count"), py::arg("mean"), py::arg("m2"),
-           "Sends local moments; returns (count, mean, var, version, "
+           py::arg("momentum") = py::none(), py::arg("imported") = py::none(),
+           "Sends local moments, with the round's momentum (mode, value) "
+           "and imported statistics (num_batches_tracked, running_mean, "
+           "running_var) unless None; returns (count, mean, var, version, "
            "missing_ranks) of the group (var biased; missing_ranks: the "
            "ranks a quorum round did not count, a tuple, empty when every "
            "rank was counted). Raises ServiceError.")

@@ -6,12 +6,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/job_groups.h"
 #include "client/python/src/bindings.h"
 #include "client/python/src/json_proto.h"
+#include "client/python/src/py_round_update.h"
 #include "client/python/src/py_status.h"
 #include "client/sync_batch_norm_options.h"
 #include "kernels/formulas.h"
 #include "kernels/moments.h"
+#include "kernels/round_update.h"
 #include "pybind11/numpy.h"
 #include "pybind11/stl.h"
 
@@ -98,21 +101,38 @@ py::tuple ApplyRoundPy(int mode, double momentum, bool biased_var, bool track,
                        int64_t count, const DoubleArray& mean,
                        const DoubleArray& var, const DoubleArray& running_mean,
                        const DoubleArray& running_var,
-                       int64_t num_batches_tracked) {
+                       int64_t num_batches_tracked,
+                       const py::object& round_momentum,
+                       const py::object& imported) {
   RunningRule rule;
   rule.mode = ToMode(mode);
   rule.momentum = momentum;
   rule.biased_var = biased_var;
   rule.track = track;
-  ThrowIfError(CheckUpdatable(rule, count));
   const int64_t c = mean.size();
+  const RoundUpdate update = RoundUpdateFrom(round_momentum, imported, c);
+  ThrowIfError(CheckUpdatable(RoundRule(rule, update), count));
   GlobalMoments global{count, Values(mean, c, "mean"), Values(var, c, "var")};
   RunningStats stats{num_batches_tracked,
                      Values(running_mean, c, "running_mean"),
                      Values(running_var, c, "running_var")};
-  ApplyRound(rule, global, stats);
+  ApplyRound(rule, update, global, stats);
   return py::make_tuple(ToArray(stats.mean), ToArray(stats.var),
                         stats.num_batches_tracked);
+}
+
+bool SameMomentumPy(int mode_a, double a, int mode_b, double b) {
+  return SameMomentum(RoundMomentum{ToMode(mode_a), a},
+                      RoundMomentum{ToMode(mode_b), b});
+}
+
+int GroupOfPy(const std::string& job_info_json, int rank) {
+  absl::StatusOr<v1::JobInfo> job =
+      FromJson<v1::JobInfo>(job_info_json, "JobInfo");
+  ThrowIfError(job.status());
+  absl::StatusOr<int> group = GroupOf(*job, rank);
+  ThrowIfError(group.status());
+  return *group;
 }
 
 DoubleArray InvStdPy(const DoubleArray& var, double eps) {
@@ -132,8 +152,19 @@ void BindRules(py::module_& m) {
         py::arg("biased_var"), py::arg("track"), py::arg("count"),
         py::arg("mean"), py::arg("var"), py::arg("running_mean"),
         py::arg("running_var"), py::arg("num_batches_tracked"),
+        py::arg("round_momentum") = py::none(),
+        py::arg("imported") = py::none(),
         "One forward round's update of running statistics, the aggregator's "
-        "rule: returns (running_mean, running_var, num_batches_tracked).");
+        "rule (the layer's, or round_momentum (mode, value); from the "
+        "running statistics given, or imported (num_batches_tracked, mean, "
+        "var)): returns (running_mean, running_var, num_batches_tracked).");
+  m.def("same_momentum", &SameMomentumPy, py::arg("mode_a"), py::arg("a"),
+        py::arg("mode_b"), py::arg("b"),
+        "Whether two (mode, momentum) move running statistics alike, bit for "
+        "bit (kernels/round_update.h SameMomentum).");
+  m.def("group_of", &GroupOfPy, py::arg("job_info_json"), py::arg("rank"),
+        "The group of `rank` in a JobInfo (JSON): explicit rank lists or "
+        "blocks of group_size (client/job_groups.h).");
   m.def("inv_std", &InvStdPy, py::arg("var"), py::arg("eps"),
         "1 / sqrt(var + eps), float64.");
 }

@@ -8,7 +8,9 @@
 namespace syncnorm::python {
 
 // Adds ServiceError (a RuntimeError with a `code` attribute, the gRPC status
-// name such as "DEADLINE_EXCEEDED") to the module.
+// name such as "DEADLINE_EXCEEDED", and a `reason`, RoundError.Reason's
+// name or "") and its subclass SingleValuePerChannelError (also a
+// ValueError, as torch raises it) to the module.
 void RegisterErrors(pybind11::module_& m);
 
 // Local errors (argument checks, kernels): INVALID_ARGUMENT and OUT_OF_RANGE
@@ -17,7 +19,9 @@ void RegisterErrors(pybind11::module_& m);
 void ThrowIfError(const absl::Status& s);
 
 // Errors of a call to the aggregator raise ServiceError with the status code
-// name in `code` and "CODE: message" as the text. Does nothing for OK.
+// name in `code`, the round's reason (kRoundErrorReasonUrl) in `reason` and
+// "CODE: message" as the text; SingleValuePerChannelError for that reason.
+// Does nothing for OK.
 // REQUIRES: the GIL is held.
 void ThrowIfServiceError(const absl::Status& s);
 

@@ -6,8 +6,9 @@ checkpoints); ``syncnorm.torch`` has the drop-in ``SyncBatchNorm`` module,
 the C++ client and kernels; it does not link libtorch.
 """
 
-from ._client import (Client, ServiceError, MOMENTUM_MODES, layer_spec,
+from ._client import (Client, ServiceError, SingleValuePerChannelError,
+                      MOMENTUM_MODES, group_of, layer_spec,
                       momentum_mode_code)
 
-__all__ = ["Client", "ServiceError", "MOMENTUM_MODES", "layer_spec",
-           "momentum_mode_code"]
+__all__ = ["Client", "ServiceError", "SingleValuePerChannelError",
+           "MOMENTUM_MODES", "group_of", "layer_spec", "momentum_mode_code"]

@@ -11,6 +11,7 @@ import json
 from . import _syncnorm
 
 ServiceError = _syncnorm.ServiceError
+SingleValuePerChannelError = _syncnorm.SingleValuePerChannelError
 
 # Wire names of the running-statistics rules and their aliases.
 MOMENTUM_MODES = {
@@ -86,6 +87,12 @@ def layer_spec(name, num_features, momentum_mode="torch", momentum=-1.0,
     return json.loads(_syncnorm.layer_spec_json(options, name))
 
 
+def group_of(job_info, rank):
+    """The group of `rank` in a JobInfo dict (explicit rank lists or blocks
+    of group_size): the `group` of get_running_stats for that rank."""
+    return _syncnorm.group_of(json.dumps(job_info), int(rank))
+
+
 def _pem(value):
     """PEM text from None, PEM text (str or bytes) or a path."""
     if value is None:
@@ -133,11 +140,14 @@ class Client:
         return self._raw.address
 
     def create_job(self, job_id, world_size, layers, group_size=0,
-                   round_timeout_ms=0, quorum=None):
+                   round_timeout_ms=0, quorum=None, groups=None):
         """Creates the job (idempotent: the same spec again returns it).
 
         layers: LayerSpec dicts, e.g. from :func:`layer_spec`. group_size 0:
         one group of world_size ranks; k: ranks [g*k, (g+1)*k) form group g.
+        groups: instead of group_size, the groups as rank lists (torch
+        process groups), every rank in exactly one; group g is the g-th by
+        lowest rank (see :func:`group_of`).
         quorum: None (every round waits for every rank of its group) or a
         QuorumPolicy dict {"min_ranks": k, "grace_ms": t}: grace_ms after a
         round's first contribution, with at least k ranks of the group
@@ -153,6 +163,9 @@ class Client:
             "group_size": int(group_size),
             "round_timeout_ms": str(int(round_timeout_ms)),
         }
+        if groups:
+            request["groups"] = [{"ranks": [int(r) for r in g]}
+                                 for g in groups]
         if quorum:
             request["quorum"] = {
                 "min_ranks": int(quorum.get("min_ranks", 0)),

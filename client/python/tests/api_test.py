@@ -4,6 +4,7 @@ convert_sync_batchnorm, in_channels=0, the client calls, checkpoints, round
 deadlines, quorum rounds and in-process node groups (threads, which needs
 the GIL released while a round waits)."""
 
+import os
 import threading
 import unittest
 import uuid
@@ -252,6 +253,99 @@ class ApiTest(unittest.TestCase):
             self.assertLess(harness.rel_error(b, want), 1e-6, (b, want))
         self.assertEqual(session.steps(), [2, 2])
         model(torch.randn(5, 3)).sum().backward()
+
+    # ---- changes to an attached module --------------------------------------
+
+    def test_ranks_that_change_buffers_differently_fail_loudly(self):
+        """Rank 0 resets its running statistics, rank 1 does not: the
+        round fails on both, saying so, and applies nothing."""
+        job = job_name("disagree")
+        models = [nn.Sequential(snt.SyncBatchNorm(3)) for _ in range(2)]
+        for r, m in enumerate(models):
+            snt.attach(m, self.client, job, r, 2, round_timeout_ms=20000)
+        torch.manual_seed(6)
+        xs = [torch.randn(4, 3), torch.randn(3, 3)]
+        models[0][0].running_var.fill_(4.0)
+        errors = [None, None]
+
+        def run(r):
+            try:
+                models[r](xs[r])
+            except syncnorm.ServiceError as e:
+                errors[r] = e
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for e in errors:
+            self.assertIsNotNone(e)
+            self.assertEqual(e.code, "INVALID_ARGUMENT")
+            self.assertEqual(e.reason, "RANKS_DISAGREE")
+            self.assertIn("rank 1 sent a different momentum or "
+                          "imported_stats than rank 0", str(e))
+        stats = self.client.get_running_stats(job)["layers"][0]
+        self.assertEqual(stats["num_batches_tracked"], 0)
+        self.assertEqual(stats["running_var"], [1.0, 1.0, 1.0])
+
+    def test_push_running_stats_sends_what_changed(self):
+        model = nn.Sequential(snt.SyncBatchNorm(3), snt.SyncBatchNorm(3))
+        job = job_name("push")
+        session = snt.attach(model, self.client, job, 0, 1)
+        model(torch.randn(5, 3)).sum().backward()
+        self.assertEqual(session.push_running_stats(), 0)
+        model.load_state_dict(nn.Sequential(nn.BatchNorm1d(3),
+                                            nn.BatchNorm1d(3)).state_dict(),
+                              strict=False)
+        model[1].running_mean.fill_(0.25)
+        self.assertEqual(session.push_running_stats(), 2)
+        stats = self.client.get_running_stats(job)["layers"]
+        self.assertEqual(stats[0]["num_batches_tracked"], 0)
+        self.assertEqual(stats[1]["running_mean"], [0.25] * 3)
+        self.assertEqual(session.push_running_stats(), 0)
+
+    def test_track_running_stats_changed_after_attach_is_refused(self):
+        bn = snt.SyncBatchNorm(3)
+        snt.attach(nn.Sequential(bn), self.client, job_name("track"), 0, 1)
+        bn.track_running_stats = False
+        with self.assertRaisesRegex(RuntimeError,
+                                    "track_running_stats changed"):
+            bn(torch.randn(4, 3))
+
+    def test_momentum_none_is_cumulative_and_back(self):
+        bn = snt.SyncBatchNorm(3, momentum=None)
+        self.assertEqual(bn.momentum_mode, 3)
+        bn.momentum = 0.2
+        self.assertEqual(bn.momentum_mode, 1)
+        mx = snt.SyncBatchNorm(3, momentum=0.9, momentum_mode="mxnet")
+        self.assertEqual(mx.momentum_mode, 2)
+        mx.momentum_mode = "cumulative"
+        self.assertIsNone(mx.momentum)
+
+    def test_attach_needs_a_rank_job_and_address_or_says_where(self):
+        model = nn.Sequential(snt.SyncBatchNorm(3))
+        saved = dict(os.environ)
+        try:
+            for key in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                        "SYNCNORM_ADDRESS"):
+                os.environ.pop(key, None)
+            with self.assertRaisesRegex(ValueError, "RANK and WORLD_SIZE"):
+                snt.attach(model, self.client, "j")
+            os.environ.update(RANK="0", WORLD_SIZE="1")
+            with self.assertRaisesRegex(ValueError, "TORCHELASTIC_RUN_ID"):
+                snt.attach(model, self.client)
+            os.environ["TORCHELASTIC_RUN_ID"] = job_name("env")
+            with self.assertRaisesRegex(ValueError, "SYNCNORM_ADDRESS"):
+                snt.attach(model)
+            os.environ["SYNCNORM_ADDRESS"] = self.aggregator.address
+            session = snt.attach(model)
+            self.assertEqual((session.rank, session.world_size,
+                              session.job_id),
+                             (0, 1, os.environ["TORCHELASTIC_RUN_ID"]))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     def test_threads_of_one_process_as_one_node(self):
         """Two threads (local ranks) of one contributor: each blocks in a

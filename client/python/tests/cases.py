@@ -385,9 +385,12 @@ def reference_run(case):
         model.zero_grad(set_to_none=True)
         y = model(x, z) if z is not None else model(x)
         (y * r).sum().backward()
+        grads = _grads(model)
+        if case["freeze"]:  # MegEngine: gamma and beta are frozen too
+            grads = {n: torch.zeros_like(g) for n, g in grads.items()}
         steps.append({"y": y.detach(), "dx": x.grad,
                       "dz": None if z is None else z.grad,
-                      "grads": _grads(model)})
+                      "grads": grads})
     running = _running(model)
     if manual is not None:
         m = case["momentum"]

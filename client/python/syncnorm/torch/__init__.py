@@ -12,19 +12,21 @@ How layers, jobs and ranks map:
   order (layer 0, 1, ...), names them by their qualified module name, and
   creates the job with one LayerSpec per layer. Every rank calls it with the
   same model, so every rank sends the same spec (CreateJob is idempotent).
+  Without arguments it takes what torch.distributed (or RANK, WORLD_SIZE,
+  TORCHELASTIC_RUN_ID and SYNCNORM_ADDRESS) says.
 * ``rank`` / ``world_size`` are the job's contributors: one per process
-  (one GPU or CPU worker each). ``process_group`` of the layers (or
-  ``group_size`` of attach) splits them into groups of consecutive ranks,
-  each with its own statistics (like apex's group_size).
+  (one GPU or CPU worker each). The layers' ``process_group`` (a torch
+  ProcessGroup's ranks, or k consecutive ranks) splits them into groups,
+  each with its own statistics.
 * Each training forward of a layer is one round with step = that layer's
   forward count (starting at the job's committed step + 1), so all ranks
   must run the same layers the same number of times, and every layer whose
-  output is used must get its backward on every rank.
+  output is used must get its backward on every rank (in any order).
 * The running statistics are kept by the aggregator; the module's buffers
-  mirror them by the same rule (``attach`` seeds a fresh job from them and
-  then loads them from the service; ``Session.pull_running_stats`` does
-  again). eval() is plain batch norm on
-  those buffers, no round.
+  mirror them. A change to the module (momentum, reset_running_stats,
+  load_state_dict, writes to the buffers) goes to the aggregator with the
+  layer's next training round. eval() is plain batch norm on the buffers,
+  no round.
 """
 
 from ._batch_norm import SyncBatchNorm

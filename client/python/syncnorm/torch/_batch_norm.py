@@ -2,11 +2,13 @@
 
 import time
 
+import numpy as np
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .. import _syncnorm
-from .._client import layer_spec, momentum_mode_code
+from .._client import (SingleValuePerChannelError, layer_spec,
+                       momentum_mode_code)
 from ._function import SyncBatchNormFunction
 from ._tensors import (DTYPE_CODES, dense, host_f64, initial, kernel_dtype,
                        like)
@@ -21,11 +23,12 @@ class SyncBatchNorm(_BatchNorm):
       torch's channels_last memory format works without it), ``fuse_relu``
       and the residual ``z`` of ``forward(input, z)``: y = relu(bn(x) + z).
     * MegEngine: ``freeze`` (normalize with the running statistics, no
-      round and no update; gamma/beta still learn) and
-      ``momentum_mode="megengine"`` (running = m * running + (1 - m) *
-      batch, with momentum=0.9 as MegEngine's default).
+      round and no update, and gamma/beta frozen too: they get no
+      gradient) and ``momentum_mode="megengine"`` (running = m * running +
+      (1 - m) * batch, with momentum=0.9 as MegEngine's default).
     * MXNet: ``center`` / ``scale`` (beta / gamma separately),
-      ``use_global_stats`` (= freeze), ``in_channels`` (= num_features;
+      ``use_global_stats`` (normalize with the running statistics, no
+      round and no update; gamma/beta learn), ``in_channels`` (= num_features;
       0 infers the channel count at the first forward), ``momentum_mode=
       "mxnet"`` and the initializers ``gamma_initializer``,
       ``beta_initializer``, ``running_mean_initializer`` and
@@ -43,10 +46,16 @@ class SyncBatchNorm(_BatchNorm):
     run no round, leave it as it was. ``last_forward_sync`` and
     ``last_backward_sync``: seconds the last rounds took.
 
-    momentum=None is torch's cumulative average. process_group: None (all
-    ranks of the job), an int k, or an object with size() (a torch
-    ProcessGroup) of k ranks: the ranks form groups of k consecutive ranks,
-    each with its own statistics.
+    As in torch, ``momentum`` is read at every training forward (None is
+    torch's cumulative average), and the running-statistics buffers may be
+    reset, loaded or written at any time (reset_running_stats,
+    load_state_dict, torch.optim.swa_utils.update_bn): the next training
+    round sends the momentum and the changed buffers to the aggregator,
+    which applies the round to them, so the buffers always equal the
+    aggregator's statistics. process_group: None (all ranks of the job), a
+    torch ProcessGroup (its ranks, from torch.distributed, form the group;
+    every rank passes its own), or an int k (apex's group_size: groups of k
+    consecutive ranks); each group keeps its own statistics.
 
     Input is 2-D to 5-D, float32, float16 or bfloat16, on the CPU (CUDA
     tensors need a build with the CUDA kernels). Its parameters and buffers
@@ -69,10 +78,9 @@ class SyncBatchNorm(_BatchNorm):
         if num_features < 0:
             raise ValueError("expected num_features >= 0 (0: inferred at the "
                              "first forward), got %d" % num_features)
-        if momentum is None:
-            mode = momentum_mode_code(momentum_mode or "cumulative")
-        else:
-            mode = momentum_mode_code(momentum_mode or "torch")
+        family = momentum_mode_code(momentum_mode or "torch")
+        if family == 3:  # "cumulative" is torch's momentum=None
+            family, momentum = 1, None
         if (freeze or use_global_stats) and not track_running_stats:
             raise ValueError("freeze / use_global_stats normalize with the "
                              "running statistics; they need "
@@ -80,13 +88,14 @@ class SyncBatchNorm(_BatchNorm):
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum
-        self.momentum_mode = mode
+        self._momentum_family = family
         self.affine = affine
         self.track_running_stats = track_running_stats
         self.process_group = process_group
         self.channel_last = channel_last
         self.fuse_relu = fuse_relu
-        self.freeze = bool(freeze or use_global_stats)
+        self.freeze = bool(freeze)
+        self.use_global_stats = bool(use_global_stats)
         self.biased_running_var = biased_running_var
         self._has_weight = affine and scale
         self._has_bias = affine and center
@@ -97,10 +106,28 @@ class SyncBatchNorm(_BatchNorm):
         self._sn_session = None
         self._sn_layer = -1
         self._sn_step = 0
+        # The aggregator's statistics of this layer (and rank's group) as
+        # last known, float64: (num_batches_tracked, mean, var). The
+        # buffers equal them cast to their dtype, unless changed since.
+        self._sn_stats = None
         self.last_forward_sync = 0.0
         self.last_backward_sync = 0.0
         self.last_missing_ranks = ()
         self._allocate(num_features)
+
+    @property
+    def momentum_mode(self):
+        """The running-statistics rule of the next round: 1 (torch), 2
+        (decay: MegEngine, MXNet) or 3 (cumulative: momentum is None)."""
+        return 3 if self.momentum is None else self._momentum_family
+
+    @momentum_mode.setter
+    def momentum_mode(self, mode):
+        code = momentum_mode_code(mode)
+        if code == 3:
+            self.momentum = None
+        else:
+            self._momentum_family = code
 
     # ---- parameters and buffers -------------------------------------------
 
@@ -176,8 +203,20 @@ class SyncBatchNorm(_BatchNorm):
     def __getstate__(self):
         state = super().__getstate__()
         state = dict(state)
-        state["_sn_session"] = None  # a connection does not pickle or copy
+        # A connection does not pickle or copy: a reloaded or copied model
+        # is attached again (attach resumes the job).
+        state["_sn_session"] = None
+        state["_sn_stats"] = None
         return state
+
+    def __setstate__(self, state):
+        # Modules pickled before momentum was read per forward kept the
+        # rule as momentum_mode (3: cumulative) and had no use_global_stats.
+        old_mode = state.pop("momentum_mode", 1)
+        state.setdefault("_momentum_family", old_mode if old_mode == 2 else 1)
+        state.setdefault("use_global_stats", False)
+        state.setdefault("_sn_stats", None)
+        super().__setstate__(state)
 
     def extra_repr(self):
         text = super().extra_repr()
@@ -188,6 +227,8 @@ class SyncBatchNorm(_BatchNorm):
             extras.append("fuse_relu=True")
         if self.freeze:
             extras.append("freeze=True")
+        if self.use_global_stats:
+            extras.append("use_global_stats=True")
         if self.momentum_mode != 1 and self.momentum is not None:
             extras.append("momentum_mode=%s" % (
                 "decay" if self.momentum_mode == 2 else "cumulative"))
@@ -216,10 +257,73 @@ class SyncBatchNorm(_BatchNorm):
                           self.track_running_stats, self.biased_running_var,
                           mean, var)
 
-    def _rule(self, spec):
-        return (momentum_mode_code(spec["momentum_mode"]),
-                float(spec["momentum"]), bool(spec["biased_running_var"]),
-                not spec["no_running_stats"])
+    def _sn_attach(self, session, layer, step, spec):
+        """Joins `session` as `layer` of its job, whose LayerSpec is `spec`;
+        the first round is `step`."""
+        self._sn_session = session
+        self._sn_layer = layer
+        self._sn_step = step
+        self._sn_rule = (momentum_mode_code(spec["momentum_mode"]),
+                         float(spec["momentum"]),
+                         bool(spec["biased_running_var"]),
+                         not spec["no_running_stats"])
+        self._sn_stats = None
+
+    def _sn_load(self, entry, spec=None):
+        """Takes the aggregator's statistics (a LayerStats dict) as known.
+        The buffers become them, except for a layer that has not moved from
+        the job's initial statistics (`spec` given): its buffers (say, a
+        pretrained model's num_batches_tracked) go with the next round."""
+        if not self.track_running_stats:
+            return
+        stats = (int(entry["num_batches_tracked"]),
+                 np.asarray(entry["running_mean"], dtype=np.float64),
+                 np.asarray(entry["running_var"], dtype=np.float64))
+        self._sn_stats = stats
+        pristine = spec is not None and stats[0] == 0 and (
+            list(stats[1]) == list(spec["initial_running_mean"]) and
+            list(stats[2]) == list(spec["initial_running_var"]))
+        if not pristine:
+            self._write_buffers(stats)
+
+    def _write_buffers(self, stats):
+        nbt, mean, var = stats
+        with torch.no_grad():
+            self.running_mean.copy_(torch.from_numpy(mean))
+            self.running_var.copy_(torch.from_numpy(var))
+            self.num_batches_tracked.fill_(nbt)
+
+    def _changed_buffers(self):
+        """The buffers as an import (num_batches_tracked, mean, var in
+        float64) when they differ from the aggregator's statistics as last
+        known (cast to their dtype), else None."""
+        if self.running_mean is None or self.running_var is None or \
+                self.num_batches_tracked is None:
+            raise RuntimeError(
+                "this SyncBatchNorm's running statistics buffers were removed "
+                "after it was attached (track_running_stats=True); give them "
+                "back or attach a model built with track_running_stats=False")
+        nbt, mean, var = self._sn_stats
+        got = [t.detach().cpu() for t in (self.running_mean, self.running_var)]
+        same = int(self.num_batches_tracked) == nbt and all(
+            t.shape == w.shape and torch.equal(
+                t, torch.from_numpy(w).to(t.dtype))
+            for t, w in zip(got, (mean, var)))
+        if same:
+            return None
+        return (int(self.num_batches_tracked),
+                got[0].double().numpy().ravel(),
+                got[1].double().numpy().ravel())
+
+    def _round_momentum(self):
+        """(mode, momentum) of this round when it is not the job's layer
+        spec's, else None: torch and apex read momentum at every forward."""
+        mode = self.momentum_mode
+        value = 0.0 if self.momentum is None else float(self.momentum)
+        spec_mode, spec_value = self._sn_rule[0], self._sn_rule[1]
+        if _syncnorm.same_momentum(mode, value, spec_mode, spec_value):
+            return None
+        return (mode, value)
 
     # ---- forward -----------------------------------------------------------
 
@@ -267,20 +371,33 @@ class SyncBatchNorm(_BatchNorm):
         channels = self._check_input(input, z)
         if self.num_features == 0:
             self._materialize(int(channels), input)
-        use_running = self.freeze or (not self.training and
-                                      self.track_running_stats)
+        use_running = self.freeze or self.use_global_stats or (
+            not self.training and self.track_running_stats)
         sync = self.training and not use_running
         if sync and self._sn_session is None:
             raise RuntimeError(
                 "this SyncBatchNorm is not attached to a syncnorm job, so it "
-                "cannot train; call syncnorm.torch.attach(model, client, "
-                "job_id, rank, world_size) first (eval() needs no job)")
+                "cannot train; call syncnorm.torch.attach(model) first (a "
+                "model reloaded or copied is attached again; eval() needs no "
+                "job)")
+        if sync and self.track_running_stats != self._sn_rule[3]:
+            raise RuntimeError(
+                "track_running_stats changed to %s after the layer was "
+                "attached; the job keeps %s running statistics, so create "
+                "the job again (another job_id) to change it"
+                % (self.track_running_stats,
+                   "its" if self._sn_rule[3] else "no"))
         dtype = input.dtype
         kernel = kernel_dtype(dtype, input.device)
         x = dense(input.to(kernel), self.channel_last)
         zk = None if z is None else like(z, x)
-        y = SyncBatchNormFunction.apply(x, self.weight, self.bias, zk, self,
-                                        sync, use_running)
+        weight, bias = self.weight, self.bias
+        if self.freeze and weight is not None:  # MegEngine: frozen too
+            weight = weight.detach()
+        if self.freeze and bias is not None:
+            bias = bias.detach()
+        y = SyncBatchNormFunction.apply(x, weight, bias, zk, self, sync,
+                                        use_running)
         return y.to(dtype)
 
     # ---- one round ---------------------------------------------------------
@@ -294,32 +411,47 @@ class SyncBatchNorm(_BatchNorm):
             stream = torch.cuda.current_stream(x.device).cuda_stream
         return pool, stream
 
-    def _sync_forward(self, count, mean, m2):
+    def _sync_forward(self, count, mean, m2, shape):
         session = self._sn_session
         step = self._sn_step
+        momentum = imported = None
+        if self.track_running_stats:
+            momentum = self._round_momentum()
+            imported = self._changed_buffers()
         start = time.perf_counter()
         self.last_missing_ranks = ()
-        gcount, gmean, gvar, _, missing = session.group.sync_forward(
-            self._sn_layer, step, count, mean, m2)
+        try:
+            gcount, gmean, gvar, version, missing = session.group.sync_forward(
+                self._sn_layer, step, count, mean, m2, momentum, imported)
+        except SingleValuePerChannelError as e:
+            raise _single_value(shape, session, e.code, e.reason) from e
         self.last_forward_sync = time.perf_counter() - start
         self.last_missing_ranks = missing
         session.sync_seconds += self.last_forward_sync
         self._sn_step = step + 1
-        if self.track_running_stats and gcount > 0:
-            self._mirror(gcount, gmean, gvar)
+        if self.track_running_stats:
+            self._mirror(gcount, gmean, gvar, momentum, imported, version)
+        elif gcount == 1 and not self.biased_running_var:
+            # torch refuses it with or without running statistics.
+            raise _single_value(shape, session, "FAILED_PRECONDITION",
+                                "SINGLE_VALUE_PER_CHANNEL")
         return step, gcount, gmean, gvar
 
-    def _mirror(self, count, mean, var):
-        """The aggregator's running-statistics update, applied locally."""
-        mode, momentum, biased, track = self._sn_rule
+    def _mirror(self, count, mean, var, momentum, imported, version):
+        """The aggregator's update of this round, applied to its statistics
+        as known here (or to those imported), into the buffers. A version
+        that does not follow (another client changed the statistics) loads
+        them from the aggregator instead."""
+        mode, value, biased, track = self._sn_rule
+        nbt, rmean, rvar = self._sn_stats
         rmean, rvar, nbt = _syncnorm.apply_round(
-            mode, momentum, biased, track, count, mean, var,
-            host_f64(self.running_mean), host_f64(self.running_var),
-            int(self.num_batches_tracked))
-        with torch.no_grad():
-            self.running_mean.copy_(torch.from_numpy(rmean))
-            self.running_var.copy_(torch.from_numpy(rvar))
-            self.num_batches_tracked.fill_(nbt)
+            mode, value, biased, track, count, mean, var, rmean, rvar, nbt,
+            momentum, imported)
+        self._sn_stats = (nbt, rmean, rvar)
+        if nbt != version:
+            self._sn_session._reload_layer(self)
+        else:
+            self._write_buffers(self._sn_stats)
 
     def _sync_backward(self, step, sum_dy, sum_dy_xmu):
         session = self._sn_session
@@ -329,3 +461,13 @@ class SyncBatchNorm(_BatchNorm):
         self.last_backward_sync = time.perf_counter() - start
         session.sync_seconds += self.last_backward_sync
         return result
+
+
+def _single_value(shape, session, code, reason):
+    """torch's error for a batch of one value per channel in training, as a
+    ValueError that is also a syncnorm ServiceError."""
+    return SingleValuePerChannelError(
+        "Expected more than 1 value per channel when training, got input "
+        "size %s (on this rank; the global batch of its group, ranks %s, has "
+        "1 value per channel)" % (shape, session.group_ranks),
+        code, reason)

@@ -34,7 +34,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         else:
             count, mean, m2 = _syncnorm.local_moments(xd, cl, pool, stream)
             if sync:
-                step, count, mean, var = bn._sync_forward(count, mean, m2)
+                step, count, mean, var = bn._sync_forward(count, mean, m2,
+                                                          x.shape)
             else:
                 var = m2 / count if count > 0 else m2
         invstd = _syncnorm.inv_std(var, bn.eps)

@@ -1,49 +1,39 @@
 """attach and Session: a model's SyncBatchNorm layers on a job."""
 
+import os
+
 import torch
 
 from .. import _syncnorm
-from .._client import Client
+from .._client import Client, group_of
 from ._batch_norm import SyncBatchNorm
-from ._tensors import host_f64
-
-
-def _group_size(process_group):
-    """A layer's process_group as the job's group_size (0: all ranks)."""
-    if process_group is None:
-        return 0
-    if isinstance(process_group, int):
-        return process_group
-    size = getattr(process_group, "size", None)
-    if callable(size):
-        return int(size())
-    if isinstance(size, int):
-        return size
-    raise TypeError(
-        "expected process_group None, an int (ranks per group) or an object "
-        "with size() such as a torch.distributed ProcessGroup, got %r"
-        % (process_group,))
 
 
 class Session:
     """A model's SyncBatchNorm layers attached to one job as one rank.
 
-    Attributes: client, job_id, rank, world_size, group_size, group_index
-    (this rank's group in the job), group (the NodeGroup it syncs through),
-    layers (the SyncBatchNorm modules, index = layer), names (their module
-    paths), pool (a kernel ThreadPool or None), and sync_seconds (wall time
-    spent in forward and backward syncs so far). Used by one training
-    thread.
+    Attributes: client, job_id, rank, world_size, group_index (this rank's
+    group in the job), group_ranks (the ranks of that group, ascending),
+    group (the NodeGroup it syncs through), layers (the SyncBatchNorm
+    modules, index = layer), names (their module paths), pool (a kernel
+    ThreadPool or None), and sync_seconds (wall time spent in forward and
+    backward syncs so far). Used by one training thread.
     """
 
-    def __init__(self, client, job_id, rank, world_size, group_size, names,
-                 layers, node_group, pool):
+    def __init__(self, client, job_id, rank, world_size, info, names, layers,
+                 node_group, pool):
         self.client = client
         self.job_id = job_id
         self.rank = rank
         self.world_size = world_size
-        self.group_size = group_size
-        self.group_index = rank // group_size if group_size else 0
+        self.group_index = group_of(info, rank)
+        if info.get("groups"):
+            self.group_ranks = tuple(info["groups"][self.group_index]["ranks"])
+        else:
+            k = info["group_size"] or world_size
+            first = self.group_index * k
+            self.group_ranks = tuple(range(first, first + k))
+        self.group_size = len(self.group_ranks)
         self.names = names
         self.layers = layers
         self.group = node_group
@@ -61,30 +51,40 @@ class Session:
             self.job_id, checkpoint_step=checkpoint_step,
             group=self.group_index)
         for entry in stats.get("layers", []):
-            bn = self.layers[entry["layer"]]
-            if not bn.track_running_stats:
-                continue
-            with torch.no_grad():
-                bn.running_mean.copy_(torch.tensor(entry["running_mean"]))
-                bn.running_var.copy_(torch.tensor(entry["running_var"]))
-                bn.num_batches_tracked.fill_(entry["num_batches_tracked"])
+            self.layers[entry["layer"]]._sn_load(entry)
         return stats
 
-    def _seed_batch_counts(self):
-        """A fresh job starts from the layers' running mean and var (their
-        LayerSpec); this carries their num_batches_tracked over too (say, of
-        a converted pretrained model), for this rank's group. Every rank of
-        the group sends the same values before its first round."""
-        entries = []
+    def push_running_stats(self):
+        """Sends the buffers that differ from the aggregator's statistics
+        (loaded, reset or written since the layer's last round) to the
+        aggregator now, for this rank's group, instead of with the next
+        training round (say, before eval or a checkpoint elsewhere). Call it
+        on one rank of the group, or on every rank with the same buffers.
+        Returns the number of layers sent."""
+        entries, changed = [], []
         for index, bn in enumerate(self.layers):
-            if bn.track_running_stats and int(bn.num_batches_tracked) > 0:
-                entries.append({
-                    "layer": index, "group": self.group_index,
-                    "running_mean": host_f64(bn.running_mean).tolist(),
-                    "running_var": host_f64(bn.running_var).tolist(),
-                    "num_batches_tracked": int(bn.num_batches_tracked)})
+            if not bn.track_running_stats:
+                continue
+            imported = bn._changed_buffers()
+            if imported is None:
+                continue
+            nbt, mean, var = imported
+            entries.append({"layer": index, "group": self.group_index,
+                            "running_mean": mean.tolist(),
+                            "running_var": var.tolist(),
+                            "num_batches_tracked": nbt})
+            changed.append(bn)
         if entries:
-            self.client.set_running_stats(self.job_id, entries)
+            stats = self.client.set_running_stats(self.job_id, entries)
+            for bn, entry in zip(changed, stats["layers"]):
+                bn._sn_load(entry)
+        return len(entries)
+
+    def _reload_layer(self, bn):
+        """Loads one layer's statistics from the aggregator."""
+        stats = self.client.get_running_stats(
+            self.job_id, layers=[bn._sn_layer], group=self.group_index)
+        bn._sn_load(stats["layers"][0])
 
     def checkpoint(self, step=None, tag=""):
         """Checkpoints the job at `step` (default: the last step every layer
@@ -123,26 +123,160 @@ def _dry_run(model, example_input):
             m.training = flag
 
 
-def attach(model, client, job_id, rank, world_size, *, group_size=None,
-           round_timeout_ms=0, example_input=None, start_step=None,
-           num_threads=None, node_group=None, quorum=None):
+def _distributed():
+    """torch.distributed when it is initialized, else None."""
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def _env_int(name):
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("expected an integer in the environment variable "
+                         "%s, got %r" % (name, value)) from None
+
+
+def _launch(client, job_id, rank, world_size):
+    """The client, job id, rank and world size: the arguments given, else
+    torch.distributed's (rank, world size) or the environment's (RANK,
+    WORLD_SIZE, TORCHELASTIC_RUN_ID, SYNCNORM_ADDRESS)."""
+    dist = _distributed()
+    if rank is None:
+        rank = dist.get_rank() if dist else _env_int("RANK")
+    if world_size is None:
+        world_size = dist.get_world_size() if dist else _env_int("WORLD_SIZE")
+    if rank is None or world_size is None:
+        raise ValueError(
+            "attach needs this process's rank and the world size: pass rank= "
+            "and world_size=, call torch.distributed.init_process_group "
+            "first, or set RANK and WORLD_SIZE (torchrun sets them)")
+    if job_id is None:
+        job_id = os.environ.get("TORCHELASTIC_RUN_ID")
+        if job_id is None:
+            raise ValueError(
+                "attach needs a job id shared by every rank of the run: pass "
+                "job_id=, or launch with torchrun (it sets "
+                "TORCHELASTIC_RUN_ID)")
+        if job_id == "none":
+            raise ValueError(
+                "TORCHELASTIC_RUN_ID is 'none', torchrun's default without "
+                "--rdzv_id, which every such run shares; launch with "
+                "--rdzv_id=<a unique run id> (or --standalone), or pass "
+                "job_id=")
+    if client is None:
+        client = os.environ.get("SYNCNORM_ADDRESS")
+        if not client:
+            raise ValueError(
+                "attach needs the aggregator: pass client= (a syncnorm.Client "
+                "or 'host:port'), or set SYNCNORM_ADDRESS")
+    if isinstance(client, str):
+        client = Client(client)
+    return client, job_id, int(rank), int(world_size)
+
+
+def _process_group_ranks(pg):
+    """The global ranks of a torch ProcessGroup, ascending; None for an
+    object that is not one."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available():
+        return None
+    if not isinstance(pg, dist.ProcessGroup):
+        return None
+    if hasattr(dist, "get_process_group_ranks"):
+        return sorted(dist.get_process_group_ranks(pg))
+    return sorted(dist.distributed_c10d._pg_group_ranks[pg])
+
+
+def _grouping(process_group):
+    """A layer's process_group as ("all",), ("size", k) or ("ranks", list of
+    this rank's group's global ranks)."""
+    if process_group is None:
+        return ("all",)
+    if isinstance(process_group, int):
+        return ("size", process_group)
+    ranks = _process_group_ranks(process_group)
+    if ranks is not None:
+        return ("ranks", tuple(ranks))
+    size = getattr(process_group, "size", None)
+    if callable(size):
+        return ("size", int(size()))
+    raise TypeError(
+        "expected process_group None, a torch.distributed ProcessGroup or an "
+        "int (ranks per group, apex's group_size), got %r" % (process_group,))
+
+
+def _groups(named, rank, world_size):
+    """(group_size, groups) of the job from the layers' process groups."""
+    kinds = {_grouping(m.process_group) for _, m in named}
+    if len(kinds) > 1:
+        raise ValueError(
+            "the layers name different process groups (%s); syncnorm groups "
+            "a job's ranks one way for all its layers: give every layer the "
+            "same process_group" % sorted(kinds, key=str))
+    kind = kinds.pop()
+    if kind[0] == "all":
+        return 0, None
+    if kind[0] == "size":
+        return kind[1], None
+    mine = list(kind[1])
+    if len(mine) == world_size:
+        return 0, None
+    dist = _distributed()
+    if dist is None or dist.get_rank() != rank or \
+            dist.get_world_size() != world_size:
+        raise ValueError(
+            "the layers' process_group lists torch.distributed global ranks, "
+            "so the job's ranks must be those: attach got rank %d of %d, "
+            "torch.distributed has %s" % (
+                rank, world_size,
+                "not been initialized" if dist is None else "rank %d of %d" % (
+                    dist.get_rank(), dist.get_world_size())))
+    if rank not in mine:
+        raise ValueError("rank %d passed a process group without it (ranks "
+                         "%s); pass each rank its own group" % (rank, mine))
+    # Each rank knows its own group only: every rank's goes to every rank
+    # (a collective over the default group, as every rank attaches).
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    return 0, sorted({tuple(g) for g in everyone})
+
+
+def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
+           group_size=None, groups=None, round_timeout_ms=0,
+           example_input=None, start_step=None, num_threads=None,
+           node_group=None, quorum=None):
     """Attaches every SyncBatchNorm of `model` to the job `job_id` as `rank`
     of `world_size` and returns the :class:`Session`.
 
+    Like torch.nn.SyncBatchNorm, it needs nothing but a launched process:
+    rank and world_size default to torch.distributed's when it is
+    initialized, else to $RANK and $WORLD_SIZE; job_id to
+    $TORCHELASTIC_RUN_ID (torchrun's run id); client to $SYNCNORM_ADDRESS.
+    Arguments given win.
+
     client: a :class:`syncnorm.Client` or an address "host:port". Creates
     the job (idempotent; each rank sends the same spec) with one layer per
-    SyncBatchNorm in model.modules() order, then loads the buffers from the
-    aggregator; a fresh job starts from the model's running statistics,
-    num_batches_tracked included. group_size: ranks per group (default:
-    the layers' process_group, else all ranks). example_input: run once in
-    eval mode first, so that in_channels=0 layers learn their channel count
-    (without it, such layers must have seen input before). start_step:
-    each layer's first step (default: the job's committed step + 1, which
-    resumes a restored job). num_threads: CPU threads for the kernels
-    (default: the caller's thread only). node_group: a NodeGroup to sync
-    through instead of this rank's own Reduce stream (e.g. a ThreadNode
-    member). quorum: the job's QuorumPolicy, {"min_ranks": k, "grace_ms":
-    t} (see :meth:`syncnorm.Client.create_job`); each layer's
+    SyncBatchNorm in model.modules() order. A new job starts from the
+    model's running statistics (num_batches_tracked too); a job that has
+    trained (resumed, or attached again from a reloaded model) loads its
+    statistics into the buffers. Groups: the layers' process_group (a
+    torch ProcessGroup: its ranks; an int k: blocks of k consecutive
+    ranks), or group_size, or groups (rank lists, every rank in one).
+    example_input: run once in eval mode first, so that in_channels=0
+    layers learn their channel count (without it, such layers must have
+    seen input before). start_step: each layer's first step (default: the
+    job's committed step + 1, which resumes a restored job). num_threads:
+    CPU threads for the kernels (default: the caller's thread only).
+    node_group: a NodeGroup to sync through instead of this rank's own
+    Reduce stream (e.g. a ThreadNode member). quorum: the job's
+    QuorumPolicy, {"min_ranks": k, "grace_ms": t} (see
+    :meth:`syncnorm.Client.create_job`); each layer's
     ``last_missing_ranks`` then names the ranks its last round went
     without.
     """
@@ -153,37 +287,33 @@ def attach(model, client, job_id, rank, world_size, *, group_size=None,
     if not named:
         raise ValueError("the model has no syncnorm SyncBatchNorm layer; "
                          "convert it with convert_sync_batchnorm first")
+    client, job_id, rank, world_size = _launch(client, job_id, rank,
+                                               world_size)
     if not 0 <= rank < world_size:
         raise ValueError("expected 0 <= rank < world_size, got rank %d of %d"
                          % (rank, world_size))
-    if group_size is None:
-        sizes = {_group_size(m.process_group) for _, m in named}
-        if len(sizes) > 1:
-            raise ValueError("the layers name different process groups "
-                             "(group sizes %s); one job has one group size"
-                             % sorted(sizes))
-        group_size = sizes.pop()
+    if groups is not None and group_size is not None:
+        raise ValueError("give group_size or groups, not both")
+    if groups is None and group_size is None:
+        group_size, groups = _groups(named, rank, world_size)
+    group_size = group_size or 0
     if group_size and world_size % group_size:
         raise ValueError("expected world_size %d to be a multiple of the "
                          "group size %d" % (world_size, group_size))
-    if isinstance(client, str):
-        client = Client(client)
     specs = [m.layer_spec(n or "bn") for n, m in named]
     info = client.create_job(job_id, world_size, specs, group_size,
-                             round_timeout_ms, quorum)
+                             round_timeout_ms, quorum, groups)
     if node_group is None:
         node_group = client.node_group(job_id, rank)
     pool = _syncnorm.ThreadPool(num_threads) if num_threads else None
-    session = Session(client, job_id, rank, world_size, group_size,
+    session = Session(client, job_id, rank, world_size, info,
                       [n for n, _ in named], [m for _, m in named],
                       node_group, pool)
     first = info["committed_step"] + 1 if start_step is None else start_step
     for index, ((_, bn), spec) in enumerate(zip(named, info["layers"])):
-        bn._sn_session = session
-        bn._sn_layer = index
-        bn._sn_step = first
-        bn._sn_rule = bn._rule(spec)
-    if info["committed_step"] < 0:
-        session._seed_batch_counts()
-    session.pull_running_stats()
+        bn._sn_attach(session, index, first, spec)
+    stats = client.get_running_stats(job_id, group=session.group_index)
+    for entry in stats.get("layers", []):
+        session.layers[entry["layer"]]._sn_load(
+            entry, info["layers"][entry["layer"]])
     return session
