@@ -59,10 +59,12 @@ absl::Status CheckShape(const JobSpec& spec) {
                      "positive divisor of world_size ",
                      spec.world_size));
   }
-  if (spec.round_timeout < absl::ZeroDuration()) {
+  if (spec.round_timeout < absl::ZeroDuration() ||
+      spec.round_timeout > kMaxRoundTimeout) {
     return absl::InvalidArgumentError(absl::StrCat(
         "round_timeout_ms is ", absl::ToInt64Milliseconds(spec.round_timeout),
-        "; it must be >= 0 (0: the server default)"));
+        "; it must be within [0, ", absl::ToInt64Milliseconds(kMaxRoundTimeout),
+        "] (24 hours; 0: the server default)"));
   }
   if (spec.layers.empty()) {
     return absl::InvalidArgumentError(
@@ -165,6 +167,13 @@ absl::Status ResolveLayer(size_t index, LayerConfig& layer) {
 }
 
 }  // namespace
+
+absl::Status CheckStep(int64_t step, absl::string_view field) {
+  if (step >= 0 && step <= kMaxStep) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", step, "; steps are within [0, ", kMaxStep,
+                   "] (2^53-1)"));
+}
 
 absl::Status CheckNewNames(const JobSpec& spec) {
   for (size_t i = 0; i < spec.layers.size(); ++i) {

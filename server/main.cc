@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/auth.h"
+#include "server/job_spec.h"
 #include "server/rocksdb_engine.h"
 #include "server/server.h"
 #include "server/server_options.h"
@@ -137,8 +138,11 @@ absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
         absl::StrCat("--listen='", options.listen,
                      "' is not HOST:PORT with a port in 0..65535"));
   }
-  if (options.round_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--round_timeout_ms must be positive");
+  if (options.round_timeout <= absl::ZeroDuration() ||
+      options.round_timeout > syncnorm::kMaxRoundTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--round_timeout_ms must be within [1, ",
+        absl::ToInt64Milliseconds(syncnorm::kMaxRoundTimeout), "] (24 hours)"));
   }
   if (options.keep_checkpoints < 0) {
     return absl::InvalidArgumentError("--keep_checkpoints must be >= 0");

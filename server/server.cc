@@ -11,6 +11,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/job_spec.h"
 #include "server/kv_state_store.h"
 #include "server/limits.h"
 #include "server/log.h"
@@ -56,9 +57,11 @@ Server::~Server() {
 
 absl::Status Server::Start() {
   if (options_.round_timeout <= absl::ZeroDuration() ||
+      options_.round_timeout > kMaxRoundTimeout ||
       options_.reaper_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "round_timeout and reaper_period must be positive");
+        "round_timeout must be positive and at most 24 hours, and "
+        "reaper_period positive");
   }
   if (options_.straggler_threshold < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("straggler_threshold must be >= 0");

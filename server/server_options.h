@@ -15,7 +15,8 @@ struct ServerOptions {
   // Server::bound_port(). Default "127.0.0.1:50051".
   std::string listen = "127.0.0.1:50051";
   // How long a round waits for missing ranks when its job sets no
-  // round_timeout_ms. Must be positive. Default 30 s.
+  // round_timeout_ms. Positive, at most kMaxRoundTimeout (24 h). Default
+  // 30 s.
   absl::Duration round_timeout = absl::Seconds(30);
   // Folder of the state store (RocksDB; created with its parents if
   // missing): job specs, running statistics, the rounds retries may ask
