@@ -38,6 +38,18 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 bool ValidTokenChar(char c) { return c > ' ' && c < 127 && c != ','; }
 
+// Whether `text` reads as a scope list: what a line whose columns are
+// swapped has first.
+bool IsScopeList(absl::string_view text) {
+  for (absl::string_view scope : absl::StrSplit(text, ',')) {
+    if (scope != "admin" && !(absl::ConsumePrefix(&scope, "job:") &&
+                              !scope.empty())) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string Scopes(const TokenGrant& g) {
   std::vector<std::string> scopes;
   if (g.admin) scopes.push_back("admin");
@@ -89,13 +101,23 @@ absl::StatusOr<std::vector<TokenGrant>> ParseTokens(absl::string_view text) {
                  "(spaces and commas excluded)");
     }
     std::set<std::string> jobs;
+    int index = 0;
     for (absl::string_view scope : absl::StrSplit(fields[1], ',')) {
+      ++index;
       if (scope == "admin") {
         grant.admin = true;
       } else if (absl::ConsumePrefix(&scope, "job:") && !scope.empty()) {
         jobs.insert(std::string(scope));
       } else {
-        return bad(absl::StrCat("unknown scope '", scope, "'"));
+        // Never quoted: a line can be anything, a token in the wrong
+        // column included (what an error says reaches the log).
+        return bad(absl::StrCat(
+            "scope ", index, " of the second column is neither 'admin' nor "
+            "'job:<job_id>'",
+            IsScopeList(fields[0])
+                ? "; the first column reads as scopes: are the columns "
+                  "swapped? The token comes first"
+                : ""));
       }
     }
     grant.jobs.assign(jobs.begin(), jobs.end());
