@@ -1,7 +1,6 @@
 #include "server/auth.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "server/bounded_text.h"
+#include "server/log.h"
 
 namespace syncnorm {
 namespace {
@@ -177,9 +177,10 @@ void Authenticator::PollLoop(absl::Duration period) {
     absl::Status s = Reload();
     // Said once per distinct problem, not every period.
     if (!s.ok() && s.ToString() != last_error) {
-      std::fprintf(stderr,
-                   "syncnorm-aggregator: keeping the previous tokens: %s\n",
-                   s.ToString().c_str());
+      LogLine("tokens_reload_failed", LogLevel::kError)
+          .Add("file", path_)
+          .Add("tokens_kept", size())
+          .Add("error", s.ToString());
     }
     last_error = s.ok() ? "" : s.ToString();
     mu_.Lock();
@@ -206,10 +207,7 @@ absl::Status Authenticator::Reload() {
     grants_ = std::make_shared<const Grants>(*std::move(grants));
     content_ = *std::move(content);
   }
-  std::fprintf(stderr,
-               "syncnorm-aggregator: reloaded --tokens_file='%s': %zu "
-               "tokens\n",
-               path_.c_str(), count);
+  LogLine("tokens_reloaded").Add("file", path_).Add("tokens", count);
   return absl::OkStatus();
 }
 

@@ -157,7 +157,8 @@ void Job::ReportCheckpoint(const CheckpointData& data,
     options_.observer->OnCheckpoint(CheckpointReport{
         spec_.job_id, data.meta.step, duration, layers, status});
   }
-  LogLine line(status.ok() ? "checkpoint" : "checkpoint_failed");
+  LogLine line(status.ok() ? "checkpoint" : "checkpoint_failed",
+               status.ok() ? LogLevel::kInfo : LogLevel::kError);
   line.Add("job", BoundedText(spec_.job_id))
       .Add("step", data.meta.step)
       .Add("tag", BoundedText(data.meta.tag))

@@ -183,6 +183,7 @@ void LayerShard::Report(const RoundKey& key, const Round& round,
   r.stragglers = round.Stragglers(straggler_threshold_);
   r.last_arrival = round.LastArrival();
   r.quorum = outcome.status.ok() && !round.complete();
+  r.ended = now;
   reports_.push_back(std::move(r));
 }
 

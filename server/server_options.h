@@ -36,6 +36,10 @@ struct ServerOptions {
   // is a straggler (log lines, syncnorm_stragglers_total). Must be >= 0.
   // Default 1 s.
   absl::Duration straggler_threshold = absl::Seconds(1);
+  // How long a job's straggler and quorum rounds are counted into one log
+  // line after the first one's own (LoggingRoundObserver); zero: a line per
+  // round. Must be >= 0. Default 10 s.
+  absl::Duration log_interval = absl::Seconds(10);
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics; see
   // server/metrics.h); port 0 picks a free one (Server::metrics_port()).
   // Empty: no metrics endpoint. Default empty.
