@@ -15,10 +15,12 @@ struct Contributor::Stream {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriter<v1::Contribution, v1::RoundResult>>
       rw;
-  bool reading = false;  // a caller is in rw->Read; guarded by mu_
-  bool broken = false;   // Read failed and Finish ran; guarded by mu_
+  bool reading = false;   // a caller is in rw->Read; guarded by mu_
+  bool broken = false;    // Read failed and Finish ran; guarded by mu_
   bool finished = false;  // Finish ran; guarded by write_mu_
-  absl::Status status;   // why it broke; guarded by mu_
+  // The watchdog cancelled it: a read outlived its caller's round timeout.
+  bool cancelled = false;    // guarded by mu_
+  absl::Status status;       // why it broke; guarded by mu_
   v1::RoundResult incoming;  // only the reading caller touches it
 };
 
@@ -48,11 +50,12 @@ std::string Describe(const v1::Contribution& c) {
 
 Contributor::Contributor(std::shared_ptr<grpc::Channel> channel,
                          std::string job_id, int rank,
-                         const ClientOptions& options)
+                         const ClientOptions& options, const ClientClock* clock)
     : stub_(v1::Aggregator::NewStub(std::move(channel))),
       job_id_(std::move(job_id)),
       rank_(rank),
-      options_(options) {
+      options_(options),
+      clock_(clock != nullptr ? clock : &real_clock_) {
   watchdog_ = std::thread([this] { Watchdog(); });
 }
 
@@ -105,9 +108,9 @@ void Contributor::ReadOne(Stream& stream, absl::Time deadline) {
   read_stream_ = nullptr;
   if (!ok) {
     stream.broken = true;
-    stream.status =
-        status.ok() ? absl::UnavailableError("the server closed the stream")
-                    : FromGrpcStatus(status);
+    stream.status = status.ok()
+                        ? absl::UnavailableError("the server closed the stream")
+                        : FromGrpcStatus(status);
     return;
   }
   const v1::RoundResult& r = stream.incoming;
@@ -126,36 +129,41 @@ void Contributor::AwaitSlot(const Slot& slot,
   auto ready = [&slot, &s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return slot.done || s.broken || !s.reading;
   };
-  while (!slot.done && !s.broken && absl::Now() < deadline) {
+  while (!slot.done && !s.broken && clock_->Now() < deadline) {
     if (!s.reading) {
       ReadOne(*stream, deadline);
     } else {
-      mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+      clock_->AwaitWithDeadline(mu_, absl::Condition(&ready), deadline);
     }
   }
 }
 
 void Contributor::Watchdog() {
   absl::MutexLock lock(&mu_);
-  // Sleeps until watch_until_, or until a read starts whose deadline is
-  // earlier; rounds that start one after another have later and later
-  // deadlines, so it wakes about once per round timeout, not per round.
+  // Sleeps until watch_until_, or until a read starts on a stream it has not
+  // cancelled whose deadline is earlier; rounds that start one after another
+  // have later and later deadlines, so it wakes about once per round
+  // timeout, not per round. A cancelled stream's read ends by itself (its
+  // reader needs mu_ for that), so after cancelling it waits for another
+  // read instead of holding mu_ in a loop.
   auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || (read_stream_ != nullptr && read_deadline_ < watch_until_);
+    return stopping_ || (read_stream_ != nullptr && !read_stream_->cancelled &&
+                         read_deadline_ < watch_until_);
   };
   while (!stopping_) {
-    mu_.AwaitWithDeadline(absl::Condition(&wake), watch_until_);
+    clock_->AwaitWithDeadline(mu_, absl::Condition(&wake), watch_until_);
     if (stopping_) break;
-    const absl::Time now = absl::Now();
-    if (read_stream_ == nullptr) {
+    const absl::Time now = clock_->Now();
+    if (read_stream_ == nullptr || read_stream_->cancelled) {
       watch_until_ = absl::InfiniteFuture();
     } else if (read_deadline_ > now) {
       watch_until_ = read_deadline_;
     } else {
       // The reader's round is out of time and the server is silent: break
       // the stream; the reader returns, the other rounds resend.
+      read_stream_->cancelled = true;
       read_stream_->context.TryCancel();
-      watch_until_ = now + absl::Milliseconds(10);
+      watch_until_ = absl::InfiniteFuture();
     }
   }
 }
@@ -182,7 +190,7 @@ void Contributor::ReturnMessage(std::unique_ptr<v1::Contribution> m) {
 }
 
 absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
-  const absl::Time deadline = absl::Now() + options_.round_timeout;
+  const absl::Time deadline = clock_->Now() + options_.round_timeout;
   const Key key(c.layer(), c.step(), c.phase());
   Slot slot;
   {
@@ -210,18 +218,20 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
       // resend after the backoff, on a new stream once it closed this one.
       if (done && slot.result.has_error() &&
           slot.result.error().code() == grpc::StatusCode::UNAVAILABLE &&
-          absl::Now() < deadline) {
+          clock_->Now() < deadline) {
         last = absl::UnavailableError(slot.result.error().message());
         slot.result.Clear();
         slot.done = done = false;
       }
-      if (!done && stream->broken) last = stream->status;
-      if (done || absl::Now() >= deadline || (!last.ok() && !Retryable(last))) {
+      // A stream the watchdog cancelled says nothing about the server.
+      if (!done && stream->broken && !stream->cancelled) last = stream->status;
+      if (done || clock_->Now() >= deadline ||
+          (!last.ok() && !Retryable(last))) {
         slots_.erase(key);
         break;
       }
     }
-    absl::SleepFor(std::min(backoff, deadline - absl::Now()));
+    clock_->SleepFor(std::min(backoff, deadline - clock_->Now()));
     backoff = std::min(backoff * 2, options_.reconnect_backoff_max);
   }
   if (done) return RoundResultStatus(std::move(slot.result));
@@ -229,7 +239,10 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
   return absl::DeadlineExceededError(absl::StrCat(
       "no result for round ", Describe(c), " within the client's ",
       absl::FormatDuration(options_.round_timeout), " round timeout",
-      last.ok() ? "" : absl::StrCat("; last stream error: ", last.ToString())));
+      last.ok() ? ": the server sent none (a client round timeout above the "
+                  "job's round_timeout_ms lets the server's error, which names "
+                  "the missing ranks, come first)"
+                : absl::StrCat("; last stream error: ", last.ToString())));
 }
 
 absl::StatusOr<ForwardReply> Contributor::ReduceForward(
@@ -242,8 +255,7 @@ absl::StatusOr<ForwardReply> Contributor::ReduceForward(
   absl::StatusOr<v1::RoundResult> r = Round(*c);
   auto give_back = absl::MakeCleanup([&] { ReturnMessage(std::move(c)); });
   if (!r.ok()) return r.status();
-  if (!r->has_moments() ||
-      r->moments().mean_size() != local.channels() ||
+  if (!r->has_moments() || r->moments().mean_size() != local.channels() ||
       r->moments().var_size() != local.channels()) {
     return absl::InternalError(absl::StrCat(
         "the server answered round ", Describe(*c),
@@ -261,12 +273,11 @@ absl::StatusOr<GradSums> Contributor::ReduceBackward(int layer, int64_t step,
   absl::StatusOr<v1::RoundResult> r = Round(*c);
   auto give_back = absl::MakeCleanup([&] { ReturnMessage(std::move(c)); });
   if (!r.ok()) return r.status();
-  if (!r->has_grad_sums() ||
-      r->grad_sums().sum_dy_size() != local.channels() ||
+  if (!r->has_grad_sums() || r->grad_sums().sum_dy_size() != local.channels() ||
       r->grad_sums().sum_dy_xmu_size() != local.channels()) {
     return absl::InternalError(absl::StrCat(
-        "the server answered round ", Describe(*c), " without gradient sums of ",
-        local.channels(), " channels"));
+        "the server answered round ", Describe(*c),
+        " without gradient sums of ", local.channels(), " channels"));
   }
   return FromProto(r->grad_sums());
 }

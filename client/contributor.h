@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/client_clock.h"
 #include "client/client_options.h"
 #include "grpcpp/channel.h"
 #include "kernels/moments.h"
@@ -49,15 +50,21 @@ struct ForwardReply {
 // it itself (one reader at a time; a result for another caller is handed
 // over), so the usual one-round-at-a-time caller pays no thread hand-off per
 // round. A watchdog thread, which sleeps while every read is within its
-// deadline, cancels the stream when the reading caller's round timeout
-// passes; the other callers then resend on a new stream.
+// deadline, cancels the stream once when the reading caller's round timeout
+// passes (and then sleeps until another read starts); the reader returns
+// DEADLINE_EXCEEDED and the other callers resend on a new stream. So every
+// call returns within about its round timeout, and the contributor serves
+// the next round on a new stream.
 //
 // Thread-safe: several threads may run rounds at once (say, different
 // layers); each waits for its own result.
 class Contributor {
  public:
+  // `clock` times round deadlines, backoff and the watchdog; null: the wall
+  // clock. Not owned; it must outlive the contributor.
   Contributor(std::shared_ptr<grpc::Channel> channel, std::string job_id,
-              int rank, const ClientOptions& options);
+              int rank, const ClientOptions& options,
+              const ClientClock* clock = nullptr);
   ~Contributor();
   Contributor(const Contributor&) = delete;
   Contributor& operator=(const Contributor&) = delete;
@@ -97,7 +104,8 @@ class Contributor {
   // marks the stream broken when the read fails.
   void ReadOne(Stream& stream, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Cancels the stream of a read that outlived its caller's deadline.
+  // Cancels the stream of a read that outlived its caller's deadline, once
+  // per stream.
   void Watchdog() ABSL_LOCKS_EXCLUDED(mu_);
   // A message of `phase` (FORWARD or BACKWARD) for the next round: a used
   // one when there is one (its repeated fields keep their capacity, so a
@@ -112,6 +120,8 @@ class Contributor {
   const std::string job_id_;
   const int rank_;
   const ClientOptions options_;
+  const RealClientClock real_clock_;
+  const ClientClock* const clock_;
 
   absl::Mutex write_mu_ ABSL_ACQUIRED_AFTER(mu_);  // one writer at a time
   absl::Mutex mu_;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,6 +20,25 @@ absl::Status CheckFinite(absl::Span<const double> v, const char* field) {
     }
   }
   return absl::OkStatus();
+}
+
+// The first non-finite value of `v` as "field[c] is x", or "".
+std::string FirstNonFinite(absl::Span<const double> v, const char* field) {
+  for (size_t c = 0; c < v.size(); ++c) {
+    if (!std::isfinite(v[c])) return absl::StrCat(field, "[", c, "] is ", v[c]);
+  }
+  return "";
+}
+
+constexpr char kInputHint[] =
+    "the ranks' values are too large or too far apart: check the layer's "
+    "input";
+
+absl::Status NotFinite(const std::string& value, const char* what,
+                       const char* hint) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " overflows float64: ", value,
+                   "; every statistic must be finite (", hint, ")"));
 }
 
 absl::Status CheckSize(size_t got, int channels, const char* field) {
@@ -109,6 +130,56 @@ absl::Status ValidateGradSums(const GradSums& g, int channels) {
   if (s.ok()) s = CheckFinite(g.sum_dy, "grad_sums.sum_dy");
   if (s.ok()) s = CheckFinite(g.sum_dy_xmu, "grad_sums.sum_dy_xmu");
   return s;
+}
+
+absl::Status CheckMergeable(const Moments& acc, const Moments& b) {
+  if (b.count <= std::numeric_limits<int64_t>::max() - acc.count) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("counts ", acc.count, " + ", b.count,
+                   " sum past 2^63-1, the largest count; a count is the "
+                   "number of values per channel in a batch"));
+}
+
+absl::Status CheckFiniteResult(const GlobalMoments& g) {
+  std::string bad = FirstNonFinite(g.mean, "mean");
+  if (bad.empty()) bad = FirstNonFinite(g.var, "var");
+  return bad.empty() ? absl::OkStatus()
+                     : NotFinite(bad, "merging the ranks' moments", kInputHint);
+}
+
+absl::Status CheckFiniteResult(const GradSums& g) {
+  std::string bad = FirstNonFinite(g.sum_dy, "sum_dy");
+  if (bad.empty()) bad = FirstNonFinite(g.sum_dy_xmu, "sum_dy_xmu");
+  return bad.empty()
+             ? absl::OkStatus()
+             : NotFinite(bad, "summing the ranks' gradient sums", kInputHint);
+}
+
+absl::Status CheckFiniteResult(const RunningStats& s) {
+  std::string bad = FirstNonFinite(s.mean, "running_mean");
+  if (bad.empty()) bad = FirstNonFinite(s.var, "running_var");
+  return bad.empty()
+             ? absl::OkStatus()
+             : NotFinite(bad, "updating the running statistics",
+                         "the running statistics and this batch are too far "
+                         "apart: check the layer's input, or import smaller "
+                         "statistics with SetRunningStats");
+}
+
+absl::Status CheckUpdatable(const RunningRule& rule, int64_t global_count,
+                            const RunningStats& stats) {
+  if (absl::Status s = CheckUpdatable(rule, global_count); !s.ok()) return s;
+  if (rule.track && global_count > 0 &&
+      stats.num_batches_tracked >= kMaxNumBatchesTracked) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "num_batches_tracked is ", stats.num_batches_tracked,
+        ", the largest it may be (2^53-1), so no round can count another "
+        "batch; import statistics with a smaller num_batches_tracked "
+        "(SetRunningStats)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckUpdatable(const RunningRule& rule, int64_t global_count) {

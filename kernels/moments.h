@@ -43,8 +43,19 @@ struct GradSums {
 
 // Folds b into acc by the Chan et al. rule. Folding contributions in a fixed
 // (rank) order makes the result independent of arrival order.
-// REQUIRES: acc.channels() == b.channels().
+// REQUIRES: acc.channels() == b.channels(), CheckMergeable(acc, b).ok().
 void MergeMoments(Moments& acc, const Moments& b);
+
+// Whether MergeMoments may fold b into acc: INVALID_ARGUMENT when their
+// counts sum past INT64_MAX. REQUIRES: both counts >= 0.
+absl::Status CheckMergeable(const Moments& acc, const Moments& b);
+
+// Whether a round's result is finite: INVALID_ARGUMENT naming the first
+// value that is not. Finite inputs can still merge into infinities (means
+// of opposite signs near the float64 maximum, or sums that overflow), and
+// such a result must not reach normalization or running statistics.
+absl::Status CheckFiniteResult(const GlobalMoments& g);
+absl::Status CheckFiniteResult(const GradSums& g);
 
 // Adds b into acc, channel by channel. REQUIRES: equal channel counts.
 void AddGradSums(GradSums& acc, const GradSums& b);
@@ -78,14 +89,28 @@ struct RunningStats {
   static RunningStats Initial(int channels);
 };
 
-// Whether a merged round may update running statistics under `rule`:
+// The largest num_batches_tracked (a layer's version) running statistics
+// may have: 2^53 - 1, which every client holds exactly (in a float64 or a
+// JavaScript Number too) and one more round cannot take past INT64_MAX.
+inline constexpr int64_t kMaxNumBatchesTracked = (int64_t{1} << 53) - 1;
+
+// Whether a merged round may update `stats` under `rule`:
 // FAILED_PRECONDITION for a global count of 1 with unbiased running var (as
-// torch: "Expected more than 1 value per channel when training").
+// torch: "Expected more than 1 value per channel when training"), or when
+// the round would count a batch past kMaxNumBatchesTracked.
+absl::Status CheckUpdatable(const RunningRule& rule, int64_t global_count,
+                            const RunningStats& stats);
+// The first check alone, for callers without the statistics at hand.
 absl::Status CheckUpdatable(const RunningRule& rule, int64_t global_count);
+
+// Whether running statistics after a round's update are finite (mean,
+// var): INVALID_ARGUMENT naming the first value that is not.
+absl::Status CheckFiniteResult(const RunningStats& s);
 
 // Applies one forward round's merged moments to `stats`. A global count of 0
 // (or rule.track == false) leaves stats untouched, including the counter.
-// REQUIRES: CheckUpdatable(rule, merged.count).ok(), equal channel counts.
+// REQUIRES: CheckUpdatable(rule, merged.count, stats).ok(), equal channel
+// counts.
 void ApplyRound(const RunningRule& rule, const Moments& merged,
                 RunningStats& stats);
 

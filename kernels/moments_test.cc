@@ -1,6 +1,8 @@
 #include "kernels/moments.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -164,6 +166,66 @@ TEST(MomentsTest, EmptyGlobalBatchLeavesStatsUntouched) {
   EXPECT_EQ(s.num_batches_tracked, 0);
   EXPECT_EQ(s.mean, std::vector<double>({0.0, 0.0}));
   EXPECT_EQ(s.var, std::vector<double>({1.0, 1.0}));
+}
+
+// Counts fold only while their sum fits int64 (it used to wrap negative).
+TEST(MomentsTest, CountsThatSumPastInt64MaxAreNotMergeable) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  Moments a = Moments::Zero(1), b = Moments::Zero(1);
+  a.count = kMax - 1;
+  b.count = 1;
+  EXPECT_TRUE(CheckMergeable(a, b).ok());
+  a.count = kMax;
+  EXPECT_EQ(CheckMergeable(a, b).code(), absl::StatusCode::kInvalidArgument);
+  a.count = b.count = int64_t{1} << 62;
+  const absl::Status s = CheckMergeable(a, b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("4611686018427387904 + 4611686018427387904 sum "
+                             "past 2^63-1"),
+            absl::string_view::npos)
+      << s;
+}
+
+// Finite moments whose Chan merge overflows are caught in the result.
+TEST(MomentsTest, ResultsThatOverflowAreNotFinite) {
+  Moments a = Moments::Zero(2), b = Moments::Zero(2);
+  a.count = b.count = 2;
+  a.mean = {1e308, 1};
+  b.mean = {-1e308, 1};
+  a.m2 = b.m2 = {1e308, 1};
+  ASSERT_TRUE(ValidateMoments(a, 2).ok());
+  ASSERT_TRUE(ValidateMoments(b, 2).ok());
+  MergeMoments(a, b);
+  absl::Status s = CheckFiniteResult(Finalize(a));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("mean[0] is -inf"), absl::string_view::npos) << s;
+  GradSums g{{1, 1e308}, {0, 0}};
+  AddGradSums(g, g);
+  s = CheckFiniteResult(g);
+  EXPECT_NE(s.message().find("sum_dy[1] is inf"), absl::string_view::npos) << s;
+  RunningStats r = RunningStats::Initial(1);
+  r.mean = {-1e308};
+  r.num_batches_tracked = 1;
+  RunningRule cumulative{MomentumMode::kCumulative, 0.1, false, true};
+  GlobalMoments far{2, {1e308}, {0}};
+  ASSERT_TRUE(CheckFiniteResult(far).ok());
+  ApplyRound(cumulative, far, r);
+  s = CheckFiniteResult(r);
+  EXPECT_NE(s.message().find("running_mean[0] is inf"), absl::string_view::npos)
+      << s;
+}
+
+TEST(MomentsTest, NoRoundCountsABatchPastTheVersionBound) {
+  RunningRule rule;
+  RunningStats s = RunningStats::Initial(1);
+  s.num_batches_tracked = kMaxNumBatchesTracked - 1;
+  EXPECT_TRUE(CheckUpdatable(rule, 4, s).ok());
+  s.num_batches_tracked = kMaxNumBatchesTracked;
+  EXPECT_EQ(CheckUpdatable(rule, 4, s).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(CheckUpdatable(rule, 0, s).ok()) << "an empty batch counts none";
+  RunningRule untracked{MomentumMode::kTorch, 0.1, false, false};
+  EXPECT_TRUE(CheckUpdatable(untracked, 4, s).ok());
 }
 
 }  // namespace

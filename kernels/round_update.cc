@@ -95,10 +95,11 @@ absl::Status ValidateRoundUpdate(const RoundUpdate& update,
   }
   if (!update.imported.has_value()) return absl::OkStatus();
   const RunningStats& s = *update.imported;
-  if (s.num_batches_tracked < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("imported_stats.num_batches_tracked is ",
-                     s.num_batches_tracked, "; it must be >= 0"));
+  if (s.num_batches_tracked < 0 ||
+      s.num_batches_tracked > kMaxNumBatchesTracked) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "imported_stats.num_batches_tracked is ", s.num_batches_tracked,
+        "; it must be within [0, ", kMaxNumBatchesTracked, "] (2^53-1)"));
   }
   absl::Status status = CheckValues(s.mean, channels, "running_mean", false);
   if (status.ok()) status = CheckValues(s.var, channels, "running_var", true);

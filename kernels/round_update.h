@@ -46,8 +46,8 @@ bool SameUpdate(const RoundUpdate& a, const RoundUpdate& b);
 // OK when `update` fits a layer of `channels` channels under `rule`; else
 // INVALID_ARGUMENT saying what to fix: an unknown mode, a momentum outside
 // [0, 1], imported statistics of another size or not finite (var >= 0,
-// num_batches_tracked >= 0), or any update for a layer without running
-// statistics (rule.track false).
+// 0 <= num_batches_tracked <= kMaxNumBatchesTracked), or any update for a layer
+// without running statistics (rule.track false).
 absl::Status ValidateRoundUpdate(const RoundUpdate& update,
                                  const RunningRule& rule, int channels);
 

@@ -80,6 +80,7 @@ Aggregator::~Aggregator() {
     job->Abort(absl::UnavailableError(
         "the aggregator is shutting down; retry against a running server"));
   }
+  observer_->OnTick(absl::InfiniteFuture());  // what it holds back, said
 }
 
 void Aggregator::StartReaper() {
@@ -379,6 +380,7 @@ void Aggregator::ExpireRounds(absl::Time now) {
     for (const auto& [id, job] : jobs_) jobs.push_back(job);
   }
   for (const auto& job : jobs) job->Expire(now);
+  observer_->OnTick(now);
 }
 
 }  // namespace syncnorm

@@ -47,7 +47,7 @@ struct AggregatorOptions {
   Limits limits;
   // Told about every round that ends (latency, stragglers, quorum rounds,
   // deadlines); must outlive the aggregator. Null: a LoggingRoundObserver
-  // (a line on stderr for each straggling, quorum, failed or expired round).
+  // (log lines for straggling, quorum, failed and expired rounds).
   RoundObserver* observer = nullptr;
   // A contributor that arrives more than this after its round's first one
   // is a straggler (RoundReport::stragglers). Default 1 s.
@@ -167,7 +167,9 @@ class Aggregator {
   void Contribute(Contribution c, RoundCallback done)
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
-  // Fails every round whose deadline is at or before `now`.
+  // Completes the quorum rounds whose grace period has passed, fails every
+  // round whose deadline is at or before `now`, then tells the observer the
+  // time (RoundObserver::OnTick).
   void ExpireRounds(absl::Time now) ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
   // Shutdown: from now on a contribution that would start a round fails

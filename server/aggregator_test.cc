@@ -600,6 +600,61 @@ TEST_F(AggregatorTest, RejectsBadContributions) {
   for (const auto& l : s->layers) EXPECT_EQ(l.stats.num_batches_tracked, 0);
 }
 
+// A round whose result could not be used (a merge that overflows float64,
+// counts past INT64_MAX, a version at its bound) fails for every rank and
+// changes nothing; the next step is served.
+TEST_F(AggregatorTest, RoundsThatWouldOverflowFailAndKeepTheStats) {
+  Create(Spec("big", 2, {Layer(1)}));
+  auto moments = [](int64_t count, double mean, double m2) {
+    Moments m = Moments::Zero(1);
+    m.count = count;
+    m.mean[0] = mean;
+    m.m2[0] = m2;
+    return m;
+  };
+  auto round = [&](int64_t step, Moments a, Moments b) {
+    Outcomes out(2);
+    agg_.Contribute(Forward("big", 0, step, 0, std::move(a)), out.Slot(0));
+    agg_.Contribute(Forward("big", 0, step, 1, std::move(b)), out.Slot(1));
+    EXPECT_EQ(out.calls(0), 1);
+    EXPECT_EQ(out.calls(1), 1);
+    EXPECT_EQ(out.get(0).status, out.get(1).status);
+    return out.get(0).status;
+  };
+  const RunningStats before =
+      agg_.GetRunningStats("big", {0}, 0)->layers[0].stats;
+  absl::Status s =
+      round(0, moments(2, 1e308, 1e308), moments(2, -1e308, 1e308));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("merging the ranks' moments overflows float64"));
+  const int64_t half = int64_t{1} << 62;
+  s = round(1, moments(half, 0, 0), moments(half, 0, 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1's count does not fit"));
+  RunningStats at_bound = before;
+  at_bound.num_batches_tracked = kMaxNumBatchesTracked;
+  ASSERT_TRUE(agg_.SetRunningStats("big", {{0, "bn", 0, at_bound}}).ok());
+  s = round(2, moments(2, 1, 1), moments(2, 3, 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  RunningStats now = agg_.GetRunningStats("big", {0}, 0)->layers[0].stats;
+  EXPECT_EQ(now.num_batches_tracked, kMaxNumBatchesTracked);
+  EXPECT_TRUE(SameBits(now.mean, before.mean));
+  EXPECT_TRUE(SameBits(now.var, before.var));
+  EXPECT_EQ(agg_.GetJob("big")->committed_step, -1);
+
+  ASSERT_TRUE(agg_.SetRunningStats("big", {{0, "bn", 0, before}}).ok());
+  s = round(3, moments(2, 1, 1), moments(2, 3, 1));
+  ASSERT_TRUE(s.ok()) << s;
+  now = agg_.GetRunningStats("big", {0}, 0)->layers[0].stats;
+  EXPECT_EQ(now.num_batches_tracked, 1);
+  // mean 2, M2 = 1 + 1 + 2 * 2 * 1 = 6 over 4 values: unbiased var 2.
+  EXPECT_DOUBLE_EQ(now.mean[0], 0.1 * 2);
+  EXPECT_DOUBLE_EQ(now.var[0], 0.9 + 0.1 * 2);
+  EXPECT_EQ(agg_.GetJob("big")->committed_step, 3);
+}
+
 TEST_F(AggregatorTest, CreateJobIsIdempotentPerSpec) {
   JobSpec spec = Spec("same", 2, {Layer(3)});
   Create(spec);

@@ -1,7 +1,6 @@
 #include "server/auth.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "server/bounded_text.h"
+#include "server/log.h"
 
 namespace syncnorm {
 namespace {
@@ -37,6 +37,18 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 bool ValidTokenChar(char c) { return c > ' ' && c < 127 && c != ','; }
+
+// Whether `text` reads as a scope list: what a line whose columns are
+// swapped has first.
+bool IsScopeList(absl::string_view text) {
+  for (absl::string_view scope : absl::StrSplit(text, ',')) {
+    if (scope != "admin" && !(absl::ConsumePrefix(&scope, "job:") &&
+                              !scope.empty())) {
+      return false;
+    }
+  }
+  return true;
+}
 
 std::string Scopes(const TokenGrant& g) {
   std::vector<std::string> scopes;
@@ -89,13 +101,23 @@ absl::StatusOr<std::vector<TokenGrant>> ParseTokens(absl::string_view text) {
                  "(spaces and commas excluded)");
     }
     std::set<std::string> jobs;
+    int index = 0;
     for (absl::string_view scope : absl::StrSplit(fields[1], ',')) {
+      ++index;
       if (scope == "admin") {
         grant.admin = true;
       } else if (absl::ConsumePrefix(&scope, "job:") && !scope.empty()) {
         jobs.insert(std::string(scope));
       } else {
-        return bad(absl::StrCat("unknown scope '", scope, "'"));
+        // Never quoted: a line can be anything, a token in the wrong
+        // column included (what an error says reaches the log).
+        return bad(absl::StrCat(
+            "scope ", index, " of the second column is neither 'admin' nor "
+            "'job:<job_id>'",
+            IsScopeList(fields[0])
+                ? "; the first column reads as scopes: are the columns "
+                  "swapped? The token comes first"
+                : ""));
       }
     }
     grant.jobs.assign(jobs.begin(), jobs.end());
@@ -155,9 +177,10 @@ void Authenticator::PollLoop(absl::Duration period) {
     absl::Status s = Reload();
     // Said once per distinct problem, not every period.
     if (!s.ok() && s.ToString() != last_error) {
-      std::fprintf(stderr,
-                   "syncnorm-aggregator: keeping the previous tokens: %s\n",
-                   s.ToString().c_str());
+      LogLine("tokens_reload_failed", LogLevel::kError)
+          .Add("file", path_)
+          .Add("tokens_kept", size())
+          .Add("error", s.ToString());
     }
     last_error = s.ok() ? "" : s.ToString();
     mu_.Lock();
@@ -184,10 +207,7 @@ absl::Status Authenticator::Reload() {
     grants_ = std::make_shared<const Grants>(*std::move(grants));
     content_ = *std::move(content);
   }
-  std::fprintf(stderr,
-               "syncnorm-aggregator: reloaded --tokens_file='%s': %zu "
-               "tokens\n",
-               path_.c_str(), count);
+  LogLine("tokens_reloaded").Add("file", path_).Add("tokens", count);
   return absl::OkStatus();
 }
 

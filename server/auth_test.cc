@@ -36,7 +36,13 @@ TEST(ParseTokensTest, ErrorsNameTheLineNeverTheToken) {
         absl::StrCat("# x\n", secret, " root\n"),
         absl::StrCat("# x\n", secret, " admin job:a\n"),
         absl::StrCat("# x\n", "short admin\n"),
-        absl::StrCat(secret, " admin\n", secret, " job:a\n")}) {
+        absl::StrCat(secret, " admin\n", secret, " job:a\n"),
+        // The columns swapped, scope lists long enough to pass as tokens.
+        absl::StrCat("# x\n", "job:resnet50-run7 ", secret, "\n"),
+        absl::StrCat("# x\n", "admin,job:resnet50 ", secret, "\n"),
+        absl::StrCat("# x\n", "job:resnet50-run7 job:a,", secret, "\n"),
+        absl::StrCat("# x\n", "job:resnet50-run7 ", secret, " admin\n"),
+        absl::StrCat("# x\n", secret, "\xc3 admin\n")}) {
     auto grants = ParseTokens(text);
     ASSERT_FALSE(grants.ok()) << text;
     EXPECT_EQ(grants.status().code(), absl::StatusCode::kInvalidArgument);
@@ -45,6 +51,30 @@ TEST(ParseTokensTest, ErrorsNameTheLineNeverTheToken) {
     EXPECT_EQ(grants.status().message().find(secret), std::string::npos)
         << grants.status();
   }
+}
+
+// The reported case: `job:<id> <token>` on line 7. The error says the
+// columns look swapped, and shows no part of the line.
+TEST(ParseTokensTest, SwappedColumnsAreNamedNotQuoted) {
+  const std::string secret =
+      "3f9c1b7e5d2a4c6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e";
+  std::string text = absl::StrCat(kAdmin, " admin\n");
+  for (int i = 2; i < 7; ++i) text += "# comment\n";
+  text += absl::StrCat("job:resnet50-run7 ", secret, "\n");
+  auto grants = ParseTokens(text);
+  ASSERT_FALSE(grants.ok());
+  const std::string message(grants.status().message());
+  EXPECT_NE(message.find("line 7: scope 1 of the second column"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("are the columns swapped?"), std::string::npos)
+      << message;
+  for (size_t i = 0; i + 8 <= secret.size(); ++i) {
+    ASSERT_EQ(message.find(secret.substr(i, 8)), std::string::npos)
+        << "a piece of the token is in the message: " << message;
+  }
+  EXPECT_EQ(message.find("resnet50"), std::string::npos)
+      << "nothing of the line is quoted: " << message;
 }
 
 TEST(ConstantTimeEqualsTest, Compares) {

@@ -54,10 +54,7 @@ absl::Status Job::Validate(const Contribution& c) const {
         "' has ", num_layers, " layers (0..", num_layers - 1, ")"));
   }
   if (!spec_.shard.owns(c.layer)) return NotOwned(spec_, c.layer);
-  if (c.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step is ", c.step, "; steps are non-negative and increase per layer"));
-  }
+  if (absl::Status s = CheckStep(c.step, "step"); !s.ok()) return s;
   if (c.rank < 0 || c.rank >= spec_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", c.rank, " is out of range: job '", BoundedText(spec_.job_id),
@@ -251,9 +248,11 @@ absl::Status Job::ValidateImport(const LayerStatsSnapshot& s) const {
         where, ": expected ", layer.channels, " running_mean and running_var "
         "values, got ", s.stats.mean.size(), " and ", s.stats.var.size()));
   }
-  if (s.stats.num_batches_tracked < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": num_batches_tracked is negative"));
+  if (s.stats.num_batches_tracked < 0 ||
+      s.stats.num_batches_tracked > kMaxNumBatchesTracked) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": num_batches_tracked is ", s.stats.num_batches_tracked,
+        "; it must be within [0, ", kMaxNumBatchesTracked, "] (2^53-1)"));
   }
   for (int c = 0; c < layer.channels; ++c) {
     if (!std::isfinite(s.stats.mean[c]) || !std::isfinite(s.stats.var[c]) ||

@@ -12,9 +12,8 @@ namespace syncnorm {
 
 void Job::Checkpoint(int64_t step, std::string tag, absl::Time deadline,
                      CheckpointCallback done) {
-  if (step < 0) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("checkpoint step is ", step, "; steps are >= 0")));
+  if (absl::Status s = CheckStep(step, "step"); !s.ok()) {
+    done(s);
     return;
   }
   Answers answers;
@@ -158,7 +157,8 @@ void Job::ReportCheckpoint(const CheckpointData& data,
     options_.observer->OnCheckpoint(CheckpointReport{
         spec_.job_id, data.meta.step, duration, layers, status});
   }
-  LogLine line(status.ok() ? "checkpoint" : "checkpoint_failed");
+  LogLine line(status.ok() ? "checkpoint" : "checkpoint_failed",
+               status.ok() ? LogLevel::kInfo : LogLevel::kError);
   line.Add("job", BoundedText(spec_.job_id))
       .Add("step", data.meta.step)
       .Add("tag", BoundedText(data.meta.tag))
@@ -189,6 +189,7 @@ std::vector<CheckpointMeta> Job::ListCheckpoints() const {
 
 absl::StatusOr<RunningStatsSnapshot> Job::CheckpointStats(
     int64_t step, absl::Span<const int> layers, int group) const {
+  if (absl::Status s = CheckStep(step, "checkpoint_step"); !s.ok()) return s;
   absl::StatusOr<std::vector<int>> wanted = Wanted(layers, group);
   if (!wanted.ok()) return wanted.status();
   absl::StatusOr<CheckpointData> data = store_->GetCheckpoint(spec_.job_id, step);
@@ -207,6 +208,7 @@ absl::StatusOr<RunningStatsSnapshot> Job::CheckpointStats(
 }
 
 absl::StatusOr<JobSnapshot> Job::Restore(int64_t step) {
+  if (absl::Status s = CheckStep(step, "step"); !s.ok()) return s;
   std::vector<RoundCallback> dropped;
   absl::Status s = RestoreLocked(step, dropped);
   if (!s.ok()) return s;

@@ -66,10 +66,12 @@ absl::Status CheckShape(const JobSpec& spec) {
                      "positive divisor of world_size ",
                      spec.world_size));
   }
-  if (spec.round_timeout < absl::ZeroDuration()) {
+  if (spec.round_timeout < absl::ZeroDuration() ||
+      spec.round_timeout > kMaxRoundTimeout) {
     return absl::InvalidArgumentError(absl::StrCat(
         "round_timeout_ms is ", absl::ToInt64Milliseconds(spec.round_timeout),
-        "; it must be >= 0 (0: the server default)"));
+        "; it must be within [0, ", absl::ToInt64Milliseconds(kMaxRoundTimeout),
+        "] (24 hours; 0: the server default)"));
   }
   if (spec.layers.empty()) {
     return absl::InvalidArgumentError(
@@ -238,6 +240,13 @@ int SmallestGroupSize(const JobSpec& spec) {
     smallest = std::min(smallest, g.size());
   }
   return static_cast<int>(smallest);
+}
+
+absl::Status CheckStep(int64_t step, absl::string_view field) {
+  if (step >= 0 && step <= kMaxStep) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", step, "; steps are within [0, ", kMaxStep,
+                   "] (2^53-1)"));
 }
 
 absl::Status CheckNewNames(const JobSpec& spec) {

@@ -88,6 +88,19 @@ std::vector<int> GroupRanks(const JobSpec& spec, int g);
 // The ranks of the smallest group of a resolved spec.
 int SmallestGroupSize(const JobSpec& spec);
 
+// The largest step a request may name (a contribution's, a checkpoint's, a
+// restore's): 2^53 - 1, which every client holds exactly (in a float64 or a
+// JavaScript Number too), and far below INT64_MAX, which the server uses
+// for "no step".
+inline constexpr int64_t kMaxStep = (int64_t{1} << 53) - 1;
+
+// INVALID_ARGUMENT naming `field` unless 0 <= step <= kMaxStep.
+absl::Status CheckStep(int64_t step, absl::string_view field);
+
+// The longest round timeout a job may have: a round that waits longer for
+// a rank is a hung job, and its contributions are held all that time.
+inline constexpr absl::Duration kMaxRoundTimeout = absl::Hours(24);
+
 // Validates `spec` and fills in every default: group_size 0 -> world_size
 // (without groups; groups are sorted, consecutive blocks -> group_size),
 // round_timeout 0 -> default_round_timeout, mode unspecified -> kTorch,

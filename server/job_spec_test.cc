@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -95,6 +96,11 @@ TEST(JobSpecTest, RejectsBadSpecsWithActionableMessages) {
        "positive divisor of world_size 4"},
       {"timeout", [](JobSpec& s) { s.round_timeout = absl::Seconds(-1); },
        "round_timeout_ms is -1000"},
+      {"timeout past 24 h",
+       [](JobSpec& s) { s.round_timeout = absl::Milliseconds(86400001); },
+       "round_timeout_ms is 86400001; it must be within [0, 86400000]"},
+      {"num_shards negative", [](JobSpec& s) { s.shard.num_shards = -1; },
+       "shard.num_shards is -1; it must be positive"},
       {"no layers", [](JobSpec& s) { s.layers.clear(); }, "no layers"},
       {"channels", [](JobSpec& s) { s.layers[0].channels = 0; },
        "layers[0] ('bn1'): num_features is 0"},
@@ -234,6 +240,22 @@ TEST(JobSpecTest, ExplicitGroupsResolveToOneForm) {
   r = ResolveJobSpec(spec, kDefault);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(*r == *ResolveJobSpec(ValidSpec(), kDefault));
+}
+
+TEST(JobSpecTest, BoundsOfTimeoutsAndSteps) {
+  JobSpec spec = ValidSpec();
+  spec.round_timeout = kMaxRoundTimeout;
+  EXPECT_TRUE(ResolveJobSpec(spec, kDefault).ok());
+  EXPECT_TRUE(CheckStep(0, "step").ok());
+  EXPECT_TRUE(CheckStep(kMaxStep, "step").ok());
+  EXPECT_EQ(kMaxStep, 9007199254740991);
+  for (int64_t bad : {int64_t{-1}, kMaxStep + 1,
+                      std::numeric_limits<int64_t>::max()}) {
+    const absl::Status s = CheckStep(bad, "checkpoint_step");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("checkpoint_step is ", bad)));
+  }
 }
 
 // New layer names and tags: up to kMaxNameBytes (1024) bytes, counted in

@@ -207,6 +207,7 @@ void LayerShard::Report(const RoundKey& key, const Round& round,
   r.stragglers = round.Stragglers(straggler_threshold_);
   r.last_arrival = round.LastArrival();
   r.quorum = outcome.status.ok() && !round.complete();
+  r.ended = now;
   reports_.push_back(std::move(r));
 }
 
@@ -249,6 +250,8 @@ void LayerShard::Complete(const RoundKey& key, Round& round, absl::Time now,
     }
   } else {
     outcome.grad_sums = round.SummedGradSums(config_.channels);
+    outcome.status = Refused(key, CheckFiniteResult(outcome.grad_sums));
+    if (!outcome.status.ok()) outcome.grad_sums = GradSums();
     const RecentRounds::Entry* forward =
         group.phases[PhaseIndex(Phase::kForward)].recent.Find(std::get<1>(key));
     outcome.version = forward != nullptr && forward->outcome->status.ok()
@@ -291,19 +294,42 @@ void LayerShard::ApplyForward(const RoundKey& key, Round& round,
     outcome.reason = RoundErrorReason::kRanksDisagree;
     return;
   }
-  const Moments merged = round.MergedMoments(config_.channels);
-  const absl::Status updatable =
-      CheckUpdatable(RoundRule(config_.rule, *update), merged.count);
-  if (!updatable.ok()) {
-    outcome.status = absl::FailedPreconditionError(
-        absl::StrCat(RoundLabel(key), ": ", updatable.message()));
+  // Each check refuses a round whose result could not be used: every rank
+  // gets the error and the running statistics stay as they were.
+  absl::StatusOr<Moments> merged = round.MergedMoments(config_.channels);
+  if (!merged.ok()) {
+    outcome.status = Refused(key, merged.status());
+    return;
+  }
+  const RunningRule rule = RoundRule(config_.rule, *update);
+  outcome.status = Refused(key, CheckUpdatable(rule, merged->count));
+  if (!outcome.status.ok()) {
     outcome.reason = RoundErrorReason::kSingleValuePerChannel;
     return;
   }
-  ApplyRound(config_.rule, *update, merged, next.stats);
+  // The round starts from the imported statistics, if it carries them.
+  outcome.status = Refused(
+      key, CheckUpdatable(rule, merged->count,
+                          update->imported.has_value() ? *update->imported
+                                                       : next.stats));
+  if (!outcome.status.ok()) return;
+  GlobalMoments global = Finalize(*merged);
+  outcome.status = Refused(key, CheckFiniteResult(global));
+  if (!outcome.status.ok()) return;
+  ApplyRound(config_.rule, *update, global, next.stats);
+  outcome.status = Refused(key, CheckFiniteResult(next.stats));
+  if (!outcome.status.ok()) return;
   next.last_applied = std::get<1>(key);
-  outcome.moments = Finalize(merged);
+  outcome.moments = std::move(global);
   outcome.version = next.stats.num_batches_tracked;
+}
+
+absl::Status LayerShard::Refused(const RoundKey& key,
+                                 const absl::Status& why) const {
+  if (why.ok()) return why;
+  return absl::Status(why.code(),
+                      absl::StrCat(RoundLabel(key), ": ", why.message(),
+                                   "; the round was not applied"));
 }
 
 absl::Status LayerShard::Persist(

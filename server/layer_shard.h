@@ -188,6 +188,8 @@ class LayerShard {
   // nothing (a retry starts the round afresh).
   void Drop(const RoundKey& key, const absl::Status& status, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `why` (OK stays OK) as the failure of the round `key`, said so.
+  absl::Status Refused(const RoundKey& key, const absl::Status& why) const;
   absl::Status Superseded(const RoundKey& key, int64_t latest) const;
   absl::Status BeforeForward(const RoundKey& key, int64_t forward) const;
   absl::Status Conflict(const Contribution& c) const;

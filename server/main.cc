@@ -9,17 +9,22 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpc/support/log.h"
 #include "server/auth.h"
+#include "server/job_spec.h"
+#include "server/log.h"
 #include "server/rocksdb_engine.h"
 #include "server/server.h"
 #include "server/server_options.h"
@@ -45,6 +50,9 @@ ABSL_FLAG(int64_t, straggler_threshold_ms, 1000,
           "A contributor that arrives more than this after its round's "
           "first one is a straggler (event=straggler log line, "
           "syncnorm_stragglers_total)");
+ABSL_FLAG(int64_t, log_interval_ms, 10000,
+          "A job's straggler and quorum rounds after the first of an interval "
+          "are counted into one log line at its end; 0: a line per round");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once serving");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -140,14 +148,20 @@ absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
         absl::StrCat("--listen='", options.listen,
                      "' is not HOST:PORT with a port in 0..65535"));
   }
-  if (options.round_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--round_timeout_ms must be positive");
+  if (options.round_timeout <= absl::ZeroDuration() ||
+      options.round_timeout > syncnorm::kMaxRoundTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--round_timeout_ms must be positive and at most ",
+        absl::ToInt64Milliseconds(syncnorm::kMaxRoundTimeout), " (24 hours)"));
   }
   if (options.keep_checkpoints < 0) {
     return absl::InvalidArgumentError("--keep_checkpoints must be >= 0");
   }
   if (options.straggler_threshold < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--straggler_threshold_ms must be >= 0");
+  }
+  if (options.log_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--log_interval_ms must be >= 0");
   }
   if (const size_t m = options.metrics_listen.rfind(':');
       !options.metrics_listen.empty() &&
@@ -210,9 +224,35 @@ absl::Status WritePortFile(const std::string& path, int port) {
   return absl::OkStatus();
 }
 
-std::string HostOf(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  return colon == std::string::npos ? listen : listen.substr(0, colon);
+// gRPC's own log lines (its errors; more under GRPC_VERBOSITY and
+// GRPC_TRACE) in the aggregator's format. A message is cut where it names
+// authorization metadata: gRPC's traces can print headers, and a bearer
+// token is a secret.
+void LogGrpc(gpr_log_func_args* args) {
+  constexpr size_t kMaxMessage = 2048;
+  absl::string_view message = args->message != nullptr ? args->message : "";
+  const std::string lower = absl::AsciiStrToLower(message);
+  if (const size_t at = lower.find("authorization"); at != std::string::npos) {
+    message = message.substr(0, at + 13);
+  }
+  absl::string_view file = args->file != nullptr ? args->file : "";
+  if (const size_t slash = file.rfind('/'); slash != file.npos) {
+    file.remove_prefix(slash + 1);
+  }
+  syncnorm::LogLine("grpc", args->severity == GPR_LOG_SEVERITY_ERROR
+                                ? syncnorm::LogLevel::kError
+                                : syncnorm::LogLevel::kInfo)
+      .Add("source", absl::StrCat(file, ":", args->line))
+      .Add("message",
+           message.size() > kMaxMessage
+               ? absl::StrCat(message.substr(0, kMaxMessage), "... (",
+                              message.size(), " bytes)")
+               : std::string(message));
+}
+
+void LogError(absl::string_view event, const absl::Status& status) {
+  syncnorm::LogLine(event, syncnorm::LogLevel::kError)
+      .Add("error", status.ToString());
 }
 
 }  // namespace
@@ -253,6 +293,8 @@ int main(int argc, char** argv) {
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   options.straggler_threshold =
       absl::Milliseconds(absl::GetFlag(FLAGS_straggler_threshold_ms));
+  options.log_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_log_interval_ms));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
@@ -272,23 +314,23 @@ int main(int argc, char** argv) {
   options.max_transport_bytes = absl::GetFlag(FLAGS_max_transport_bytes);
   const absl::Duration shutdown_grace = absl::Milliseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  gpr_set_log_function(LogGrpc);
   if (options.data_dir.empty()) {
-    std::fprintf(stderr,
-                 "syncnorm-aggregator: warning: --data_dir is empty; state "
-                 "is kept in memory and lost on exit\n");
+    syncnorm::LogLine("no_data_dir", syncnorm::LogLevel::kWarn)
+        .Add("note", "--data_dir is empty: state is kept in memory and lost "
+                     "on exit");
   }
 
   if (absl::GetFlag(FLAGS_check_config)) {
     const absl::Status checked = CheckOptions(options);
     if (!checked.ok()) {
-      std::fprintf(stderr, "syncnorm-aggregator: bad config: %s\n",
-                   checked.ToString().c_str());
+      LogError("bad_config", checked);
       return 2;
     }
     std::printf(
         "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
         "data_dir=%s backup_dir=%s sync_writes=%d keep_checkpoints=%d "
-        "straggler_threshold_ms=%lld "
+        "straggler_threshold_ms=%lld log_interval_ms=%lld "
         "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
         "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
         "max_channels=%d max_world_size=%d max_channels_per_job=%lld "
@@ -302,6 +344,7 @@ int main(int argc, char** argv) {
         options.sync_writes ? 1 : 0, options.keep_checkpoints,
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.straggler_threshold)),
+        static_cast<long long>(absl::ToInt64Milliseconds(options.log_interval)),
         static_cast<long long>(absl::ToInt64Milliseconds(shutdown_grace)),
         options.tls_cert.empty()        ? "off"
         : options.tls_client_ca.empty() ? "on"
@@ -318,41 +361,34 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  syncnorm::Server server(options);
-  absl::Status started = server.Start();
+  auto server = std::make_unique<syncnorm::Server>(options);
+  absl::Status started = server->Start();
   if (!started.ok()) {
-    std::fprintf(stderr, "syncnorm-aggregator: %s\n",
-                 started.ToString().c_str());
+    LogError("start_failed", started);
     return 1;
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
-    absl::Status written = WritePortFile(port_file, server.bound_port());
+    absl::Status written = WritePortFile(port_file, server->bound_port());
     if (!written.ok()) {
-      std::fprintf(stderr, "syncnorm-aggregator: %s\n",
-                   written.ToString().c_str());
-      server.Shutdown(absl::ZeroDuration());
-      server.Wait();
+      LogError("start_failed", written);
+      server->Shutdown(absl::ZeroDuration());
+      server->Wait();
       return 1;
     }
   }
-  std::fprintf(stderr, "syncnorm-aggregator listening on %s:%d (%s%s)\n",
-               HostOf(options.listen).c_str(), server.bound_port(),
-               options.tls_cert.empty()          ? "plaintext"
-               : options.tls_client_ca.empty() ? "TLS"
-                                                 : "mutual TLS",
-               options.tokens_file.empty() ? ", no authentication"
-                                           : ", bearer tokens");
 
   std::thread stopper([&server, &stop_signals, shutdown_grace] {
     int signal = 0;
     sigwait(&stop_signals, &signal);
-    std::fprintf(stderr, "syncnorm-aggregator: signal %d, shutting down\n",
-                 signal);
-    server.Shutdown(shutdown_grace);
+    syncnorm::LogLine("signal").Add("signal",
+                                    signal == SIGINT ? "SIGINT" : "SIGTERM");
+    server->Shutdown(shutdown_grace);
   });
-  server.Wait();
+  server->Wait();
   stopper.join();
-  // ~Server: closes the state store (memtable flushed) before exit 0.
+  // Closes the state store (memtable flushed); then the last line.
+  server.reset();
+  syncnorm::LogLine("stopped").Add("exit_code", 0);
   return 0;
 }

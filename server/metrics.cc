@@ -10,8 +10,7 @@ namespace syncnorm {
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       grpc_(*registry_),
-      rounds_(*registry_),
-      observers_({&log_, &rounds_}) {}
+      rounds_(*registry_) {}
 
 Metrics::~Metrics() = default;
 

@@ -34,9 +34,8 @@ class Metrics {
   // The bound port.
   int port() const { return port_; }
 
-  // Rounds and checkpoints go to the metrics and to the usual log lines
-  // (LoggingRoundObserver).
-  RoundObserver* round_observer() { return &observers_; }
+  // Rounds and checkpoints, for the metrics (the server logs them itself).
+  RoundObserver* round_observer() { return &rounds_; }
 
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
@@ -49,8 +48,6 @@ class Metrics {
   const std::shared_ptr<prometheus::Registry> registry_;
   GrpcMetrics grpc_;
   RoundMetrics rounds_;
-  LoggingRoundObserver log_;
-  FanoutRoundObserver observers_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };

@@ -114,13 +114,19 @@ absl::Duration Round::LastArrival() const {
   return last;
 }
 
-Moments Round::MergedMoments(int channels) const {
+absl::StatusOr<Moments> Round::MergedMoments(int channels) const {
   // Rank order, always: the Chan merge is not associative in floating point,
   // so a fixed order is what makes every arrival order give the same bits.
   Moments acc = Moments::Zero(channels);
-  for (const std::optional<Payload>& p : payloads_) {
-    if (!p.has_value()) continue;  // not counted (a quorum round)
-    MergeMoments(acc, std::get<Moments>(*p));
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (!payloads_[i].has_value()) continue;  // not counted (a quorum round)
+    const Moments& m = std::get<Moments>(*payloads_[i]);
+    if (absl::Status s = CheckMergeable(acc, m); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", ranks_[i],
+                       "'s count does not fit: ", s.message()));
+    }
+    MergeMoments(acc, m);
   }
   return acc;
 }

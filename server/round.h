@@ -73,8 +73,9 @@ class Round {
 
   // The Chan merge of the moments present, folded in rank order so the
   // result does not depend on arrival order (absent ranks are skipped: a
-  // quorum round). REQUIRES: FORWARD payloads.
-  Moments MergedMoments(int channels) const;
+  // quorum round). INVALID_ARGUMENT naming the rank when the counts sum
+  // past INT64_MAX. REQUIRES: FORWARD payloads.
+  absl::StatusOr<Moments> MergedMoments(int channels) const;
 
   // The rank-order sum of the gradient sums present. REQUIRES: BACKWARD.
   GradSums SummedGradSums(int channels) const;

@@ -4,13 +4,18 @@
 #define SYNCNORM_SERVER_ROUND_OBSERVER_H_
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/contribution.h"
+#include "server/log.h"
 
 namespace syncnorm {
 
@@ -42,6 +47,8 @@ struct RoundReport {
   // True when the job's quorum policy completed the round without
   // `missing_ranks`.
   bool quorum = false;
+  // When the round ended, on the aggregator's clock.
+  absl::Time ended = absl::UnixEpoch();
 };
 
 // One checkpoint cut (Job::Checkpoint once its step was committed).
@@ -77,6 +84,11 @@ class RoundObserver {
   // A checkpoint was cut (or its store write failed). Called under the
   // job's checkpoint lock; the default ignores it.
   virtual void OnCheckpoint(const CheckpointReport& report) {}
+
+  // Time passes: called by the aggregator's reaper thread every reaper
+  // period with its clock's time, and with InfiniteFuture() when the
+  // aggregator stops (the last call). The default ignores it.
+  virtual void OnTick(absl::Time now) {}
 };
 
 // Ignores everything.
@@ -86,19 +98,72 @@ class NoopRoundObserver final : public RoundObserver {
   void OnDeadline(const RoundReport&) override {}
 };
 
-// Writes one structured line to stderr for every round that had
-// stragglers, completed by quorum, failed, or missed its deadline, e.g.
-//   syncnorm event=straggler job=j1 group=0 layer=3 step=17 phase=FORWARD
-//   latency_ms=812 contributors=[0,1,2,3] stragglers=[2] missing=[]
-// and nothing for rounds that completed in time. Thread-safe.
+// Writes the rounds that did not go as they should as log lines
+// (server/log.h), and nothing for rounds that completed in time:
+// - a round that failed (event=round_failed, level=warn) or missed its
+//   deadline (event=deadline, level=error): a line each, e.g.
+//     ... level=error event=deadline job=j1 group=0 layer=3 step=17
+//     phase=FORWARD latency_ms=30000 ... missing=[5] status=DEADLINE_EXCEEDED
+// - a round with stragglers (event=straggler) or completed by the job's
+//   quorum (event=quorum), level=warn: the first of a job in an interval
+//   gets its own line at once; the job's others of that interval are
+//   counted into one line when it ends (event=straggler_summary or
+//   quorum_summary: the interval's rounds and layers, the first one's
+//   included, first and last step, the ranks named, the largest
+//   latency). So a job with one slow or absent rank writes two such lines
+//   per interval, not one per layer, phase and step.
+// Thread-safe.
 class LoggingRoundObserver final : public RoundObserver {
  public:
+  struct Options {
+    // How long a job's straggler or quorum lines are counted into one;
+    // zero: a line for every round. Default 10 s.
+    absl::Duration interval = absl::Seconds(10);
+    // Where lines go; null: stderr. Must outlive the observer.
+    LogSink* sink = nullptr;
+  };
+
+  LoggingRoundObserver() : LoggingRoundObserver(Options()) {}
+  explicit LoggingRoundObserver(Options options);
+
   void OnRoundCompleted(const RoundReport& report) override;
   void OnDeadline(const RoundReport& report) override;
+  // Writes the summary of every interval that ended at or before `now`.
+  void OnTick(absl::Time now) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // The line logged for `report` under `event` (straggler, quorum,
-  // round_failed, deadline); exposed for tests.
+  // round_failed, deadline), without its '\n'; exposed for tests.
   static std::string Line(const char* event, const RoundReport& report);
+
+ private:
+  enum Kind { kStraggler = 0, kQuorum = 1 };
+  // A job's rounds of one kind since the first of an interval.
+  struct Window {
+    absl::Time end;
+    int64_t rounds = 0;  // the first (which had its own line) included
+    std::set<int> layers;
+    int64_t first_step = 0;
+    int64_t last_step = 0;
+    std::set<int> ranks;  // stragglers, or missing ranks for kQuorum
+    absl::Duration max_latency = absl::ZeroDuration();
+  };
+  using WindowKey = std::pair<std::string, Kind>;
+
+  static void Write(LogSink& sink, const char* event, LogLevel level,
+                    const RoundReport& report);
+  // Its own line when it opens an interval, else counted into it.
+  void Fold(Kind kind, const RoundReport& report) ABSL_LOCKS_EXCLUDED(mu_);
+  // The interval's line, when it had more than its first round.
+  void WriteSummary(const WindowKey& key, const Window& w)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const absl::Duration interval_;
+  LogSink& sink_;
+
+  absl::Mutex mu_;
+  // At most one per (job, kind) with a round in its last interval.
+  std::map<WindowKey, Window> windows_ ABSL_GUARDED_BY(mu_);
 };
 
 // Calls each of `observers` in turn (e.g. logging and metrics). The
@@ -115,6 +180,9 @@ class FanoutRoundObserver final : public RoundObserver {
   }
   void OnCheckpoint(const CheckpointReport& report) override {
     for (RoundObserver* o : observers_) o->OnCheckpoint(report);
+  }
+  void OnTick(absl::Time now) override {
+    for (RoundObserver* o : observers_) o->OnTick(now);
   }
 
  private:

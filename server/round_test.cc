@@ -97,7 +97,7 @@ TEST(RoundTest, MergesInRankOrder) {
   MergeMoments(expected, std::get<Moments>(MomentsOf(0, 0.0, 0.0)));
   MergeMoments(expected, std::get<Moments>(MomentsOf(1, 2.0, 0.0)));
   MergeMoments(expected, std::get<Moments>(MomentsOf(3, 5.0, 1.0)));
-  Moments got = round.MergedMoments(1);
+  Moments got = *round.MergedMoments(1);
   EXPECT_EQ(got.count, 4);
   EXPECT_EQ(got.mean, expected.mean);
   EXPECT_EQ(got.m2, expected.m2);
@@ -128,7 +128,7 @@ TEST(RoundTest, PartialMergeSkipsAbsentRanksAndTimesArrivals) {
   MergeMoments(expected, std::get<Moments>(MomentsOf(2, 1.0, 0.5)));
   MergeMoments(expected, std::get<Moments>(MomentsOf(1, 2.0, 0.0)));
   MergeMoments(expected, std::get<Moments>(MomentsOf(3, 5.0, 1.0)));
-  Moments got = round.MergedMoments(1);
+  Moments got = *round.MergedMoments(1);
   EXPECT_EQ(got.count, 6);
   EXPECT_EQ(got.mean, expected.mean);
   EXPECT_EQ(got.m2, expected.m2);

@@ -2,10 +2,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -13,6 +15,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/job_spec.h"
 #include "server/kv_state_store.h"
 #include "server/limits.h"
 #include "server/log.h"
@@ -77,12 +80,17 @@ Server::~Server() {
 
 absl::Status Server::Start() {
   if (options_.round_timeout <= absl::ZeroDuration() ||
+      options_.round_timeout > kMaxRoundTimeout ||
       options_.reaper_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "round_timeout and reaper_period must be positive");
+        "round_timeout must be positive and at most 24 hours, and "
+        "reaper_period positive");
   }
   if (options_.straggler_threshold < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("straggler_threshold must be >= 0");
+  }
+  if (options_.log_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("log_interval must be >= 0");
   }
   if (options_.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(
@@ -117,13 +125,19 @@ absl::Status Server::Start() {
   absl::StatusOr<std::unique_ptr<StateStore>> store = OpenStore(options_);
   if (!store.ok()) return store.status();
   AggregatorOptions aggregator_options = ToAggregatorOptions(options_);
+  LoggingRoundObserver::Options log_options;
+  log_options.interval = options_.log_interval;
+  log_ = std::make_unique<LoggingRoundObserver>(log_options);
+  std::vector<RoundObserver*> observers = {log_.get()};
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<Metrics>> metrics =
         Metrics::Start(options_.metrics_listen);
     if (!metrics.ok()) return metrics.status();
     metrics_ = *std::move(metrics);
-    aggregator_options.observer = metrics_->round_observer();
+    observers.push_back(metrics_->round_observer());
   }
+  observers_ = std::make_unique<FanoutRoundObserver>(std::move(observers));
+  aggregator_options.observer = observers_.get();
   auto aggregator = std::make_unique<Aggregator>(
       std::move(aggregator_options), clock_.get(), store->get());
   if (absl::Status s = aggregator->Load(); !s.ok()) return s;
@@ -189,6 +203,10 @@ absl::Status Server::Start() {
   LogLine("start")
       .Add("listen", options_.listen)
       .Add("port", port)
+      .Add("tls", options_.tls_cert.empty()        ? "off"
+                  : options_.tls_client_ca.empty() ? "on"
+                                                   : "mutual")
+      .Add("auth", options_.tokens_file.empty() ? "none" : "tokens")
       .Add("data_dir", options_.data_dir)
       .Add("backup_dir", options_.backup_dir)
       .Add("jobs", aggregator_->ListJobs().size())
@@ -219,7 +237,6 @@ void Server::Shutdown(absl::Duration grace) {
     aggregator = aggregator_.get();
     service = service_.get();
   }
-  LogLine("shutdown").Add("grace_ms", absl::ToInt64Milliseconds(grace));
   if (grpc::HealthCheckServiceInterface* health =
           server->GetHealthCheckService()) {
     health->SetServingStatus(false);
@@ -227,21 +244,24 @@ void Server::Shutdown(absl::Duration grace) {
   // New rounds are refused from here on; contributions to rounds in flight,
   // on open or new streams, are still taken until those rounds finish.
   aggregator->StartDraining();
+  const absl::Time start = absl::Now();
   const int64_t in_flight = aggregator->rounds_in_flight();
-  if (aggregator->AwaitRoundsDone(deadline)) {
-    if (in_flight > 0) {
-      std::fprintf(stderr,
-                   "syncnorm-aggregator: the %lld rounds in flight at "
-                   "shutdown finished\n",
-                   static_cast<long long>(in_flight));
-    }
-  } else {
-    std::fprintf(stderr,
-                 "syncnorm-aggregator: shutdown grace over with %lld rounds "
-                 "still in flight; they fail UNAVAILABLE\n",
-                 static_cast<long long>(aggregator->rounds_in_flight()));
-  }
+  LogLine("shutdown")
+      .Add("grace_ms", absl::ToInt64Milliseconds(grace))
+      .Add("rounds_in_flight", in_flight)
+      .Add("streams_open", service->open_streams());
+  const bool drained = aggregator->AwaitRoundsDone(deadline);
+  const int64_t left = drained ? 0 : aggregator->rounds_in_flight();
+  const int streams = service->open_streams();
   service->CloseStreams();
+  // What was drained: rounds still unfinished when the grace ran out fail
+  // UNAVAILABLE, and the streams end UNAVAILABLE once their results are
+  // written.
+  LogLine("drained", drained ? LogLevel::kInfo : LogLevel::kWarn)
+      .Add("rounds_finished", std::max<int64_t>(0, in_flight - left))
+      .Add("rounds_failed", left)
+      .Add("streams_closed", streams)
+      .Add("waited_ms", absl::ToInt64Milliseconds(absl::Now() - start));
   server->Shutdown(absl::ToChronoTime(deadline));
 }
 

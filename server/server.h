@@ -15,6 +15,7 @@
 #include "server/backup_root.h"
 #include "server/clock.h"
 #include "server/memory_trimmer.h"
+#include "server/round_observer.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
 #include "server/service.h"
@@ -73,6 +74,10 @@ class Server {
   // With options.metrics_listen; it watches the aggregator's rounds and the
   // gRPC server's calls, so it outlives both.
   std::unique_ptr<Metrics> metrics_ ABSL_GUARDED_BY(mu_);
+  // The log lines of rounds, and what the aggregator tells of its rounds
+  // (the log and the metrics); they outlive the aggregator.
+  std::unique_ptr<LoggingRoundObserver> log_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<FanoutRoundObserver> observers_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Aggregator> aggregator_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Authenticator> auth_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AggregatorService> service_ ABSL_GUARDED_BY(mu_);

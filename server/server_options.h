@@ -15,7 +15,8 @@ struct ServerOptions {
   // Server::bound_port(). Default "127.0.0.1:50051".
   std::string listen = "127.0.0.1:50051";
   // How long a round waits for missing ranks when its job sets no
-  // round_timeout_ms. Must be positive. Default 30 s.
+  // round_timeout_ms. Positive, at most kMaxRoundTimeout (24 h). Default
+  // 30 s.
   absl::Duration round_timeout = absl::Seconds(30);
   // Folder of the state store (RocksDB; created with its parents if
   // missing): job specs, running statistics, the rounds retries may ask
@@ -39,6 +40,10 @@ struct ServerOptions {
   // is a straggler (log lines, syncnorm_stragglers_total). Must be >= 0.
   // Default 1 s.
   absl::Duration straggler_threshold = absl::Seconds(1);
+  // How long a job's straggler and quorum rounds are counted into one log
+  // line after the first one's own (LoggingRoundObserver); zero: a line per
+  // round. Must be >= 0. Default 10 s.
+  absl::Duration log_interval = absl::Seconds(10);
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics; see
   // server/metrics.h); port 0 picks a free one (Server::metrics_port()).
   // Empty: no metrics endpoint. Default empty.

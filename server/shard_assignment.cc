@@ -5,6 +5,12 @@
 namespace syncnorm {
 
 absl::Status CheckShardAssignment(const ShardAssignment& a, int num_layers) {
+  if (a.num_shards < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard.num_shards is ", a.num_shards,
+        "; it must be positive (the length of the client's shard list), or "
+        "the shard field left out for a job on one server"));
+  }
   if (!a.sharded()) {
     if (a.shard != 0 || !a.owned_layers.empty()) {
       return absl::InvalidArgumentError(

@@ -1,5 +1,6 @@
 // A job of which this aggregator holds some layers (JobSpec::shard): what
 // it owns, refuses, commits, checkpoints, restores and stores.
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -148,6 +149,22 @@ TEST(ShardedJobTest, AShardWithoutLayersCheckpointsAtOnce) {
   agg.Checkpoint("j", 5, "", clock.Now() + absl::Seconds(1),
                  [&cut](const absl::StatusOr<CheckpointMeta>& c) { cut = c; });
   EXPECT_TRUE(cut.ok()) << cut.status();
+}
+
+// Builds before the bounds stored what they now refuse: a round timeout
+// above 24 hours and a negative num_shards. Such a job still loads, with
+// the bound as its timeout and unsharded, as it behaved.
+TEST(ShardedJobTest, AJobStoredBeforeTheBoundsStillLoads) {
+  JobSpec old = *ResolveJobSpec(ShardSpec(), absl::Seconds(5));
+  old.shard = ShardAssignment();
+  old.shard.num_shards = -1;
+  old.round_timeout = absl::Milliseconds(INT64_MAX);
+  absl::StatusOr<JobSpec> decoded = DecodeJob(EncodeJob(old));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->round_timeout, kMaxRoundTimeout);
+  EXPECT_EQ(decoded->shard.num_shards, 0);
+  EXPECT_FALSE(ResolveJobSpec(old, absl::Seconds(5)).ok())
+      << "a new CreateJob with them is refused";
 }
 
 TEST(ShardedJobTest, TheAssignmentIsStoredWithTheSpec) {

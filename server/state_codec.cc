@@ -172,12 +172,16 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
   spec.job_id = p.job_id();
   spec.world_size = p.world_size();
   spec.group_size = p.group_size();
-  spec.round_timeout = absl::Milliseconds(p.round_timeout_ms());
+  // Builds before the bounds took a round timeout above kMaxRoundTimeout
+  // and a negative num_shards (meaning 0): such a job loads with the bound
+  // as its timeout, unsharded, rather than stopping the start.
+  spec.round_timeout =
+      std::min(absl::Milliseconds(p.round_timeout_ms()), kMaxRoundTimeout);
   for (const pb::Layer& l : p.layers()) spec.layers.push_back(LayerFromProto(l));
   spec.quorum.min_ranks = p.quorum_min_ranks();
   spec.quorum.grace = absl::Milliseconds(p.quorum_grace_ms());
   spec.shard.shard = p.shard();
-  spec.shard.num_shards = p.num_shards();
+  spec.shard.num_shards = std::max(0, p.num_shards());
   spec.shard.owned_layers.assign(p.owned_layers().begin(),
                                  p.owned_layers().end());
   for (const pb::RankGroup& group : p.groups()) {

@@ -4,11 +4,13 @@
 // a good round, and hold unchanged state.
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -147,14 +149,15 @@ grpc::Status ReduceStream(Stub& stub, const v1::Contribution& c) {
 std::vector<Case> CreateJobCases() {
   std::vector<Case> cases;
   auto add = [&](std::string what, grpc::StatusCode code,
-                 std::function<void(v1::CreateJobRequest&)> mutate) {
+                 std::function<void(v1::CreateJobRequest&)> mutate,
+                 std::string says = "") {
     cases.push_back({"CreateJob: " + what, code,
                      [mutate](Stub& stub) {
                        v1::CreateJobRequest r = GoodJob("fresh-job");
                        mutate(r);
                        return CreateJob(stub, r);
                      },
-                     ""});
+                     says});
   };
   const auto kInvalid = grpc::INVALID_ARGUMENT;
   add("job_id empty", kInvalid, [](auto& r) { r.set_job_id(""); });
@@ -172,6 +175,18 @@ std::vector<Case> CreateJobCases() {
   });
   add("round_timeout_ms negative", kInvalid,
       [](auto& r) { r.set_round_timeout_ms(-1); });
+  add(
+      "round_timeout_ms INT64_MAX", kInvalid,
+      [](auto& r) { r.set_round_timeout_ms(INT64_MAX); },
+      "round_timeout_ms is 9223372036854775807; it must be within [0, "
+      "86400000]");
+  add(
+      "round_timeout_ms 24 h + 1 ms", kInvalid,
+      [](auto& r) { r.set_round_timeout_ms(86400001); }, "round_timeout_ms");
+  add(
+      "shard.num_shards negative", kInvalid,
+      [](auto& r) { r.mutable_shard()->set_num_shards(-1); },
+      "shard.num_shards is -1; it must be positive");
   add("no layers", kInvalid, [](auto& r) { r.clear_layers(); });
   add("num_features 0", kInvalid,
       [](auto& r) { r.mutable_layers(0)->set_num_features(0); });
@@ -273,6 +288,12 @@ std::vector<Case> ContributionCases() {
   add("layer out of range", kInvalid, [](auto& c) { c.set_layer(1); });
   add("layer negative", kInvalid, [](auto& c) { c.set_layer(-1); });
   add("step negative", kInvalid, [](auto& c) { c.set_step(-4); });
+  add(
+      "step INT64_MAX", kInvalid, [](auto& c) { c.set_step(INT64_MAX); },
+      "step is 9223372036854775807; steps are within [0, 9007199254740991]");
+  add(
+      "step 2^53", kInvalid, [](auto& c) { c.set_step(int64_t{1} << 53); },
+      "step is 9007199254740992");
   add("rank = world_size", kInvalid, [](auto& c) { c.set_rank(2); });
   add("rank negative", kInvalid, [](auto& c) { c.set_rank(-1); });
   add("phase unspecified", kInvalid,
@@ -361,8 +382,9 @@ std::vector<Case> ContributionCases() {
 std::vector<Case> OtherCases() {
   std::vector<Case> cases;
   auto add = [&](std::string what, grpc::StatusCode code,
-                 std::function<grpc::Status(Stub&)> call) {
-    cases.push_back({what, code, std::move(call), ""});
+                 std::function<grpc::Status(Stub&)> call,
+                 std::string says = "") {
+    cases.push_back({what, code, std::move(call), std::move(says)});
   };
   add("GetJob: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
     v1::GetJobRequest r;
@@ -377,14 +399,18 @@ std::vector<Case> OtherCases() {
     return s.DeleteJob(Context().get(), r, &out);
   });
   auto stats = [&](std::string what, grpc::StatusCode code,
-                   std::function<void(v1::GetRunningStatsRequest&)> mutate) {
-    add("GetRunningStats: " + what, code, [mutate](Stub& s) {
-      v1::GetRunningStatsRequest r;
-      r.set_job_id("bad");
-      mutate(r);
-      v1::RunningStats out;
-      return s.GetRunningStats(Context().get(), r, &out);
-    });
+                   std::function<void(v1::GetRunningStatsRequest&)> mutate,
+                   std::string says = "") {
+    add(
+        "GetRunningStats: " + what, code,
+        [mutate](Stub& s) {
+          v1::GetRunningStatsRequest r;
+          r.set_job_id("bad");
+          mutate(r);
+          v1::RunningStats out;
+          return s.GetRunningStats(Context().get(), r, &out);
+        },
+        std::move(says));
   };
   stats("job_id unknown", grpc::NOT_FOUND, [](auto& r) { r.set_job_id("nope"); });
   stats("layer out of range", grpc::INVALID_ARGUMENT, [](auto& r) { r.add_layers(3); });
@@ -393,14 +419,22 @@ std::vector<Case> OtherCases() {
   stats("group negative", grpc::INVALID_ARGUMENT, [](auto& r) { r.set_group(-1); });
   stats("checkpoint_step without a checkpoint", grpc::NOT_FOUND,
         [](auto& r) { r.set_checkpoint_step(77); });
+  stats(
+      "checkpoint_step INT64_MAX", grpc::INVALID_ARGUMENT,
+      [](auto& r) { r.set_checkpoint_step(INT64_MAX); },
+      "checkpoint_step is 9223372036854775807");
   auto import = [&](std::string what, grpc::StatusCode code,
-                    std::function<void(v1::SetRunningStatsRequest&)> mutate) {
-    add("SetRunningStats: " + what, code, [mutate](Stub& s) {
-      v1::SetRunningStatsRequest r = GoodImport();
-      mutate(r);
-      v1::RunningStats out;
-      return s.SetRunningStats(Context().get(), r, &out);
-    });
+                    std::function<void(v1::SetRunningStatsRequest&)> mutate,
+                    std::string says = "") {
+    add(
+        "SetRunningStats: " + what, code,
+        [mutate](Stub& s) {
+          v1::SetRunningStatsRequest r = GoodImport();
+          mutate(r);
+          v1::RunningStats out;
+          return s.SetRunningStats(Context().get(), r, &out);
+        },
+        std::move(says));
   };
   import("job_id unknown", grpc::NOT_FOUND, [](auto& r) { r.set_job_id("nope"); });
   import("no layers", grpc::INVALID_ARGUMENT, [](auto& r) { r.clear_layers(); });
@@ -420,6 +454,11 @@ std::vector<Case> OtherCases() {
          [](auto& r) { r.mutable_layers(0)->set_running_mean(1, INFINITY); });
   import("num_batches_tracked negative", grpc::INVALID_ARGUMENT,
          [](auto& r) { r.mutable_layers(0)->set_num_batches_tracked(-1); });
+  import(
+      "num_batches_tracked INT64_MAX", grpc::INVALID_ARGUMENT,
+      [](auto& r) { r.mutable_layers(0)->set_num_batches_tracked(INT64_MAX); },
+      "num_batches_tracked is 9223372036854775807; it must be within [0, "
+      "9007199254740991]");
   import("the same (layer, group) twice", grpc::INVALID_ARGUMENT,
          [](auto& r) { *r.add_layers() = r.layers(0); });
   add("Checkpoint: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
@@ -439,6 +478,16 @@ std::vector<Case> OtherCases() {
                          std::chrono::milliseconds(300));
         return s.Checkpoint(&ctx, r, &out);
       });
+  add(
+      "Checkpoint: step INT64_MAX", grpc::INVALID_ARGUMENT,
+      [](Stub& s) {
+        v1::CheckpointRequest r;
+        r.set_job_id("bad");
+        r.set_step(INT64_MAX);
+        v1::CheckpointInfo out;
+        return s.Checkpoint(Context().get(), r, &out);
+      },
+      "step is 9223372036854775807; steps are within [0, 9007199254740991]");
   add("ListCheckpoints: job_id unknown", grpc::NOT_FOUND, [](Stub& s) {
     v1::ListCheckpointsRequest r;
     r.set_job_id("nope");
@@ -459,6 +508,16 @@ std::vector<Case> OtherCases() {
         v1::JobInfo out;
         return s.RestoreCheckpoint(Context().get(), r, &out);
       });
+  add(
+      "RestoreCheckpoint: step INT64_MAX", grpc::INVALID_ARGUMENT,
+      [](Stub& s) {
+        v1::RestoreCheckpointRequest r;
+        r.set_job_id("bad");
+        r.set_step(INT64_MAX);
+        v1::JobInfo out;
+        return s.RestoreCheckpoint(Context().get(), r, &out);
+      },
+      "step is 9223372036854775807");
   return cases;
 }
 
@@ -529,6 +588,256 @@ TEST(BadInputTest, EveryMalformedRequestGetsItsStatusAndTheServerServesOn) {
   good.set_job_id("single-biased");
   good.set_step(900000);
   EXPECT_TRUE(ReduceOnce(*stub, good).ok());
+  auto code = (*agg)->Stop();
+  EXPECT_TRUE(code.ok() && *code == 0);
+}
+
+// ---- Numbers that overflow -----------------------------------------------
+
+struct RankAnswer {
+  grpc::Status status;
+  v1::RoundResult result;
+};
+
+// One round: each contribution (one per rank) sent by ReduceOnce from its
+// own thread, as separate workers would; the answers in the same order.
+std::vector<RankAnswer> RunRound(Stub& stub,
+                                 const std::vector<v1::Contribution>& cs) {
+  std::vector<RankAnswer> out(cs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      out[i].status = stub.ReduceOnce(Context().get(), cs[i], &out[i].result);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+v1::Contribution Moments(const std::string& job, int64_t step, int rank,
+                         int64_t count, std::vector<double> mean,
+                         std::vector<double> m2) {
+  v1::Contribution c;
+  c.set_job_id(job);
+  c.set_step(step);
+  c.set_phase(v1::FORWARD);
+  c.set_rank(rank);
+  c.mutable_moments()->set_count(count);
+  for (double v : mean) c.mutable_moments()->add_mean(v);
+  for (double v : m2) c.mutable_moments()->add_m2(v);
+  return c;
+}
+
+v1::Contribution Sums(const std::string& job, int64_t step, int rank,
+                      std::vector<double> dy, std::vector<double> dy_xmu) {
+  v1::Contribution c;
+  c.set_job_id(job);
+  c.set_step(step);
+  c.set_phase(v1::BACKWARD);
+  c.set_rank(rank);
+  SetGradSums(c, std::move(dy), std::move(dy_xmu));
+  return c;
+}
+
+// A rank's moments of `values` (one channel), computed by sums in long
+// double: the test's own arithmetic, not the server's formulas.
+v1::Contribution MomentsOf(const std::string& job, int64_t step, int rank,
+                           const std::vector<double>& values) {
+  long double sum = 0, m2 = 0;
+  for (double v : values) sum += v;
+  const long double mean = sum / values.size();
+  for (double v : values) m2 += (v - mean) * (v - mean);
+  return Moments(job, step, rank, values.size(),
+                 {static_cast<double>(mean)}, {static_cast<double>(m2)});
+}
+
+v1::RunningStats StatsOf(Stub& stub, const std::string& job) {
+  v1::GetRunningStatsRequest r;
+  r.set_job_id(job);
+  v1::RunningStats out;
+  EXPECT_TRUE(stub.GetRunningStats(Context().get(), r, &out).ok());
+  return out;
+}
+
+int64_t CommittedStep(Stub& stub, const std::string& job) {
+  v1::GetJobRequest r;
+  r.set_job_id(job);
+  v1::JobInfo info;
+  EXPECT_TRUE(stub.GetJob(Context().get(), r, &info).ok());
+  return info.committed_step();
+}
+
+grpc::Status Import(Stub& stub, const std::string& job, double mean,
+                    double var, int64_t num_batches_tracked) {
+  v1::SetRunningStatsRequest r;
+  r.set_job_id(job);
+  v1::LayerStats* l = r.add_layers();
+  l->add_running_mean(mean);
+  l->add_running_var(var);
+  l->set_num_batches_tracked(num_batches_tracked);
+  v1::RunningStats out;
+  return stub.SetRunningStats(Context().get(), r, &out);
+}
+
+// Finite contributions whose merge overflows float64, counts that sum past
+// INT64_MAX, running statistics an update would make infinite and a
+// num_batches_tracked at its bound: each round fails for every rank with
+// its status, names what overflowed, and leaves the running statistics and
+// the committed step as they were; a retry gets the same answer, and the
+// next good round is served, equal to a long-double reference.
+TEST(BadInputTest, RoundsThatWouldOverflowFailAndChangeNothing) {
+  const std::string dir = MakeScratchDir("bad-input-overflow");
+  auto agg = LocalAggregator::Start(dir);
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
+      (*agg)->address(), grpc::InsecureChannelCredentials()));
+  v1::CreateJobRequest wide = GoodJob("wide");
+  wide.mutable_layers(0)->set_num_features(1);
+  ASSERT_TRUE(CreateJob(*stub, wide).ok());
+  v1::CreateJobRequest cumulative = GoodJob("cumulative");
+  cumulative.set_world_size(1);
+  cumulative.mutable_layers(0)->set_num_features(1);
+  cumulative.mutable_layers(0)->set_momentum_mode(v1::MOMENTUM_CUMULATIVE);
+  ASSERT_TRUE(CreateJob(*stub, cumulative).ok());
+  // Step 0 of "wide" is applied, so a later failure has state to keep.
+  const std::vector<double> x0 = {1.5, -2.0, 4.25}, x1 = {0.5, 3.0};
+  for (const RankAnswer& a :
+       RunRound(*stub, {MomentsOf("wide", 0, 0, x0),
+                        MomentsOf("wide", 0, 1, x1)})) {
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  }
+  const v1::RunningStats before = StatsOf(*stub, "wide");
+  ASSERT_EQ(before.layers(0).num_batches_tracked(), 1);
+  const std::string kept = before.SerializeAsString();
+
+  struct Overflow {
+    std::string what;
+    std::vector<v1::Contribution> round;
+    grpc::StatusCode code;
+    std::string says;
+  };
+  const double big = 1e308;
+  const std::vector<Overflow> overflows = {
+      {"means of opposite signs",
+       {Moments("wide", 1, 0, 2, {big}, {big}),
+        Moments("wide", 1, 1, 2, {-big}, {big})},
+       grpc::INVALID_ARGUMENT,
+       "merging the ranks' moments overflows float64: mean[0] is -inf"},
+      {"m2 that sums past the float64 maximum",
+       {Moments("wide", 2, 0, 2, {1}, {1.5 * big}),
+        Moments("wide", 2, 1, 2, {1}, {1.5 * big})},
+       grpc::INVALID_ARGUMENT,
+       "merging the ranks' moments overflows float64: var[0] is inf"},
+      {"counts 2^62 + 2^62",
+       {Moments("wide", 3, 0, int64_t{1} << 62, {0}, {0}),
+        Moments("wide", 3, 1, int64_t{1} << 62, {0}, {0})},
+       grpc::INVALID_ARGUMENT,
+       "rank 1's count does not fit: counts 4611686018427387904 + "
+       "4611686018427387904 sum past 2^63-1"},
+      {"counts INT64_MAX + 1",
+       {Moments("wide", 4, 0, INT64_MAX, {0}, {0}),
+        Moments("wide", 4, 1, 1, {0}, {0})},
+       grpc::INVALID_ARGUMENT, "sum past 2^63-1"},
+  };
+  for (const Overflow& o : overflows) {
+    for (int attempt = 0; attempt < 2; ++attempt) {  // then a retry
+      for (const RankAnswer& a : RunRound(*stub, o.round)) {
+        EXPECT_EQ(a.status.error_code(), o.code)
+            << o.what << ": " << a.status.error_message();
+        EXPECT_TRUE(absl::StrContains(a.status.error_message(), o.says))
+            << o.what << ": should say '" << o.says
+            << "': " << a.status.error_message();
+        EXPECT_TRUE(absl::StrContains(a.status.error_message(),
+                                      "the round was not applied"))
+            << o.what;
+      }
+    }
+    EXPECT_EQ(StatsOf(*stub, "wide").SerializeAsString(), kept) << o.what;
+    EXPECT_EQ(CommittedStep(*stub, "wide"), 0) << o.what;
+  }
+
+  // Gradient sums that overflow when summed: the backward round of step 0.
+  for (const RankAnswer& a :
+       RunRound(*stub, {Sums("wide", 0, 0, {big}, {1}),
+                        Sums("wide", 0, 1, {big}, {1})})) {
+    EXPECT_EQ(a.status.error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StrContains(
+        a.status.error_message(),
+        "summing the ranks' gradient sums overflows float64: sum_dy[0] is "
+        "inf"))
+        << a.status.error_message();
+  }
+
+  // The next good round, against the long-double mean and biased var of
+  // the concatenated batch and torch's running-statistics rule.
+  const std::vector<double> y0 = {2.0, 7.5}, y1 = {-1.25, 0.0, 3.5};
+  std::vector<RankAnswer> good = RunRound(
+      *stub, {MomentsOf("wide", 5, 0, y0), MomentsOf("wide", 5, 1, y1)});
+  long double sum = 0, sq = 0;
+  for (const auto* v : {&y0, &y1}) {
+    for (double y : *v) sum += y;
+  }
+  const long double mean = sum / 5;
+  for (const auto* v : {&y0, &y1}) {
+    for (double y : *v) sq += (y - mean) * (y - mean);
+  }
+  for (const RankAnswer& a : good) {
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+    EXPECT_EQ(a.result.moments().count(), 5);
+    EXPECT_NEAR(a.result.moments().mean(0), static_cast<double>(mean), 1e-15);
+    EXPECT_NEAR(a.result.moments().var(0), static_cast<double>(sq / 5),
+                1e-14);
+    EXPECT_EQ(a.result.version(), 2);
+  }
+  const v1::RunningStats now = StatsOf(*stub, "wide");
+  const v1::LayerStats& running = now.layers(0);
+  EXPECT_NEAR(running.running_mean(0),
+              0.9 * before.layers(0).running_mean(0) + 0.1 * mean, 1e-15);
+  EXPECT_NEAR(running.running_var(0),
+              0.9 * before.layers(0).running_var(0) + 0.1 * (sq / 4), 1e-14);
+  EXPECT_EQ(CommittedStep(*stub, "wide"), 5);
+
+  // A cumulative average whose update overflows: running mean -1e308 and a
+  // batch mean of 1e308.
+  ASSERT_TRUE(Import(*stub, "cumulative", -big, 1, 1).ok());
+  const std::string imported = StatsOf(*stub, "cumulative").SerializeAsString();
+  v1::RoundResult result;
+  grpc::Status s = stub->ReduceOnce(
+      Context().get(), Moments("cumulative", 0, 0, 2, {big}, {0}), &result);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(
+      s.error_message(),
+      "updating the running statistics overflows float64: running_mean[0] "
+      "is inf"))
+      << s.error_message();
+  EXPECT_EQ(StatsOf(*stub, "cumulative").SerializeAsString(), imported);
+  EXPECT_EQ(CommittedStep(*stub, "cumulative"), -1);
+
+  // num_batches_tracked at its bound (2^53 - 1): no round can count one
+  // more. One below it: the round makes it the bound.
+  constexpr int64_t kMaxVersion = (int64_t{1} << 53) - 1;
+  ASSERT_TRUE(Import(*stub, "cumulative", 0, 1, kMaxVersion).ok());
+  s = stub->ReduceOnce(Context().get(),
+                       Moments("cumulative", 1, 0, 2, {1}, {1}), &result);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(),
+                                "num_batches_tracked is 9007199254740991"))
+      << s.error_message();
+  EXPECT_EQ(StatsOf(*stub, "cumulative").layers(0).num_batches_tracked(),
+            kMaxVersion);
+  ASSERT_TRUE(Import(*stub, "cumulative", 0, 1, kMaxVersion - 1).ok());
+  s = stub->ReduceOnce(Context().get(),
+                       Moments("cumulative", 2, 0, 2, {1}, {1}), &result);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(result.version(), kMaxVersion);
+
+  // A step at INT64_MAX is refused and the committed step stays.
+  s = stub->ReduceOnce(Context().get(),
+                       Moments("cumulative", INT64_MAX, 0, 2, {1}, {1}),
+                       &result);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(CommittedStep(*stub, "cumulative"), 2);
+
   auto code = (*agg)->Stop();
   EXPECT_TRUE(code.ok() && *code == 0);
 }

@@ -399,12 +399,19 @@ TEST_F(TokensTest, TheFileIsReloadedWhenItChanges) {
   std::unique_ptr<Contributor> stream = late.NewContributor("a", 0);
   EXPECT_TRUE(stream->Round(Forward("a", 1, 0)).ok());
 
-  // A broken file keeps the tokens in force, and the log says so.
-  WriteAtomically(tokens_, absl::StrCat(kLateToken, " job:a nonsense\n"));
+  // A broken file keeps the tokens in force, and the log says so, naming
+  // the line: here a line with its columns swapped, `job:<id> <token>`,
+  // which must not put the token in the log (ExpectNoTokenInLog below).
+  WriteAtomically(tokens_, absl::StrCat(kLateToken, " job:a\n",
+                                        "job:resnet50-run7 ", kAdminToken,
+                                        "\n"));
   absl::SleepFor(absl::Milliseconds(2500));
   EXPECT_TRUE(late.GetJob("a").ok());
-  EXPECT_TRUE(absl::StrContains(ReadFile(dir_ + "/aggregator.log"),
-                                "keeping the previous tokens"));
+  const std::string log = ReadFile(dir_ + "/aggregator.log");
+  EXPECT_TRUE(absl::StrContains(log, "level=error event=tokens_reload_failed"))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "line 2: scope 1 of the second column"))
+      << log;
 
   // Removed: refused within about a second, on the open stream too.
   WriteAtomically(tokens_, absl::StrCat(kAdminToken, " admin\n"));

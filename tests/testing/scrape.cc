@@ -24,7 +24,7 @@ int MetricsPortFromLog(const std::string& log_path, absl::Duration timeout) {
     std::stringstream s;
     s << in.rdbuf();
     const std::string log = s.str();
-    const size_t start = log.find("syncnorm event=start");
+    const size_t start = log.find("event=start ");
     const size_t at = log.find("metrics_port=", start);
     if (start != std::string::npos && at != std::string::npos) {
       return std::atoi(log.c_str() + at + 13);
