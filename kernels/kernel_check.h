@@ -51,7 +51,18 @@ struct Tolerance {
   double out = 1e-6;
 };
 
-// For kernels that compute in float64 (CPU) and float32 (GPU).
+// The largest errors seen, in the units of Tolerance's fields (so a check
+// passes when each is at most its tolerance); `out` counts only the error
+// beyond rounding to the element type.
+struct Accuracy {
+  double stats = 0;
+  double sums = 0;
+  double out = 0;
+};
+
+// For the CPU kernels (float64 throughout) and the CUDA kernels (float64
+// reductions, float32 elementwise arithmetic); see kernel_check.cc for how
+// each was measured.
 Tolerance CpuTolerance();
 Tolerance GpuTolerance();
 
@@ -84,10 +95,12 @@ std::vector<double> Decode(DType dtype, const std::vector<uint8_t>& bytes);
 
 // Runs every kernel with every option on every layout and dtype given;
 // returns one line per failure (empty: all passed). `seed` varies the data.
+// `worst`, if given, gets the largest errors seen (over its prior values).
 std::vector<std::string> CheckKernels(KernelRunner& runner,
                                       const std::vector<DType>& dtypes,
                                       const std::vector<Layout>& layouts,
-                                      const Tolerance& tol, uint64_t seed);
+                                      const Tolerance& tol, uint64_t seed,
+                                      Accuracy* worst = nullptr);
 
 }  // namespace check
 }  // namespace syncnorm
