@@ -55,6 +55,12 @@ namespace syncnorm {
 absl::StatusOr<Geometry> MakeGeometry(absl::Span<const int64_t> shape,
                                       bool channels_last);
 
+// Whether this build's kernels take `dtype` tensors on `device`: for
+// kCpu, whether the dtype is known; for kCuda, also whether the build has
+// CUDA and a device is visible. Creates no CUDA context, so that callers
+// may ask before they choose a device.
+bool KernelsAvailable(Device device, DType dtype);
+
 // Local per-channel moments of x (count = g.per_channel()), one pass, stable
 // when |mean| is far larger than the standard deviation.
 absl::Status LocalMoments(const KernelContext& ctx, DType dtype, const void* x,
