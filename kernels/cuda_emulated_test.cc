@@ -2,7 +2,7 @@
 // C++, run on the strict CPU emulator (kernels/emulator/emulator.h says
 // what it enforces) against float64 references: every kernel and option,
 // float32/float16/bfloat16, both layouts, ranks 2 to 5, the odd shapes of
-// check::EmulatedLayouts, unaligned tensors, and elementwise slicing (its
+// check::OddLayouts, unaligned tensors, and elementwise slicing (its
 // bound lowered to 32768 elements). Also: the scratch memory (pools, no
 // pools, pinned uploads, no host waits), determinism, the launchers'
 // errors, and the emulator catching each planted bug of
@@ -25,9 +25,9 @@
 namespace syncnorm {
 namespace {
 
-using check::EmulatedLayouts;
 using check::EmulatedRunner;
 using check::Layout;
+using check::OddLayouts;
 
 const std::vector<DType> kAllTypes = {DType::kFloat32, DType::kFloat16,
                                       DType::kBFloat16};
@@ -50,7 +50,7 @@ TEST(EmulatedKernels, EveryKernelDTypeAndShapeMatchesFloat64) {
   EmulatedRunner runner;
   check::Accuracy worst;
   ExpectNoFailures(
-      check::CheckKernels(runner, kAllTypes, EmulatedLayouts(),
+      check::CheckKernels(runner, kAllTypes, OddLayouts(),
                           check::GpuTolerance(), /*seed=*/11, &worst),
       runner);
   const emu::Counters c = emu::GetCounters();

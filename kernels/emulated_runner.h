@@ -1,7 +1,6 @@
 // The CUDA kernels' raw launchers (batch_norm_cuda.h) on the CPU emulator
-// (kernels/emulator), as a check::KernelRunner, and the shapes the emulated
-// tests sweep. Test-only; used by //kernels:cuda_emulated_test and the
-// planted-bug binaries it runs.
+// (kernels/emulator), as a check::KernelRunner. Test-only; used by
+// //kernels:cuda_emulated_test and the planted-bug binaries it runs.
 #ifndef SYNCNORM_KERNELS_EMULATED_RUNNER_H_
 #define SYNCNORM_KERNELS_EMULATED_RUNNER_H_
 
@@ -95,50 +94,9 @@ class EmulatedRunner : public KernelRunner {
 };
 
 // The element bound of one elementwise launch in the emulated build
-// (SYNCNORM_CUDA_SLICE_ELEMENTS), lowered so that batch items of a few
-// hundred thousand elements take the paths of items over 2^31 elements.
+// (SYNCNORM_CUDA_SLICE_ELEMENTS), lowered so that the batch items of
+// check::OddLayouts take the paths of items over 2^31 elements.
 constexpr int64_t kEmulatedSliceElements = 32768;
-
-// The shapes the emulated sweep runs: ranks 2 to 5 in both layouts, empty
-// batches, C = 1, 31, 33 and 65536, inner sizes from 1 to beyond the slice
-// bound, rows that are sliced whole, by planes and within a plane, and
-// tensors many grid strides long. Bounded so that the sweep of all three
-// dtypes takes seconds on the emulator.
-inline std::vector<Layout> EmulatedLayouts() {
-  return {
-      // 2-D: (N, C), channels-last by nature.
-      {{7, 3}, false},
-      {{300, 70}, false},
-      {{5, 1}, false},
-      {{1, 1}, false},
-      {{2, 65536}, false},  // C = 65536; rows sliced by planes (of 1)
-      // Channels-first: column reads (inner < 32), plane reads (>= 32).
-      {{5, 4, 9}, false},
-      {{3, 31, 1}, false},
-      {{2, 33, 3}, false},
-      {{2, 31, 3, 3, 3}, false},  // inner 27
-      {{3, 5, 6, 7}, false},
-      {{2, 33, 40}, false},     // inner 40: groups of 4 and 8 values
-      {{3, 1, 9, 7}, false},    // inner 63: no whole groups
-      {{4, 6, 70, 70}, false},  // many strides; rows sliced whole
-      {{3, 65536, 2}, false},   // C = 65536, rows sliced by planes
-      {{1, 2, 40000}, false},   // planes sliced within
-      {{2, 3, 4, 5, 6}, false},
-      // Channels-last.
-      {{5, 9, 4}, true},
-      {{64, 40, 3}, true},  // C = 3: warps read across rows
-      {{8, 9, 31}, true},
-      {{4, 8, 8, 33}, true},
-      {{16, 16, 16, 1}, true},  // C = 1
-      {{3, 6, 7, 5}, true},
-      {{2, 4, 5, 6, 3}, true},
-      {{2, 7, 7, 300}, true},
-      // Empty batches.
-      {{0, 3, 4}, false},
-      {{0, 4, 3}, true},
-      {{0, 65536}, false},
-  };
-}
 
 }  // namespace syncnorm::check
 

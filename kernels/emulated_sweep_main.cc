@@ -3,7 +3,7 @@
 // (kernels/emulator/prepare.sh) and on the same kernels without it.
 //
 // Usage: emulated_sweep DTYPE LAYOUT...   DTYPE: float32, float16 or
-// bfloat16; LAYOUT: a name of check::EmulatedLayouts (Layout::Name, e.g.
+// bfloat16; LAYOUT: a name of check::OddLayouts (Layout::Name, e.g.
 // 4x6x70x70_first). Prints each failure and the emulator's fault; exit
 // status 0 when everything matched the float64 references, 1 when not, 2
 // for bad arguments.
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   std::vector<check::Layout> layouts;
   for (int i = 2; i < argc; ++i) {
     bool found = false;
-    for (const check::Layout& l : check::EmulatedLayouts()) {
+    for (const check::Layout& l : check::OddLayouts()) {
       if (l.Name() == argv[i]) {
         layouts.push_back(l);
         found = true;

@@ -86,6 +86,15 @@ struct Layout {
 // span many GPU blocks. `large` adds shapes of a few million elements.
 std::vector<Layout> StandardLayouts(bool large);
 
+// Shapes that find the edges of the CUDA kernels: C = 1, 3, 31, 33 and
+// 65536, inner sizes from 1 to 40000 (each side of the 32 where reading
+// switches from columns to planes, with and without whole 16-byte groups),
+// rows sliced whole, by planes and within a plane when launches are
+// bounded to 32768 elements (as the emulated build is), tensors many grid
+// strides long, ranks 2 to 5 in both layouts, and empty batches. A few
+// hundred thousand elements at most.
+std::vector<Layout> OddLayouts();
+
 const char* DTypeName(DType dtype);
 
 // Element bytes of dtype and conversions of whole tensors.
