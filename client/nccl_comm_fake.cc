@@ -4,11 +4,12 @@
 // one that NcclNodeGroup relies on: ranks meet by id, every rank must issue
 // the same collectives in the same order, a collective that outlives its
 // deadline fails with kTimeout, and after any failure the communicator is
-// aborted and every later call fails. Where NCCL promises nothing, the
-// fake does not help either: collectives of different kinds or sizes
-// (undefined behavior in NCCL: a hang or corrupt memory) fail as kFailed,
-// never as a clean kInvalid, and the all-reduce sums the ranks in reverse
-// order, so that code relying on an order NCCL does not give shows it.
+// aborted and every later call fails with kAborted. Where NCCL promises
+// nothing, the fake does not help either: collectives of different kinds
+// or sizes (undefined behavior in NCCL: a hang or corrupt memory) fail as
+// kFailed, never as a clean kInvalid, and the all-reduce sums the ranks in
+// reverse order, so that code relying on an order NCCL does not give shows
+// it. It has no devices: Comm::device() is what Create was given.
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -120,7 +121,12 @@ struct Comm::State {
 CommResult Comm::State::Collective(const Entry& mine, int64_t extra_ms) {
   Hub& h = *hub;
   absl::MutexLock lock(&h.mu);
-  if (!h.failure.ok()) return h.failure;
+  if (!h.failure.ok()) {
+    return CommResult{CommResult::kAborted,
+                      "the communicator was aborted after an earlier "
+                      "failure: " +
+                          h.failure.message};
+  }
   h.entries[rank] = mine;
   const int64_t ticket = h.done;
   if (++h.arrived == h.size) {
