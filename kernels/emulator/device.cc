@@ -128,17 +128,29 @@ void SetFault(Block& b, cudaError_t code, const std::string& what) {
   b.fault = Context(b) + ": " + what;
 }
 
-// Ends the calling lane for good after a fault it found itself.
-[[noreturn]] void FaultFromLane(cudaError_t code, const std::string& what) {
-  Block& b = *running;
-  Lane& lane = *current;
+// Records a fault the calling lane found itself. Its caller then ends the
+// lane with EndFaultedLane, in a statement of its own, so that no
+// temporary that owns memory is alive on the abandoned fiber's stack.
+void RecordLaneFault(cudaError_t code, const std::string& what) {
+  const Lane& lane = *current;
   SetFault(
-      b, code,
+      *running, code,
       "thread " + std::to_string(lane.id) + " " + Dim(lane.idx) + ": " + what);
+}
+
+// Ends the calling lane for good (see RecordLaneFault).
+[[noreturn]] void EndFaultedLane() {
+  Lane& lane = *current;
   lane.state = LaneState::kFaulted;
-  Fiber::Switch(lane.fiber, b.scheduler, /*from_dies=*/true);
+  Fiber::Switch(lane.fiber, running->scheduler, /*from_dies=*/true);
   std::abort();  // never resumed
 }
+
+#define SYNCNORM_EMU_LANE_FAULT(code, what) \
+  do {                                      \
+    RecordLaneFault(code, what);            \
+    EndFaultedLane();                       \
+  } while (0)
 
 Lane& CurrentLane(const char* what) {
   if (current == nullptr) {
@@ -220,19 +232,22 @@ bool ArriveAtWarpCall(Block& b, Lane& lane) {
   const unsigned existing = lanes == kWarp ? 0xffffffffu : ((1u << lanes) - 1u);
   if (lane.width < 1 || lane.width > kWarp ||
       (lane.width & (lane.width - 1)) != 0) {
-    FaultFromLane(cudaErrorIllegalInstruction,
-                  CallAt(lane) + ": width " + std::to_string(lane.width) +
-                      " is not a power of two up to 32");
+    SYNCNORM_EMU_LANE_FAULT(cudaErrorIllegalInstruction,
+                            CallAt(lane) + ": width " +
+                                std::to_string(lane.width) +
+                                " is not a power of two up to 32");
   }
   if ((lane.mask & (1u << me)) == 0) {
-    FaultFromLane(cudaErrorIllegalInstruction,
-                  CallAt(lane) + ": the mask leaves out the calling lane " +
-                      std::to_string(me));
+    SYNCNORM_EMU_LANE_FAULT(cudaErrorIllegalInstruction,
+                            CallAt(lane) +
+                                ": the mask leaves out the calling lane " +
+                                std::to_string(me));
   }
   if ((lane.mask & ~existing) != 0) {
-    FaultFromLane(cudaErrorIllegalInstruction,
-                  CallAt(lane) + ": the mask names lanes this block of " +
-                      std::to_string(b.threads) + " threads does not have");
+    SYNCNORM_EMU_LANE_FAULT(
+        cudaErrorIllegalInstruction,
+        CallAt(lane) + ": the mask names lanes this block of " +
+            std::to_string(b.threads) + " threads does not have");
   }
   unsigned& arrived = b.warp_arrived[warp];
   arrived |= 1u << me;
@@ -243,19 +258,20 @@ bool ArriveAtWarpCall(Block& b, Lane& lane) {
     if (o.file != lane.file || o.line != lane.line || o.mask != lane.mask ||
         o.sync_only != lane.sync_only || o.kind != lane.kind ||
         o.width != lane.width) {
-      FaultFromLane(cudaErrorIllegalInstruction,
-                    CallAt(lane) + ": lane " + std::to_string(j) +
-                        " of the mask is at " + CallAt(o) +
-                        " instead; every lane of a mask must take part in "
-                        "the same call");
+      SYNCNORM_EMU_LANE_FAULT(
+          cudaErrorIllegalInstruction,
+          CallAt(lane) + ": lane " + std::to_string(j) + " of the mask is at " +
+              CallAt(o) +
+              " instead; every lane of a mask must take part in "
+              "the same call");
     }
     if (o.sync_only) continue;
     const int src = SourceLane(o, j);
     if ((lane.mask & (1u << src)) == 0) {
-      FaultFromLane(cudaErrorIllegalInstruction,
-                    CallAt(lane) + ": lane " + std::to_string(j) +
-                        " reads lane " + std::to_string(src) +
-                        ", which is not in the mask");
+      SYNCNORM_EMU_LANE_FAULT(cudaErrorIllegalInstruction,
+                              CallAt(lane) + ": lane " + std::to_string(j) +
+                                  " reads lane " + std::to_string(src) +
+                                  ", which is not in the mask");
     }
   }
   for (int j = 0; j < kWarp; ++j) {
@@ -475,21 +491,21 @@ void* SharedStorage(const char* file, int line, size_t bytes, size_t align) {
   }
   b.shared_bytes += (bytes + 15) / 16 * 16;
   if (b.shared_bytes + b.launch->shared_bytes > b.shared_limit) {
-    FaultFromLane(cudaErrorLaunchFailure,
-                  "the block's __shared__ variables (" +
-                      std::to_string(b.shared_bytes) +
-                      " bytes with the one at " + Where(file, line) + ") and " +
-                      std::to_string(b.launch->shared_bytes) +
-                      " dynamic bytes exceed the " +
-                      std::to_string(b.shared_limit) + " a block may have");
+    SYNCNORM_EMU_LANE_FAULT(
+        cudaErrorLaunchFailure,
+        "the block's __shared__ variables (" + std::to_string(b.shared_bytes) +
+            " bytes with the one at " + Where(file, line) + ") and " +
+            std::to_string(b.launch->shared_bytes) +
+            " dynamic bytes exceed the " + std::to_string(b.shared_limit) +
+            " a block may have");
   }
   SharedVar v;
   v.file = file;
   v.line = line;
   if (align > kSharedAlign) {
-    FaultFromLane(cudaErrorLaunchFailure,
-                  "the __shared__ variable at " + Where(file, line) +
-                      " wants an alignment over 64 bytes");
+    SYNCNORM_EMU_LANE_FAULT(cudaErrorLaunchFailure,
+                            "the __shared__ variable at " + Where(file, line) +
+                                " wants an alignment over 64 bytes");
   }
   v.storage.reset(static_cast<char*>(
       ::operator new(bytes, std::align_val_t(kSharedAlign))));
