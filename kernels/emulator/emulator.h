@@ -26,8 +26,9 @@
 //    argument must point into device memory of the launch's device.
 //  - Streams are queues that run only when the host synchronizes with them
 //    (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a
-//    synchronous copy, cudaFree): a query never makes progress, so work the
-//    host does not wait for has not happened. Copies from pinned host
+//    synchronous copy, cudaFree): a query never makes progress (unless
+//    Config::queries_run_work), so work the host does not wait for has not
+//    happened. Copies from pinned host
 //    memory read it when they run, copies from pageable memory when they
 //    are queued (as CUDA stages them).
 // A fault in a kernel (deadlock, shuffle misuse, illegal address) makes the
@@ -65,6 +66,10 @@ struct Config {
   int shared_memory_per_block = 48 * 1024;
   // Reported L2 size in bytes.
   int l2_bytes = 50 * 1024 * 1024;
+  // true: cudaStreamQuery and cudaEventQuery first run the queued work (a
+  // fast GPU), for code that polls instead of waiting; false (default):
+  // a query never makes progress.
+  bool queries_run_work = false;
 };
 
 // Restarts the emulator with `config`: every allocation, stream, event and

@@ -823,6 +823,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   EMU_ENTER();
   const Stream* st = Resolve(s, stream);
   if (st == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  if (s.config.queries_run_work) Drain(s);
+  if (s.sticky != cudaSuccess) return Fail(s.sticky);
   // A query never makes progress; "not ready" is recorded as the last
   // error, as the CUDA runtime may do.
   return st->queued > 0 ? Fail(cudaErrorNotReady) : cudaSuccess;
@@ -877,6 +879,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   EMU_ENTER();
   const syncnorm::emu::Event* e = FindEvent(s, event);
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  if (s.config.queries_run_work) Drain(s);
+  if (s.sticky != cudaSuccess) return Fail(s.sticky);
   return e->queued > 0 ? Fail(cudaErrorNotReady) : cudaSuccess;
 }
 
