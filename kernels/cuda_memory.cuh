@@ -197,9 +197,10 @@ class ScratchRegistry {
 };
 
 // The memory of one launcher call on `stream`: `device_bytes` of device
-// scratch and `host_bytes` of pinned staging, both 256-byte aligned.
-// Released in stream order when the workspace goes out of scope: reused
-// once the work queued on the stream by then has completed.
+// scratch and `host_bytes` of pinned staging, aligned as cudaMalloc's
+// (callers place records of at most 16-byte alignment in them). Released
+// in stream order when the workspace goes out of scope: reused once the
+// work queued on the stream by then has completed.
 class Workspace {
  public:
   explicit Workspace(cudaStream_t stream) : stream_(stream) {}
@@ -207,9 +208,8 @@ class Workspace {
   Workspace& operator=(const Workspace&) = delete;
   ~Workspace() { Release(); }
 
+  // INTERNAL (naming the launcher fn) when memory cannot be had.
   Result Reserve(const char* fn, size_t device_bytes, size_t host_bytes) {
-    constexpr char kFn[] = "scratch memory";
-    (void)kFn;
     int device = 0;
     SYNCNORM_CUDA_TRY_NAMED(fn, cudaGetDevice(&device));
     scratch_ = &ScratchRegistry::Get().ForDevice(device);
