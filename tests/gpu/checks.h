@@ -31,8 +31,9 @@ int RunNcclThreadChecks(int gpus);
 // One rank of the two-process NCCL check (both on GPU 0, told apart by
 // NCCL_HOSTID): the collectives' and the node round's content, the node
 // round's verdicts (mismatch, a peer's error, the leader's budget), then
-// (rank 0) a dead peer: the next call fails with kTimeout in time, later
-// calls with kAborted, and teardown returns. Rank 1 exits abruptly after
+// (rank 0) a dead peer: the next call fails in time (kTimeout, or kFailed
+// when NCCL sees the peer gone), later calls with kAborted, and teardown
+// returns. Rank 1 exits abruptly after
 // the live checks when `die` is set.
 int RunNcclRank(int rank, const std::string& id_file, bool die);
 

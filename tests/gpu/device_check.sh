@@ -30,8 +30,9 @@
 #                loopback): content element by element, the node round's
 #                gather, outcome and verdicts (mismatch, a peer's error,
 #                the leader's upstream budget), identical merges; then rank
-#                1 dies: rank 0's next call is a timeout in time, later
-#                calls are aborted, teardown returns
+#                1 dies: rank 0's next call fails in time (a timeout or
+#                NCCL's remote error), later calls are aborted, teardown
+#                returns
 #   benchmark    tests/gpu/bench.py: CUDA-event timings on tensors >= 4x L2
 #                against torch's batch_norm and a device-to-device copy
 # Without a GPU (this is how CI's machine is) the GPU steps stop at once

@@ -268,11 +268,12 @@ int CheckContract() {
           .empty();
   failed += Report(ok && a1 == a2 && b1 == b2 && a1 == a3 && b1 == b3,
                    "LocalMoments is bitwise deterministic, aligned or not", "");
-  // Forward never waits for the stream: queued behind 1 GiB of memset
-  // work, it returns while the stream is still busy.
+  // Forward never waits for the stream: queued behind 32 GiB of memset
+  // work (about 10 ms on a large GPU), it returns while the stream is
+  // still busy.
   void* big = nullptr;
   cudaMalloc(&big, size_t{1} << 30);
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 32; ++i) {
     cudaMemsetAsync(big, i, size_t{1} << 30, runner.stream());
   }
   std::vector<double> mean64(64, 1.0), invstd(64, 0.5);
