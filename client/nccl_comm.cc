@@ -16,6 +16,31 @@ namespace nccl {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// Makes a device current for its scope and gives the caller's back after.
+class DeviceScope {
+ public:
+  DeviceScope() {
+    if (cudaGetDevice(&caller_) != cudaSuccess) {
+      cudaGetLastError();
+      caller_ = -1;
+    }
+  }
+  ~DeviceScope() {
+    if (caller_ >= 0) cudaSetDevice(caller_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+  int caller() const { return caller_; }
+
+ private:
+  int caller_ = -1;
+};
+
+}  // namespace
+
 struct Comm::State {
   int size = 0;
   int rank = 0;
@@ -30,6 +55,8 @@ struct Comm::State {
   std::string first_error;
 
   ~State() {
+    DeviceScope scope;
+    cudaSetDevice(device);
     if (comm != nullptr) {
       if (aborted) {
         ncclCommAbort(comm);
@@ -43,8 +70,8 @@ struct Comm::State {
   }
 
   // A clean teardown, bounded by the timeout (abort if a peer is gone).
+  // REQUIRES: the communicator's device is current.
   void Finalize() {
-    cudaSetDevice(device);
     ncclResult_t r = ncclCommFinalize(comm);
     const Clock::time_point deadline =
         Clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -81,9 +108,10 @@ struct Comm::State {
   }
 
   // Waits until NCCL's async state leaves ncclInProgress and (stream_too)
-  // the stream has drained, or an error, or the deadline.
+  // the stream has drained, or an error, or the deadline (timeout_ms +
+  // extra_ms after the call began).
   CommResult Wait(const char* what, Clock::time_point deadline,
-                  bool stream_too = true) {
+                  int64_t extra_ms, bool stream_too = true) {
     for (int spin = 0;; ++spin) {
       ncclResult_t async = ncclSuccess;
       const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
@@ -106,7 +134,8 @@ struct Comm::State {
             CommResult::kTimeout,
             std::string("NCCL ") + what + " on local rank " +
                 std::to_string(rank) + " of " + std::to_string(size) +
-                " did not complete within " + std::to_string(timeout_ms) +
+                " did not complete within " +
+                std::to_string(timeout_ms + extra_ms) +
                 " ms: a local rank died, stalled, or called a different "
                 "collective; the communicator is aborted");
       }
@@ -133,9 +162,10 @@ struct Comm::State {
 
   // Copies `in_bytes` from `in` to the device buffer, runs `collective`
   // (device buffer in, device buffer + out_offset out), and copies
-  // `out_bytes` back to `out`.
+  // `out_bytes` back to `out`, within timeout_ms + extra_ms.
   CommResult Run(const char* what, const void* in, size_t in_bytes,
                  size_t out_offset, void* out, size_t out_bytes,
+                 int64_t extra_ms,
                  const std::function<ncclResult_t(char*)>& collective) {
     if (aborted) {
       return CommResult{CommResult::kAborted,
@@ -144,7 +174,8 @@ struct Comm::State {
                             "failure: " + first_error};
     }
     const Clock::time_point deadline =
-        Clock::now() + std::chrono::milliseconds(timeout_ms);
+        Clock::now() + std::chrono::milliseconds(timeout_ms + extra_ms);
+    DeviceScope scope;
     cudaError_t e = cudaSetDevice(device);
     CommResult r = e == cudaSuccess
                        ? Reserve(std::max(in_bytes, out_offset + out_bytes))
@@ -167,7 +198,7 @@ struct Comm::State {
     // Non-blocking: ncclInProgress means the collective is not on the stream
     // yet; the copy back must wait until it is.
     if (n == ncclInProgress) {
-      r = Wait(what, deadline, /*stream_too=*/false);
+      r = Wait(what, deadline, extra_ms, /*stream_too=*/false);
       if (!r.ok()) return r;
     }
     e = cudaMemcpyAsync(host_buffer, dev + out_offset, out_bytes,
@@ -176,7 +207,7 @@ struct Comm::State {
       return Abort(CommResult::kFailed,
                    std::string(what) + ": " + cudaGetErrorString(e));
     }
-    r = Wait(what, deadline);
+    r = Wait(what, deadline, extra_ms);
     if (!r.ok()) return r;
     std::memcpy(out, host_buffer, out_bytes);
     return CommResult{};
@@ -199,27 +230,31 @@ Comm::Comm(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Comm::~Comm() = default;
 
 int Comm::size() const { return state_->size; }
+int Comm::device() const { return state_->device; }
 int Comm::rank() const { return state_->rank; }
 bool Comm::aborted() const { return state_->aborted; }
 
 CommResult Comm::Create(const std::string& id, int size, int rank, int device,
                         int64_t timeout_ms, std::unique_ptr<Comm>* out) {
   if (id.size() != kUniqueIdBytes || size < 1 || rank < 0 || rank >= size ||
-      device < 0 || timeout_ms <= 0) {
+      device < -1 || timeout_ms <= 0) {
     return CommResult{
         CommResult::kInvalid,
         "NCCL communicator: need a " + std::to_string(kUniqueIdBytes) +
-            "-byte unique id, 0 <= rank < size, a device >= 0 and a positive "
-            "timeout; got id of " + std::to_string(id.size()) +
-            " bytes, rank " + std::to_string(rank) + ", size " +
-            std::to_string(size) + ", device " + std::to_string(device)};
+            "-byte unique id, 0 <= rank < size, a device >= 0 (or -1: the "
+            "current one) and a positive timeout; got id of " +
+            std::to_string(id.size()) + " bytes, rank " + std::to_string(rank) +
+            ", size " + std::to_string(size) + ", device " +
+            std::to_string(device)};
   }
+  DeviceScope scope;
+  if (device < 0) device = scope.caller();
   auto state = std::make_unique<State>();
   state->size = size;
   state->rank = rank;
   state->device = device;
   state->timeout_ms = timeout_ms;
-  cudaError_t e = cudaSetDevice(device);
+  cudaError_t e = device < 0 ? cudaErrorNoDevice : cudaSetDevice(device);
   if (e == cudaSuccess) {
     e = cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking);
   }
@@ -267,7 +302,7 @@ CommResult Comm::Create(const std::string& id, int size, int rank, int device,
 CommResult Comm::AllGather(const double* send, double* recv, size_t count) {
   State& s = *state_;
   const size_t bytes = count * sizeof(double);
-  return s.Run("all-gather", send, bytes, bytes, recv, bytes * s.size,
+  return s.Run("all-gather", send, bytes, bytes, recv, bytes * s.size, 0,
                [&](char* dev) {
                  return ncclAllGather(dev, dev + bytes, count, ncclDouble,
                                       s.comm, s.stream);
@@ -277,22 +312,25 @@ CommResult Comm::AllGather(const double* send, double* recv, size_t count) {
 CommResult Comm::AllReduceSum(const double* send, double* recv, size_t count) {
   State& s = *state_;
   const size_t bytes = count * sizeof(double);
-  return s.Run("all-reduce", send, bytes, 0, recv, bytes, [&](char* dev) {
+  return s.Run("all-reduce", send, bytes, 0, recv, bytes, 0, [&](char* dev) {
     return ncclAllReduce(dev, dev, count, ncclDouble, ncclSum, s.comm,
                          s.stream);
   });
 }
 
-CommResult Comm::Broadcast(void* buffer, size_t bytes, int root) {
+CommResult Comm::Broadcast(void* buffer, size_t bytes, int root,
+                           int64_t extra_ms) {
   State& s = *state_;
   if (root < 0 || root >= s.size) {
     return CommResult{CommResult::kInvalid,
                       "NCCL broadcast: root " + std::to_string(root) +
                           " is not a rank"};
   }
-  return s.Run("broadcast", buffer, bytes, 0, buffer, bytes, [&](char* dev) {
-    return ncclBroadcast(dev, dev, bytes, ncclUint8, root, s.comm, s.stream);
-  });
+  return s.Run("broadcast", buffer, bytes, 0, buffer, bytes,
+               std::max<int64_t>(0, extra_ms), [&](char* dev) {
+                 return ncclBroadcast(dev, dev, bytes, ncclUint8, root, s.comm,
+                                      s.stream);
+               });
 }
 
 }  // namespace nccl

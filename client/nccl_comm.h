@@ -28,9 +28,18 @@ constexpr size_t kUniqueIdBytes = 128;
 
 // The outcome of a call. kind says how to map it to a status code.
 struct CommResult {
-  enum Kind { kOk = 0, kInvalid, kTimeout, kAborted, kFailed, kUnavailable };
+  enum Kind {
+    kOk = 0,
+    kInvalid,
+    kTimeout,
+    kAborted,
+    kFailed,
+    kUnavailable,
+    kPeer,  // another rank's error, passed on (nccl_round.h): see code
+  };
   Kind kind = kOk;
   std::string message;
+  int code = 0;  // kPeer: the failing rank's absl::StatusCode value
 
   bool ok() const { return kind == kOk; }
 };
@@ -41,10 +50,13 @@ CommResult NewUniqueId(std::string* id);
 
 class Comm {
  public:
-  // Joins rank `rank` of `size` on CUDA device `device` to the communicator
-  // of `id`, waiting at most timeout_ms for every rank to join. kInvalid
-  // for bad arguments (and, with a hint, when NCCL rejects the setup, as it
-  // does for two ranks on one GPU); kTimeout when not all ranks joined.
+  // Joins rank `rank` of `size` on CUDA device `device` (-1: the calling
+  // thread's current device) to the communicator of `id`, waiting at most
+  // timeout_ms for every rank to join. kInvalid for bad arguments (and,
+  // with a hint, when NCCL rejects the setup, as it does for two ranks on
+  // one GPU in one process); kTimeout when not all ranks joined. Create,
+  // every collective and the destructor leave the caller's current device
+  // as they found it.
   static CommResult Create(const std::string& id, int size, int rank,
                            int device, int64_t timeout_ms,
                            std::unique_ptr<Comm>* out);
@@ -59,8 +71,14 @@ class Comm {
   CommResult AllGather(const double* send, double* recv, size_t count);
   // recv = sum over ranks of send (count doubles); the same on every rank.
   CommResult AllReduceSum(const double* send, double* recv, size_t count);
-  // Every rank's buffer gets root's `bytes` bytes.
-  CommResult Broadcast(void* buffer, size_t bytes, int root);
+  // Every rank's buffer gets root's `bytes` bytes. The call may take
+  // extra_ms longer than the communicator's timeout (the root may be
+  // busy first, as the node leader is with the aggregator).
+  CommResult Broadcast(void* buffer, size_t bytes, int root,
+                       int64_t extra_ms = 0);
+
+  // The CUDA device the communicator uses.
+  int device() const;
 
   // Whether an earlier failure aborted the communicator.
   bool aborted() const;

@@ -2,9 +2,14 @@
 // threads of this process, and a collective is done by the last rank to
 // enter it, on every rank's host buffers. It keeps the contract of the real
 // one that NcclNodeGroup relies on: ranks meet by id, every rank must issue
-// the same collectives in the same order (a mismatch fails them all), a
-// collective that outlives its deadline fails with kTimeout, and after any
-// failure the communicator is aborted and every later call fails.
+// the same collectives in the same order, a collective that outlives its
+// deadline fails with kTimeout, and after any failure the communicator is
+// aborted and every later call fails with kAborted. Where NCCL promises
+// nothing, the fake does not help either: collectives of different kinds
+// or sizes (undefined behavior in NCCL: a hang or corrupt memory) fail as
+// kFailed, never as a clean kInvalid, and the all-reduce sums the ranks in
+// reverse order, so that code relying on an order NCCL does not give shows
+// it. It has no devices: Comm::device() is what Create was given.
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -83,8 +88,8 @@ bool Run(std::vector<Entry>& e) {
       case Op::kAllReduceSum: {
         auto* out = static_cast<double*>(e[r].recv);
         for (size_t i = 0; i < n; ++i) {
-          double sum = 0;  // in rank order, the same on every rank
-          for (int from = 0; from < size; ++from) {
+          double sum = 0;  // not in rank order (NCCL gives no order)
+          for (int from = size - 1; from >= 0; --from) {
             sum += static_cast<const double*>(e[from].send)[i];
           }
           out[i] = sum;
@@ -106,15 +111,22 @@ bool Run(std::vector<Entry>& e) {
 struct Comm::State {
   std::shared_ptr<Hub> hub;
   int rank = 0;
+  int device = 0;
   int64_t timeout_ms = 0;
 
-  CommResult Collective(const Entry& mine);
+  // Waits at most timeout_ms + extra_ms for the other ranks.
+  CommResult Collective(const Entry& mine, int64_t extra_ms = 0);
 };
 
-CommResult Comm::State::Collective(const Entry& mine) {
+CommResult Comm::State::Collective(const Entry& mine, int64_t extra_ms) {
   Hub& h = *hub;
   absl::MutexLock lock(&h.mu);
-  if (!h.failure.ok()) return h.failure;
+  if (!h.failure.ok()) {
+    return CommResult{CommResult::kAborted,
+                      "the communicator was aborted after an earlier "
+                      "failure: " +
+                          h.failure.message};
+  }
   h.entries[rank] = mine;
   const int64_t ticket = h.done;
   if (++h.arrived == h.size) {
@@ -123,19 +135,20 @@ CommResult Comm::State::Collective(const Entry& mine) {
       ++h.done;
       return CommResult{};
     }
-    h.failure = CommResult{CommResult::kInvalid,
-                           "the ranks issued different collectives"};
+    h.failure = CommResult{CommResult::kFailed,
+                           "the ranks issued collectives of different kinds "
+                           "or sizes (undefined behavior in NCCL)"};
     return h.failure;
   }
   auto finished = [&h, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(h.mu) {
     return h.done != ticket || !h.failure.ok();
   };
   if (!h.mu.AwaitWithTimeout(absl::Condition(&finished),
-                             absl::Milliseconds(timeout_ms))) {
+                             absl::Milliseconds(timeout_ms + extra_ms))) {
     h.failure = CommResult{
         CommResult::kTimeout,
         absl::StrCat("rank ", rank, ": a collective waited more than ",
-                     timeout_ms, " ms for its peers")};
+                     timeout_ms + extra_ms, " ms for its peers")};
   }
   return h.done != ticket ? CommResult{} : h.failure;
 }
@@ -153,6 +166,7 @@ Comm::Comm(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Comm::~Comm() = default;
 int Comm::size() const { return state_->hub->size; }
 int Comm::rank() const { return state_->rank; }
+int Comm::device() const { return state_->device; }
 
 bool Comm::aborted() const {
   absl::MutexLock lock(&state_->hub->mu);
@@ -194,6 +208,7 @@ CommResult Comm::Create(const std::string& id, int size, int rank, int device,
   auto state = std::make_unique<State>();
   state->hub = std::move(hub);
   state->rank = rank;
+  state->device = device;
   state->timeout_ms = timeout_ms;
   out->reset(new Comm(std::move(state)));
   return CommResult{};
@@ -207,8 +222,10 @@ CommResult Comm::AllReduceSum(const double* send, double* recv, size_t count) {
   return state_->Collective(Entry{Op::kAllReduceSum, send, recv, count, 0});
 }
 
-CommResult Comm::Broadcast(void* buffer, size_t bytes, int root) {
-  return state_->Collective(Entry{Op::kBroadcast, buffer, buffer, bytes, root});
+CommResult Comm::Broadcast(void* buffer, size_t bytes, int root,
+                           int64_t extra_ms) {
+  return state_->Collective(Entry{Op::kBroadcast, buffer, buffer, bytes, root},
+                            extra_ms);
 }
 
 }  // namespace nccl

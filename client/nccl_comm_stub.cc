@@ -25,6 +25,7 @@ Comm::Comm(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Comm::~Comm() = default;
 int Comm::size() const { return 0; }
 int Comm::rank() const { return 0; }
+int Comm::device() const { return -1; }
 bool Comm::aborted() const { return true; }
 
 CommResult Comm::Create(const std::string&, int, int, int, int64_t,
@@ -35,7 +36,7 @@ CommResult Comm::AllGather(const double*, double*, size_t) { return NoNccl(); }
 CommResult Comm::AllReduceSum(const double*, double*, size_t) {
   return NoNccl();
 }
-CommResult Comm::Broadcast(void*, size_t, int) { return NoNccl(); }
+CommResult Comm::Broadcast(void*, size_t, int, int64_t) { return NoNccl(); }
 
 }  // namespace nccl
 }  // namespace syncnorm

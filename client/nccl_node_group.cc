@@ -20,6 +20,15 @@ namespace {
 
 constexpr char kIdFileMagic[] = "syncnorm-nccl-id-v1";
 
+// A status from a code that traveled between local ranks.
+absl::Status CodeStatus(int code, const std::string& message) {
+  if (code <= 0 ||
+      code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::UnknownError(message);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
 absl::Status ToStatus(const nccl::CommResult& r) {
   switch (r.kind) {
     case nccl::CommResult::kOk:
@@ -32,22 +41,13 @@ absl::Status ToStatus(const nccl::CommResult& r) {
       return absl::FailedPreconditionError(r.message);
     case nccl::CommResult::kUnavailable:
       return absl::FailedPreconditionError(r.message);
+    case nccl::CommResult::kPeer:
+      return CodeStatus(r.code, r.message);
     case nccl::CommResult::kFailed:
     default:
       return absl::InternalError(r.message);
   }
 }
-
-// The leader's outcome as it travels in a broadcast, ahead of the payload.
-struct OutcomeHeader {
-  int64_t code;
-  int64_t ints[2];
-  char message[496];
-};
-
-// Per-rank record of the forward all-gather: layer, step, count, channels,
-// then mean[C] and m2[C].
-constexpr int kForwardHeader = 4;
 
 // A forward result's missing ranks travel as a mask of world_size bits
 // (rank r: bit r % 8 of byte r / 8): its size is fixed by the job, so the
@@ -135,12 +135,16 @@ absl::StatusOr<std::unique_ptr<NcclNodeGroup>> NcclNodeGroup::Create(
     std::unique_ptr<NodeGroup> upstream) {
   if (options.local_size < 1 || options.local_rank < 0 ||
       options.local_rank >= options.local_size ||
-      options.timeout <= absl::ZeroDuration() || options.world_size < 1) {
+      options.timeout <= absl::ZeroDuration() ||
+      options.upstream_timeout < absl::ZeroDuration() ||
+      options.world_size < 1 || options.cuda_device < -1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NcclNodeGroup: need 0 <= local_rank < local_size, a positive "
-        "timeout and the job's world_size (>= 1); got local_rank ",
+        "timeout, upstream_timeout >= 0, cuda_device >= -1 and the job's "
+        "world_size (>= 1); got local_rank ",
         options.local_rank, ", local_size ", options.local_size,
-        ", world_size ", options.world_size));
+        ", world_size ", options.world_size, ", cuda_device ",
+        options.cuda_device));
   }
   const bool leader = options.local_rank == 0;
   if (leader && upstream == nullptr) {
@@ -158,11 +162,9 @@ absl::StatusOr<std::unique_ptr<NcclNodeGroup>> NcclNodeGroup::Create(
     if (!fetched.ok()) return fetched.status();
     id = *std::move(fetched);
   }
-  const int device =
-      options.cuda_device < 0 ? options.local_rank : options.cuda_device;
   std::unique_ptr<nccl::Comm> comm;
   absl::Status s = ToStatus(nccl::Comm::Create(
-      id, options.local_size, options.local_rank, device,
+      id, options.local_size, options.local_rank, options.cuda_device,
       absl::ToInt64Milliseconds(options.timeout), &comm));
   if (!s.ok()) return s;
   return std::unique_ptr<NcclNodeGroup>(
@@ -174,49 +176,38 @@ NcclNodeGroup::NcclNodeGroup(const NcclNodeGroupOptions& options,
                              std::unique_ptr<nccl::Comm> comm)
     : options_(options),
       upstream_(std::move(upstream)),
-      comm_(std::move(comm)) {}
+      comm_(std::move(comm)),
+      round_(comm_.get()) {}
 
 NcclNodeGroup::~NcclNodeGroup() = default;
 
-absl::Status NcclNodeGroup::ShareOutcome(const absl::Status& leader_status,
-                                         int64_t* ints,
-                                         std::vector<double>& payload,
-                                         std::vector<uint8_t>& mask) {
-  const bool leader = options_.local_rank == 0;
-  const size_t payload_bytes = payload.size() * sizeof(double);
-  std::vector<char> buffer(sizeof(OutcomeHeader) + payload_bytes +
-                           mask.size());
-  OutcomeHeader header{};
-  if (leader) {
-    header.code = static_cast<int64_t>(leader_status.code());
-    header.ints[0] = ints[0];
-    header.ints[1] = ints[1];
-    const std::string message(leader_status.message());
-    std::strncpy(header.message, message.c_str(), sizeof(header.message) - 1);
-    std::memcpy(buffer.data(), &header, sizeof(header));
-    std::memcpy(buffer.data() + sizeof(header), payload.data(),
-                payload_bytes);
-    std::memcpy(buffer.data() + sizeof(header) + payload_bytes, mask.data(),
-                mask.size());
+nccl::RoundEntry NcclNodeGroup::Entry(nccl::Phase phase, int layer,
+                                      int64_t step, int channels) const {
+  nccl::RoundEntry e;
+  e.phase = phase;
+  e.layer = layer;
+  e.step = step;
+  e.channels = channels;
+  e.world_size = options_.world_size;
+  if (leader()) {
+    e.upstream_ms = absl::ToInt64Milliseconds(options_.upstream_timeout);
   }
-  absl::Status s =
-      ToStatus(comm_->Broadcast(buffer.data(), buffer.size(), /*root=*/0));
+  return e;
+}
+
+absl::Status NcclNodeGroup::Share(const absl::Status& leader_status,
+                                  nccl::Outcome* out) {
+  if (leader()) {
+    out->code = static_cast<int>(leader_status.code());
+    out->message = std::string(leader_status.message());
+  }
+  absl::Status s = ToStatus(round_.Share(leader(), out));
   if (!s.ok()) return s;
-  if (leader) return leader_status;
-  std::memcpy(&header, buffer.data(), sizeof(header));
-  header.message[sizeof(header.message) - 1] = '\0';
-  if (header.code != 0) {
-    return absl::Status(
-        static_cast<absl::StatusCode>(header.code),
-        absl::StrCat("the node leader (local rank 0) failed this round: ",
-                     header.message));
-  }
-  ints[0] = header.ints[0];
-  ints[1] = header.ints[1];
-  std::memcpy(payload.data(), buffer.data() + sizeof(header), payload_bytes);
-  std::memcpy(mask.data(), buffer.data() + sizeof(header) + payload_bytes,
-              mask.size());
-  return absl::OkStatus();
+  if (leader()) return leader_status;
+  if (out->code == 0) return absl::OkStatus();
+  return CodeStatus(out->code, absl::StrCat("the node leader (local rank 0) "
+                                            "failed this round: ",
+                                            out->message));
 }
 
 absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer,
@@ -224,92 +215,88 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer,
                                                         const Moments& local) {
   absl::MutexLock lock(&mu_);
   const int channels = local.channels();
-  const size_t record = kForwardHeader + 2 * static_cast<size_t>(channels);
-  std::vector<double> send(record);
-  send[0] = layer;
-  send[1] = static_cast<double>(step);
-  send[2] = static_cast<double>(local.count);
-  send[3] = channels;
-  std::copy(local.mean.begin(), local.mean.end(), send.begin() + 4);
-  std::copy(local.m2.begin(), local.m2.end(), send.begin() + 4 + channels);
-  const int size = options_.local_size;
-  std::vector<double> all(record * size);
-  absl::Status s = ToStatus(comm_->AllGather(send.data(), all.data(), record));
+  nccl::RoundEntry entry = Entry(nccl::Phase::kForward, layer, step, channels);
+  entry.count = local.count;
+  std::vector<double> values(local.mean);
+  values.insert(values.end(), local.m2.begin(), local.m2.end());
+  nccl::Gathered all;
+  absl::Status s = ToStatus(round_.Gather(entry, values.data(), &all));
   if (!s.ok()) return s;
-  // Every rank sees the same gathered records, so every rank reaches the
-  // same verdict and folds the same values in the same (local-rank) order.
+  // Every rank folds the same values in the same (local-rank) order.
   Moments merged = Moments::Zero(channels);
-  for (int r = 0; r < size; ++r) {
-    const double* p = all.data() + r * record;
-    if (p[0] != all[0] || p[1] != all[1] || p[3] != all[3]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the local ranks of this node are not in the same round: local "
-          "rank ", r, " is at layer ", p[0], " step ", p[1], " with ", p[3],
-          " channels, local rank 0 at layer ", all[0], " step ", all[1],
-          " with ", all[3]));
-    }
+  for (int r = 0; r < options_.local_size; ++r) {
+    const double* p = all.values.data() + 2 * static_cast<size_t>(r) * channels;
     Moments part;
-    part.count = static_cast<int64_t>(p[2]);
-    part.mean.assign(p + 4, p + 4 + channels);
-    part.m2.assign(p + 4 + channels, p + 4 + 2 * channels);
+    part.count = all.counts[r];
+    part.mean.assign(p, p + channels);
+    part.m2.assign(p + channels, p + 2 * channels);
     MergeMoments(merged, part);
   }
-  int64_t ints[2] = {0, 0};
-  std::vector<double> payload(2 * static_cast<size_t>(channels));
-  std::vector<uint8_t> mask = EmptyRankMask(options_.world_size);
+  nccl::Outcome out;
+  out.payload.assign(2 * static_cast<size_t>(channels), 0.0);
+  out.mask = EmptyRankMask(options_.world_size);
   absl::Status leader_status;
-  if (options_.local_rank == 0) {
+  if (leader()) {
     absl::StatusOr<ForwardReply> reply =
         upstream_->SyncForward(layer, step, merged);
     leader_status = reply.status();
-    if (reply.ok() && (reply->global.mean.size() != payload.size() / 2 ||
-                       reply->global.var.size() != payload.size() / 2)) {
+    if (reply.ok() &&
+        (reply->global.mean.size() != static_cast<size_t>(channels) ||
+         reply->global.var.size() != static_cast<size_t>(channels))) {
       leader_status = absl::InternalError(
           "the aggregator answered with a different channel count");
     }
     if (leader_status.ok()) {
-      ints[0] = reply->global.count;
-      ints[1] = reply->version;
+      out.count = reply->global.count;
+      out.version = reply->version;
       std::copy(reply->global.mean.begin(), reply->global.mean.end(),
-                payload.begin());
+                out.payload.begin());
       std::copy(reply->global.var.begin(), reply->global.var.end(),
-                payload.begin() + channels);
+                out.payload.begin() + channels);
       leader_status =
-          MaskRanks(reply->missing_ranks, options_.world_size, mask);
+          MaskRanks(reply->missing_ranks, options_.world_size, out.mask);
     }
   }
-  s = ShareOutcome(leader_status, ints, payload, mask);
+  s = Share(leader_status, &out);
   if (!s.ok()) return s;
   // The leader too builds its reply from what it broadcast: the same reply
   // on every local rank.
-  ForwardReply out;
-  out.global.count = ints[0];
-  out.version = ints[1];
-  out.global.mean.assign(payload.begin(), payload.begin() + channels);
-  out.global.var.assign(payload.begin() + channels, payload.end());
-  out.missing_ranks = RanksOf(mask);
-  return out;
+  ForwardReply reply;
+  reply.global.count = out.count;
+  reply.version = out.version;
+  reply.global.mean.assign(out.payload.begin(), out.payload.begin() + channels);
+  reply.global.var.assign(out.payload.begin() + channels, out.payload.end());
+  reply.missing_ranks = RanksOf(out.mask);
+  return reply;
 }
 
 absl::StatusOr<GradSums> NcclNodeGroup::SyncBackward(int layer, int64_t step,
                                                      const GradSums& local) {
   absl::MutexLock lock(&mu_);
   const int channels = local.channels();
-  std::vector<double> send(2 * static_cast<size_t>(channels));
-  std::copy(local.sum_dy.begin(), local.sum_dy.end(), send.begin());
-  std::copy(local.sum_dy_xmu.begin(), local.sum_dy_xmu.end(),
-            send.begin() + channels);
-  std::vector<double> summed(send.size());
-  absl::Status s =
-      ToStatus(comm_->AllReduceSum(send.data(), summed.data(), send.size()));
+  std::vector<double> values(local.sum_dy);
+  values.insert(values.end(), local.sum_dy_xmu.begin(), local.sum_dy_xmu.end());
+  nccl::Gathered all;
+  absl::Status s = ToStatus(
+      round_.Gather(Entry(nccl::Phase::kBackward, layer, step, channels),
+                    values.data(), &all));
   if (!s.ok()) return s;
-  int64_t ints[2] = {0, 0};
-  std::vector<double> payload(send.size());
+  // Summed on the host in local-rank order (an all-reduce has no fixed
+  // order), as ThreadNode sums: the same bits on every rank and node kind.
+  GradSums node;
+  node.sum_dy.assign(channels, 0.0);
+  node.sum_dy_xmu.assign(channels, 0.0);
+  for (int r = 0; r < options_.local_size; ++r) {
+    const double* p = all.values.data() + 2 * static_cast<size_t>(r) * channels;
+    GradSums part;
+    part.sum_dy.assign(p, p + channels);
+    part.sum_dy_xmu.assign(p + channels, p + 2 * channels);
+    AddGradSums(node, part);
+  }
+  nccl::Outcome out;
+  out.payload.assign(2 * static_cast<size_t>(channels), 0.0);
   absl::Status leader_status;
-  if (options_.local_rank == 0) {
-    GradSums node;
-    node.sum_dy.assign(summed.begin(), summed.begin() + channels);
-    node.sum_dy_xmu.assign(summed.begin() + channels, summed.end());
+  if (leader()) {
     absl::StatusOr<GradSums> global =
         upstream_->SyncBackward(layer, step, node);
     leader_status = global.status();
@@ -318,18 +305,40 @@ absl::StatusOr<GradSums> NcclNodeGroup::SyncBackward(int layer, int64_t step,
           "the aggregator answered with a different channel count");
     }
     if (leader_status.ok()) {
-      std::copy(global->sum_dy.begin(), global->sum_dy.end(), payload.begin());
+      std::copy(global->sum_dy.begin(), global->sum_dy.end(),
+                out.payload.begin());
       std::copy(global->sum_dy_xmu.begin(), global->sum_dy_xmu.end(),
-                payload.begin() + channels);
+                out.payload.begin() + channels);
     }
   }
-  std::vector<uint8_t> no_mask;
-  s = ShareOutcome(leader_status, ints, payload, no_mask);
+  s = Share(leader_status, &out);
   if (!s.ok()) return s;
-  GradSums out;
-  out.sum_dy.assign(payload.begin(), payload.begin() + channels);
-  out.sum_dy_xmu.assign(payload.begin() + channels, payload.end());
-  return out;
+  GradSums reply;
+  reply.sum_dy.assign(out.payload.begin(), out.payload.begin() + channels);
+  reply.sum_dy_xmu.assign(out.payload.begin() + channels, out.payload.end());
+  return reply;
+}
+
+absl::Status NcclNodeGroup::FailForward(int layer, int64_t step,
+                                        const absl::Status& error) {
+  absl::MutexLock lock(&mu_);
+  nccl::RoundEntry entry = Entry(nccl::Phase::kForward, layer, step, 0);
+  entry.error_code = static_cast<int>(error.code());
+  entry.error = std::string(error.message());
+  nccl::Gathered unused;
+  round_.Gather(entry, nullptr, &unused);  // every rank fails the round
+  return error;
+}
+
+absl::Status NcclNodeGroup::FailBackward(int layer, int64_t step,
+                                         const absl::Status& error) {
+  absl::MutexLock lock(&mu_);
+  nccl::RoundEntry entry = Entry(nccl::Phase::kBackward, layer, step, 0);
+  entry.error_code = static_cast<int>(error.code());
+  entry.error = std::string(error.message());
+  nccl::Gathered unused;
+  round_.Gather(entry, nullptr, &unused);
+  return error;
 }
 
 }  // namespace syncnorm

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/nccl_round.h"
 #include "client/node_group.h"
 
 namespace syncnorm {
@@ -58,30 +59,39 @@ struct NcclNodeGroupOptions {
   int local_size = 1;
   // The job's world size (CreateJobRequest.world_size: contributor ranks,
   // one per node). It sizes the mask of missing ranks that the leader
-  // broadcasts with each forward result (ForwardReply::missing_ranks), so
-  // every local rank must pass the same value. Required: >= 1.
+  // broadcasts with each forward result (ForwardReply::missing_ranks).
+  // Every local rank must pass the same value (a mismatch fails every
+  // round with INVALID_ARGUMENT). Required: >= 1.
   int world_size = 0;
-  // The CUDA device of this rank; -1: local_rank. NCCL needs one rank per
-  // GPU: two ranks on one device fail at creation, saying so.
+  // The CUDA device of this rank; -1 (default): the device current on the
+  // calling thread at Create (with one visible GPU per process, that one).
+  // NCCL needs one rank per GPU within a process. Create and the rounds
+  // leave the caller's current device as they found it.
   int cuda_device = -1;
-  // Bound on communicator creation and on every collective (including the
-  // leader's round with the aggregator as seen by the other ranks). Past
-  // it the communicator is aborted and calls fail with DEADLINE_EXCEEDED;
-  // nothing hangs. Default 120 s.
+  // Bound on communicator creation and on every collective. Past it the
+  // communicator is aborted and calls fail with DEADLINE_EXCEEDED; nothing
+  // hangs. Default 120 s.
   absl::Duration timeout = absl::Seconds(120);
+  // The longest the leader's round with the aggregator may take: its
+  // client's ClientOptions::round_timeout (default 60 s). Read on local
+  // rank 0 only, which sends it to the others with each round, so that
+  // they wait for its answer timeout + upstream_timeout. >= 0.
+  absl::Duration upstream_timeout = absl::Seconds(60);
 };
 
-// One local rank's view of an NCCL node. SyncForward all-gathers every
-// local rank's moments and folds them in local-rank order (identical bits
-// on every rank); the leader sends the result upstream and broadcasts the
-// answer (or its error) to the others, missing ranks included, in one
-// broadcast of a size every rank knows beforehand (from the channel count
-// and world_size). SyncBackward all-reduces the gradient sums, the leader
-// sends them upstream and broadcasts the result.
-// Every local rank must make the same calls in the same order with the same
-// channel count; a forward round whose (layer, step) differs between ranks
-// fails on every rank with FAILED_PRECONDITION. After any NCCL failure or
-// timeout the communicator is aborted and every later call fails.
+// One local rank's view of an NCCL node. Every round is the protocol of
+// nccl_round.h: the local ranks all-gather a fixed-size header (layer,
+// step, count, channel count, world_size, and a rank's error if it failed
+// locally), so that every rank fails the round alike, at once, when one
+// failed (FailForward/FailBackward: with that rank's error) or when they
+// disagree (INVALID_ARGUMENT); then their statistics, which every rank
+// folds in local-rank order (moments by Chan's rule, gradient sums by
+// addition, as ThreadNode does: identical bits on every rank); the leader
+// sends the result upstream and broadcasts the answer (or its error),
+// missing ranks included.
+// Every local rank must make the same calls in the same order. After any
+// NCCL failure or timeout the communicator is aborted and every later call
+// fails with FAILED_PRECONDITION.
 //
 // Thread-safe (calls are serialized).
 class NcclNodeGroup : public NodeGroup {
@@ -98,17 +108,22 @@ class NcclNodeGroup : public NodeGroup {
                                            const Moments& local) override;
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
                                         const GradSums& local) override;
+  absl::Status FailForward(int layer, int64_t step,
+                           const absl::Status& error) override;
+  absl::Status FailBackward(int layer, int64_t step,
+                            const absl::Status& error) override;
 
  private:
   NcclNodeGroup(const NcclNodeGroupOptions& options,
                 std::unique_ptr<NodeGroup> upstream,
                 std::unique_ptr<nccl::Comm> comm);
 
-  // Broadcasts the leader's outcome; `payload` (doubles) and `mask`
-  // (bytes) travel on success. Both have the same size on every rank.
-  absl::Status ShareOutcome(const absl::Status& leader_status,
-                            int64_t* ints, std::vector<double>& payload,
-                            std::vector<uint8_t>& mask)
+  bool leader() const { return options_.local_rank == 0; }
+  // This rank's header of a round.
+  nccl::RoundEntry Entry(nccl::Phase phase, int layer, int64_t step,
+                         int channels) const;
+  // The leader's outcome broadcast (round_.Share), as this rank's status.
+  absl::Status Share(const absl::Status& leader_status, nccl::Outcome* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
@@ -117,6 +132,7 @@ class NcclNodeGroup : public NodeGroup {
 
   absl::Mutex mu_;
   const std::unique_ptr<nccl::Comm> comm_ ABSL_PT_GUARDED_BY(mu_);
+  nccl::NodeRound round_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace syncnorm

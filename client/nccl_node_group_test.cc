@@ -1,11 +1,14 @@
 // NcclNodeGroup: the id handout everywhere; the rounds with one rank per
-// visible GPU (threads of this process), skipped without a GPU. Built with
-// SYNCNORM_NCCL_FAKE_COMM (//client:nccl_node_group_fake_comm_test), the
-// rounds run on three local ranks over the in-process fake communicator.
+// visible GPU (threads of this process), skipped without a GPU (the tests
+// of several ranks need as many GPUs). Built with SYNCNORM_NCCL_FAKE_COMM
+// (//client:nccl_node_group_fake_comm_test), the rounds run on three local
+// ranks over the in-process fake communicator.
 #include "client/nccl_node_group.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +16,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/sync_batch_norm.h"
+#include "client/sync_batch_norm_options.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/batch_norm_cuda.h"
@@ -90,6 +96,7 @@ class FakeUpstream : public NodeGroup {
  public:
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                            const Moments& local) override {
+    if (step == 5) absl::SleepFor(absl::Milliseconds(2500));  // a slow round
     ForwardReply r;
     r.global = Finalize(local);
     r.version = step + 1;
@@ -175,6 +182,210 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
     // A rank the job does not have: the leader fails the round for all.
     EXPECT_EQ(outside[r].status().code(), absl::StatusCode::kInternal);
     EXPECT_THAT(outside[r].status().message(), HasSubstr("rank 12"));
+  }
+}
+
+// n local ranks of one node (threads), each with `options` adjusted by
+// adjust(rank, options), run body(rank, group) in parallel. Skips (returns
+// false) where fewer than n ranks can run.
+bool RunNode(int n,
+             const std::function<void(int, NcclNodeGroupOptions&)>& adjust,
+             const std::function<void(int, NcclNodeGroup&)>& body) {
+  std::string why;
+  if (LocalRanks(&why) < n) {
+    std::printf("SKIPPED: %d local ranks need as many GPUs (%s)\n", n,
+                why.c_str());
+    return false;
+  }
+  static int node = 0;
+  const std::string session = absl::StrCat("node-", ::getpid(), "-", ++node);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      FileUniqueIdExchange exchange(TempPath(session), session);
+      NcclNodeGroupOptions options;
+      options.local_rank = r;
+      options.local_size = n;
+      options.world_size = kWorldSize;
+      options.timeout = absl::Seconds(10);
+      adjust(r, options);
+      auto group = NcclNodeGroup::Create(
+          options, exchange,
+          r == 0 ? std::make_unique<FakeUpstream>() : nullptr);
+      ASSERT_TRUE(group.ok()) << group.status();
+      body(r, **group);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return true;
+}
+
+void NoAdjustment(int, NcclNodeGroupOptions&) {}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// One worker's layer over the node: 3 channels, CPU tensors of N x 3.
+struct LayerWorker {
+  explicit LayerWorker(NodeGroup* group)
+      : layer(0, Options(), group, nullptr) {}
+  static SyncBatchNormOptions Options() {
+    SyncBatchNormOptions o;
+    o.num_features = 3;
+    return o;
+  }
+  SyncBatchNorm layer;
+  std::vector<float> x = {1, 2, 3, 4, 5, 7, -1, 0, 2, 3, 3, 3};
+  std::vector<float> y = std::vector<float>(12, 0.0f);
+  std::vector<float> dy = {1, -1, 0.5, 2, 0, 1, 1, 1, 1, -3, 2, 0};
+  std::vector<float> gx = std::vector<float>(12, 0.0f);
+  TensorRef Ref(std::vector<float>& v, int64_t channels = 3) {
+    return TensorRef{v.data(),
+                     {static_cast<int64_t>(v.size()) / channels, channels}};
+  }
+};
+
+// A worker whose input is bad fails the round on every local rank at once,
+// with its error: the others do not wait for it until their timeout.
+TEST(NcclNodeGroupTest, ALocalFailureFailsEveryRankAtOnce) {
+  constexpr int kRanks = 3;
+  std::vector<absl::Status> forward(kRanks), backward(kRanks);
+  std::vector<double> seconds(kRanks);
+  if (!RunNode(kRanks, NoAdjustment, [&](int r, NcclNodeGroup& group) {
+        LayerWorker w(&group);
+        const auto start = std::chrono::steady_clock::now();
+        // Rank 1 passes 4 channels to a layer of 3.
+        forward[r] = r == 1 ? w.layer.Forward(w.Ref(w.x, 4), w.Ref(w.y, 4))
+                            : w.layer.Forward(w.Ref(w.x), w.Ref(w.y));
+        seconds[r] = SecondsSince(start);
+        // Then a good forward, and rank 2's backward gets a bad dy.
+        if (!w.layer.Forward(w.Ref(w.x), w.Ref(w.y)).ok()) return;
+        backward[r] = r == 2 ? w.layer.Backward(w.Ref(w.dy, 4), w.Ref(w.gx, 4))
+                             : w.layer.Backward(w.Ref(w.dy), w.Ref(w.gx));
+      })) {
+    GTEST_SKIP();
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(forward[r].code(), absl::StatusCode::kInvalidArgument)
+        << "rank " << r << ": " << forward[r];
+    EXPECT_LT(seconds[r], 5.0) << "rank " << r << " waited for its timeout";
+    EXPECT_EQ(backward[r].code(), absl::StatusCode::kInvalidArgument)
+        << "rank " << r << ": " << backward[r];
+    if (r != 1) {
+      EXPECT_THAT(forward[r].message(),
+                  HasSubstr("local rank 1 of this node failed the forward "
+                            "round of layer 0 step 0"));
+    }
+    if (r != 2) {
+      EXPECT_THAT(backward[r].message(),
+                  HasSubstr("local rank 2 of this node failed the backward"));
+    }
+  }
+}
+
+// Local ranks that disagree on the channel count or the job's world_size
+// fail the round on every rank with INVALID_ARGUMENT (no collective of
+// mismatched size is issued), and the next good round works.
+TEST(NcclNodeGroupTest, MismatchedChannelsOrWorldSizeAreInvalidOnEveryRank) {
+  constexpr int kRanks = 3;
+  std::vector<absl::StatusOr<ForwardReply>> channels(kRanks), world(kRanks),
+      after(kRanks);
+  if (!RunNode(
+          kRanks,
+          [](int r, NcclNodeGroupOptions& o) {
+            if (r == 2) o.world_size = kWorldSize + 1;
+          },
+          [&](int r, NcclNodeGroup& group) {
+            // world_size differs (rank 2) and so do the channels (rank 1).
+            channels[r] = group.SyncForward(3, 0, LocalOf(r, r == 1 ? 6 : 5));
+            world[r] = group.SyncForward(3, 0, LocalOf(r, 5));
+          })) {
+    GTEST_SKIP();
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(channels[r].status().code(), absl::StatusCode::kInvalidArgument)
+        << channels[r].status();
+    EXPECT_THAT(channels[r].status().message(),
+                HasSubstr("local rank 1 is at forward layer 3 step 0 with 6 "
+                          "channels"));
+    EXPECT_EQ(world[r].status().code(), absl::StatusCode::kInvalidArgument)
+        << world[r].status();
+    EXPECT_THAT(world[r].status().message(),
+                HasSubstr("world_size 13, local rank 0 at forward layer 3 "
+                          "step 0 with 5 channels and world_size 12"));
+  }
+  // The communicator is intact: a node whose ranks agree goes on.
+  if (!RunNode(kRanks, NoAdjustment, [&](int r, NcclNodeGroup& group) {
+        EXPECT_TRUE(group.SyncForward(3, 0, LocalOf(r, 6)).ok());
+        after[r] = group.SyncForward(3, 1, LocalOf(r, 5));
+      })) {
+    GTEST_SKIP();
+  }
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_TRUE(after[r].ok()) << after[r].status();
+}
+
+// The leader's round upstream (2.5 s at step 5) takes longer than the
+// communicator's timeout (1 s); the other ranks wait for it as long as the
+// leader's upstream budget allows, and time out (not hang) without one.
+TEST(NcclNodeGroupTest, OtherRanksWaitForTheLeadersUpstreamBudget) {
+  constexpr int kRanks = 3;
+  for (const bool budget : {true, false}) {
+    std::vector<absl::StatusOr<ForwardReply>> slow(kRanks);
+    if (!RunNode(
+            kRanks,
+            [budget](int, NcclNodeGroupOptions& o) {
+              o.timeout = absl::Seconds(1);
+              o.upstream_timeout =
+                  budget ? absl::Seconds(10) : absl::ZeroDuration();
+            },
+            [&](int r, NcclNodeGroup& group) {
+              slow[r] = group.SyncForward(3, 5, LocalOf(r, 5));
+            })) {
+      GTEST_SKIP();
+    }
+    for (int r = 1; r < kRanks; ++r) {
+      if (budget) {
+        EXPECT_TRUE(slow[r].ok()) << "rank " << r << ": " << slow[r].status();
+      } else {
+        EXPECT_EQ(slow[r].status().code(), absl::StatusCode::kDeadlineExceeded)
+            << slow[r].status();
+      }
+    }
+  }
+}
+
+// Backward sums are added on the host in local-rank order, as ThreadNode
+// adds them, whatever order a collective would sum in: 1 + 1e16 - 1e16 is
+// 0 in rank order and 1 in reverse.
+TEST(NcclNodeGroupTest, BackwardSumsAreAddedInLocalRankOrder) {
+  constexpr int kRanks = 3;
+  const double values[kRanks] = {1.0, 1e16, -1e16};
+  GradSums expected;
+  expected.sum_dy.assign(2, 0.0);
+  expected.sum_dy_xmu.assign(2, 0.0);
+  for (int r = 0; r < kRanks; ++r) {
+    GradSums part;
+    part.sum_dy.assign(2, values[r]);
+    part.sum_dy_xmu.assign(2, -values[r]);
+    AddGradSums(expected, part);
+  }
+  ASSERT_EQ(expected.sum_dy[0], 0.0);
+  std::vector<absl::StatusOr<GradSums>> got(kRanks);
+  if (!RunNode(kRanks, NoAdjustment, [&](int r, NcclNodeGroup& group) {
+        GradSums g;
+        g.sum_dy.assign(2, values[r]);
+        g.sum_dy_xmu.assign(2, -values[r]);
+        got[r] = group.SyncBackward(1, 2, g);
+      })) {
+    GTEST_SKIP();
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_EQ(got[r]->sum_dy, expected.sum_dy) << "bitwise, rank " << r;
+    EXPECT_EQ(got[r]->sum_dy_xmu, expected.sum_dy_xmu) << "rank " << r;
   }
 }
 

@@ -36,6 +36,20 @@ class NodeGroup {
   // Sums the node's gradient sums and returns the global sums.
   virtual absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
                                                 const GradSums& local) = 0;
+
+  // Takes part in the forward (backward) round of (layer, step) without
+  // statistics, because this worker failed before it had them (`error`,
+  // not OK): the node's other workers then fail the round at once with
+  // that error instead of waiting for this one. Returns `error`. The
+  // default tells nobody (a node of one worker has nobody to tell).
+  virtual absl::Status FailForward(int layer, int64_t step,
+                                   const absl::Status& error) {
+    return error;
+  }
+  virtual absl::Status FailBackward(int layer, int64_t step,
+                                    const absl::Status& error) {
+    return error;
+  }
 };
 
 inline absl::StatusOr<ForwardReply> NodeGroup::SyncForwardWithUpdate(

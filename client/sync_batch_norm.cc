@@ -137,11 +137,18 @@ void SyncBatchNorm::RunningStatistics() {
   }
 }
 
+absl::Status SyncBatchNorm::FailRound(bool backward, int64_t step,
+                                      const absl::Status& error) {
+  if (group_ == nullptr) return error;
+  return backward ? group_->FailBackward(layer_, step, error)
+                  : group_->FailForward(layer_, step, error);
+}
+
 absl::Status SyncBatchNorm::BatchStatistics(const TensorRef& x,
                                             const Geometry& g, bool sync) {
   Moments local;
   absl::Status s = LocalMoments(ContextFor(x), x.dtype, x.data, g, &local);
-  if (!s.ok()) return s;
+  if (!s.ok()) return sync ? FailRound(false, step_, s) : s;
   GlobalMoments global = Finalize(local);
   if (sync) {
     if (group_ == nullptr) {
@@ -175,12 +182,12 @@ absl::Status SyncBatchNorm::BatchStatistics(const TensorRef& x,
 absl::Status SyncBatchNorm::Forward(const TensorRef& x, const TensorRef& y,
                                     const TensorRef* z) {
   saved_.valid = false;
-  absl::StatusOr<Geometry> g = Prepare(x, y, z);
-  if (!g.ok()) return g.status();
   // torch: batch statistics in training, and in eval without running stats.
   const bool use_running = options_.freeze || options_.use_global_stats ||
                            (!training_ && options_.track_running_stats);
   const bool sync = training_ && !use_running;
+  absl::StatusOr<Geometry> g = Prepare(x, y, z);
+  if (!g.ok()) return sync ? FailRound(false, step_, g.status()) : g.status();
   if (use_running) {
     RunningStatistics();
   } else {
@@ -219,18 +226,22 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
     return absl::FailedPreconditionError(
         "Backward needs a training Forward first");
   }
+  // A failure before the backward round is the round's on every worker.
+  auto fail = [&](const absl::Status& s) {
+    return saved_.synced ? FailRound(true, saved_.step, s) : s;
+  };
   absl::StatusOr<Geometry> g = MakeGeometry(dy.shape, options_.channels_last);
-  if (!g.ok()) return g.status();
+  if (!g.ok()) return fail(g.status());
   const Geometry& f = saved_.geometry;
   if (g->outer != f.outer || g->channels != f.channels ||
       g->inner != f.inner) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dy of shape ", ShapeString(dy.shape),
-        " does not match the shape of the forward's input"));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("dy of shape ", ShapeString(dy.shape),
+                     " does not match the shape of the forward's input")));
   }
   if (dy.dtype != saved_.dtype || dy.device != saved_.device) {
-    return absl::InvalidArgumentError(
-        "dy must have the dtype and device of the forward's input");
+    return fail(absl::InvalidArgumentError(
+        "dy must have the dtype and device of the forward's input"));
   }
   if (f.elements() > 0) {
     absl::Status s = CheckLike(grad_input, dy, "grad_input");
@@ -239,7 +250,7 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
                                   "the forward had z, so Backward needs grad_z")
                             : CheckLike(*grad_z, dy, "grad_z");
     }
-    if (!s.ok()) return s;
+    if (!s.ok()) return fail(s);
   }
   BackwardReduceArgs reduce;
   reduce.dy = dy.data;
@@ -251,7 +262,7 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
   absl::Status s = BackwardReduce(ContextFor(dy), dy.dtype, saved_.geometry,
                                   reduce, &sums, grad_weight_.data(),
                                   grad_bias_.data());
-  if (!s.ok()) return s;
+  if (!s.ok()) return fail(s);
   if (options_.freeze) {  // MegEngine: gamma and beta are frozen too
     std::fill(grad_weight_.begin(), grad_weight_.end(), 0.0);
     std::fill(grad_bias_.begin(), grad_bias_.end(), 0.0);

@@ -136,6 +136,11 @@ class SyncBatchNorm {
   absl::Status BatchStatistics(const TensorRef& x, const Geometry& g,
                                bool sync);
   void RunningStatistics();
+  // `error`, a local failure of the forward (backward) round `step` that
+  // this worker takes part in, after telling the node's other workers
+  // (NodeGroup::FailForward/FailBackward) so that they fail it at once.
+  absl::Status FailRound(bool backward, int64_t step,
+                         const absl::Status& error);
   absl::Status CheckLike(const TensorRef& t, const TensorRef& like,
                          const char* what) const;
   // context_ with the device where `t` lives.

@@ -159,6 +159,21 @@ absl::StatusOr<Geometry> MakeGeometry(absl::Span<const int64_t> shape,
   return g;
 }
 
+bool KernelsAvailable(Device device, DType dtype) {
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat16 &&
+      dtype != DType::kBFloat16) {
+    return false;
+  }
+  switch (device) {
+    case Device::kCpu:
+      return true;
+    case Device::kCuda:
+      return cuda::VisibleDevices(nullptr) > 0;  // counts; no context
+    default:
+      return false;
+  }
+}
+
 absl::Status LocalMoments(const KernelContext& ctx, DType dtype, const void* x,
                           const Geometry& g, Moments* out) {
   constexpr char kFn[] = "LocalMoments";

@@ -25,15 +25,16 @@
 //    values. Forward and BackwardElementwise are asynchronous: they return
 //    once the work is queued, and the per-channel host arrays are copied
 //    into stream-ordered device memory before they return, so the caller may
-//    free or change them at once. Per element the GPU computes in float32
-//    from coefficients prepared in float64 (mean carried as a float pair,
-//    so |mean| >> std costs no accuracy); reductions accumulate in float32
-//    per thread and in float64 across threads and blocks, and blocks are
-//    merged on the host in a fixed order: results are deterministic.
+//    free or change them at once; they never wait for the stream (the
+//    arrays go up through pinned memory). Reductions (LocalMoments,
+//    BackwardReduce) accumulate and merge in float64 throughout, in an order
+//    fixed by the geometry and dtype: results are deterministic, with
+//    float64 accuracy. Elementwise outputs are float32 arithmetic from
+//    coefficients prepared in float64 (mean carried as a float pair, so
+//    |mean| >> std costs no accuracy), rounded once to the output type.
 //    A build without CUDA returns UNIMPLEMENTED; a build with CUDA on a
-//    machine without a usable device returns FAILED_PRECONDITION. A batch
-//    item (one index of the first dimension) may hold at most 2^31 - 1
-//    elements on the GPU.
+//    machine without a usable device returns FAILED_PRECONDITION. Any
+//    tensor size is accepted.
 #ifndef SYNCNORM_KERNELS_BATCH_NORM_H_
 #define SYNCNORM_KERNELS_BATCH_NORM_H_
 
@@ -53,6 +54,12 @@ namespace syncnorm {
 // dimension or zero channels.
 absl::StatusOr<Geometry> MakeGeometry(absl::Span<const int64_t> shape,
                                       bool channels_last);
+
+// Whether this build's kernels take `dtype` tensors on `device`: for
+// kCpu, whether the dtype is known; for kCuda, also whether the build has
+// CUDA and a device is visible. Creates no CUDA context, so that callers
+// may ask before they choose a device.
+bool KernelsAvailable(Device device, DType dtype);
 
 // Local per-channel moments of x (count = g.per_channel()), one pass, stable
 // when |mean| is far larger than the standard deviation.

@@ -10,8 +10,11 @@
 // of the current device, per-channel inputs and statistics outputs are host
 // arrays, `stream` is a cudaStream_t (nullptr: the legacy default stream).
 // LocalMoments and BackwardReduce synchronize the stream before returning;
-// Forward and BackwardElementwise return once queued, after their
-// per-channel inputs were copied to stream-ordered device memory.
+// Forward and BackwardElementwise return once queued, without waiting for
+// the stream, after their per-channel inputs were copied (through pinned
+// memory) to stream-ordered device memory. Scratch memory comes from a
+// memory pool of syncnorm's own, or cached cudaMalloc blocks on devices
+// without pools (see cuda_memory.cuh).
 #ifndef SYNCNORM_KERNELS_BATCH_NORM_CUDA_H_
 #define SYNCNORM_KERNELS_BATCH_NORM_CUDA_H_
 
@@ -43,6 +46,12 @@ struct Result {
 // there is none (no driver, "driver version is insufficient", no GPU), or
 // when this build has no CUDA. why may be null.
 int VisibleDevices(std::string* why);
+
+// Frees the scratch memory the launchers keep between calls (and forgets
+// which devices have memory pools). Call it before cudaDeviceReset, which
+// would invalidate it. REQUIRES: no launcher call in flight; the devices
+// are idle.
+void ReleaseScratch();
 
 // Local moments of x: mean[C] and m2[C] (host arrays) over g.per_channel()
 // values per channel. Synchronizes `stream`.

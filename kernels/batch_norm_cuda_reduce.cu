@@ -1,19 +1,33 @@
 // The CUDA reductions: LocalMoments and BackwardReduce.
 //
-// Numerics: each thread folds chunks of kChunk values, the chunk's mean and
-// M2 taken in float around the chunk's own mean and Chan-merged into the
-// thread's float moments (gradient sums: chunk sums in float, added in
-// double). Threads, warps and blocks are then merged in double in a fixed
-// tree order, and a second kernel folds the blocks of each channel in block
-// order, so the result depends only on the input and its geometry (never on
-// timing or the GPU model).
+// Numerics: every thread accumulates in float64 (moments as the sums of
+// d = x - p and d * d, p the thread's first value, so that |mean| >> std
+// costs nothing; gradient sums as dy and dy * (x - mean)), and threads,
+// warps, blocks and parts are merged in float64 (Chan's rule for moments)
+// in a fixed order. Which thread reads which elements depends only on the
+// geometry and the dtype, so results are bitwise the same on every run
+// and every GPU, whatever the timing or the tensor's alignment.
+//
+// Two ways of reading, both coalesced:
+//  - Column (channels-last, and channels-first with inner < 32): a block
+//    reads rows of the [rows, C * inner] matrix, W consecutive columns
+//    (whole channels) of many rows at once; with C * inner <= 32 a warp
+//    reads 32 consecutive elements spanning rows.
+//  - Plane (channels-first with inner >= 32): a warp per (channel, part)
+//    walks its part of the channel's planes, each lane a group of 16 bytes
+//    at a time (one vector load when the tensors are aligned).
+// A channel's parts are then folded by a second kernel (none when there is
+// one part). Indices are 64-bit: any tensor size works without slicing.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/batch_norm_cuda.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/cuda_memory.cuh"
 #include "kernels/formulas.h"
 
 namespace syncnorm {
@@ -22,17 +36,151 @@ namespace detail {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = 4;
-// Channels-last: a block covers kTile channels x kRowLanes rows at a time.
-constexpr int kTile = 32;
-constexpr int kRowLanes = kThreads / kTile;
-// Least values per block, and about how many blocks fill a large GPU.
+constexpr int kWarpSize = 32;
+constexpr int kWarpsPerBlock = kThreads / kWarpSize;
+// Plane reads channels whose planes hold at least this many values.
+constexpr int64_t kPlaneMinInner = 32;
+// About how much work makes one block (column) or warp (plane), and about
+// how many of them fill a large GPU.
 constexpr int64_t kValuesPerBlock = 16384;
 constexpr int64_t kTargetBlocks = 1024;
+constexpr int64_t kValuesPerWarp = 4096;
+constexpr int64_t kTargetWarps = 8192;
+constexpr int64_t kMaxParts = 1024;
 constexpr int64_t kMaxGridY = 65535;
 
-// ---- device helpers ---------------------------------------------------------
+// ---- partial results and their merge ----------------------------------------
+
+struct MomentsD {
+  double n, mean, m2;
+};
+
+// n counts the values summed (a check that none was skipped).
+struct SumsD {
+  double n, dy, dy_xmu;
+};
+
+__device__ __forceinline__ void Merge(MomentsD& a, const MomentsD& b) {
+  ChanMerge(a.n, a.mean, a.m2, b.n, b.mean, b.m2);
+}
+__device__ __forceinline__ void Merge(SumsD& a, const SumsD& b) {
+  a.n += b.n;
+  a.dy += b.dy;
+  a.dy_xmu += b.dy_xmu;
+}
+
+// Lane i gets lane i + offset's partial (or its own past the warp's end).
+__device__ __forceinline__ MomentsD ShuffleDown(const MomentsD& p, int offset) {
+  return MomentsD{__shfl_down_sync(0xffffffffu, p.n, offset),
+                  __shfl_down_sync(0xffffffffu, p.mean, offset),
+                  __shfl_down_sync(0xffffffffu, p.m2, offset)};
+}
+__device__ __forceinline__ SumsD ShuffleDown(const SumsD& p, int offset) {
+  return SumsD{__shfl_down_sync(0xffffffffu, p.n, offset),
+               __shfl_down_sync(0xffffffffu, p.dy, offset),
+               __shfl_down_sync(0xffffffffu, p.dy_xmu, offset)};
+}
+
+// Lane 0 gets the warp's merge, in a fixed tree order. Every lane of the
+// warp must call it.
+template <typename Partial>
+__device__ __forceinline__ Partial WarpMerge(Partial p) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+    Merge(p, ShuffleDown(p, offset));
+  }
+  return p;
+}
+
+// ---- what a thread accumulates ----------------------------------------------
+
+// Moments of x. REQUIRES for AddGroup: G consecutive elements from i.
+template <typename T>
+struct MomentsOp {
+  using Partial = MomentsD;
+  struct Acc {
+    double n = 0, pivot = 0, s = 0, q = 0;
+  };
+  const T* x;
+
+  __device__ __forceinline__ void Begin(Acc&, int64_t) const {}
+  __device__ __forceinline__ static void Push(Acc& a, float v) {
+    if (a.n == 0.0) a.pivot = v;
+    const double d = static_cast<double>(v) - a.pivot;  // exact
+    a.n += 1.0;
+    a.s += d;
+    a.q += d * d;
+  }
+  __device__ __forceinline__ void Add(Acc& a, int64_t i) const {
+    Push(a, Load(x + i));
+  }
+  template <int G, bool kVectorLoads>
+  __device__ __forceinline__ void AddGroup(Acc& a, int64_t i) const {
+    if (kVectorLoads) {
+      const Pack<T, G> v = LoadPack<T, G>(x + i);
+#pragma unroll
+      for (int u = 0; u < G; ++u) Push(a, ToFloat(v.v[u]));
+    } else {
+#pragma unroll
+      for (int u = 0; u < G; ++u) Push(a, Load(x + i + u));
+    }
+  }
+  __device__ __forceinline__ static Partial Finish(const Acc& a) {
+    if (a.n == 0.0) return Partial{0.0, 0.0, 0.0};
+    const double dm = a.s / a.n;
+    return Partial{a.n, a.pivot + dm, fmax(0.0, a.q - a.s * dm)};
+  }
+};
+
+// sum(dy) and sum(dy * (x - mean)), dy masked by y > 0 when y is given.
+template <typename T>
+struct SumsOp {
+  using Partial = SumsD;
+  struct Acc {
+    double n = 0, dy = 0, dy_xmu = 0, mean = 0;
+  };
+  const T* dy;
+  const T* x;
+  const T* y;  // optional
+  const double* mean;
+
+  __device__ __forceinline__ void Begin(Acc& a, int64_t channel) const {
+    a.mean = mean[channel];
+  }
+  __device__ __forceinline__ static void Push(Acc& a, float d, float xv,
+                                              bool keep) {
+    const double dd = keep ? static_cast<double>(d) : 0.0;
+    a.n += 1.0;
+    a.dy += dd;
+    a.dy_xmu += dd * (static_cast<double>(xv) - a.mean);
+  }
+  __device__ __forceinline__ void Add(Acc& a, int64_t i) const {
+    Push(a, Load(dy + i), Load(x + i), y == nullptr || Load(y + i) > 0.0f);
+  }
+  template <int G, bool kVectorLoads>
+  __device__ __forceinline__ void AddGroup(Acc& a, int64_t i) const {
+    if (kVectorLoads) {
+      const Pack<T, G> d = LoadPack<T, G>(dy + i);
+      const Pack<T, G> xv = LoadPack<T, G>(x + i);
+      Pack<T, G> yv = d;
+      if (y != nullptr) yv = LoadPack<T, G>(y + i);
+#pragma unroll
+      for (int u = 0; u < G; ++u) {
+        Push(a, ToFloat(d.v[u]), ToFloat(xv.v[u]),
+             y == nullptr || ToFloat(yv.v[u]) > 0.0f);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < G; ++u) Add(a, i + u);
+    }
+  }
+  __device__ __forceinline__ static Partial Finish(const Acc& a) {
+    return Partial{a.n, a.dy, a.dy_xmu};
+  }
+};
+
+// ---- kernels
+// ------------------------------------------------------------------
 
 struct Range {
   int64_t begin;
@@ -50,395 +198,271 @@ __device__ __forceinline__ Range PartRange(int64_t units, int64_t parts,
   return r;
 }
 
-struct MomentsD {
-  double n, mean, m2;
+// The [rows, channels * inner] view read by ColumnKernel: a block covers
+// channels_per_tile whole channels (width = channels_per_tile * inner
+// columns) of `lanes` rows at a time.
+struct ColumnShape {
+  int64_t rows;
+  int64_t row_stride;  // channels * inner
+  int64_t channels;
+  int inner;
+  int channels_per_tile;
+  int lanes;
 };
 
-struct SumsD {
-  double dy, dy_xmu;
-};
-
-// Folds a chunk of `count` values (v[u] for u < count; the rest are 0) into
-// the thread's float moments. REQUIRES count >= 1.
-__device__ __forceinline__ void AddChunk(float& n, float& mean, float& m2,
-                                         const float (&v)[kChunk],
-                                         int count) {
-  float sum = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kChunk; ++u) sum += v[u];
-  const float chunk_mean = sum / static_cast<float>(count);
-  float chunk_m2 = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kChunk; ++u) {
-    const float d = v[u] - chunk_mean;
-    if (u < count) chunk_m2 += d * d;
-  }
-  ChanMerge(n, mean, m2, static_cast<float>(count), chunk_mean, chunk_m2);
+// Shared memory of a block's column merge, one partial per thread.
+template <typename Partial>
+__device__ __forceinline__ Partial* BlockPartials() {
+  __shared__ Partial partials[kThreads];
+  return partials;
 }
 
-// Lane 0 gets the warp's merge, in a fixed tree order.
-__device__ __forceinline__ MomentsD WarpMerge(MomentsD a) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const double n = __shfl_down_sync(0xffffffffu, a.n, offset);
-    const double mean = __shfl_down_sync(0xffffffffu, a.mean, offset);
-    const double m2 = __shfl_down_sync(0xffffffffu, a.m2, offset);
-    ChanMerge(a.n, a.mean, a.m2, n, mean, m2);
-  }
-  return a;
-}
-
-__device__ __forceinline__ SumsD WarpSum(SumsD a) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    a.dy += __shfl_down_sync(0xffffffffu, a.dy, offset);
-    a.dy_xmu += __shfl_down_sync(0xffffffffu, a.dy_xmu, offset);
-  }
-  return a;
-}
-
-// Thread 0 of a 1-D block of kThreads gets the block's merge.
-__device__ __forceinline__ MomentsD BlockMerge(MomentsD a) {
-  __shared__ MomentsD warp_part[kWarps];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  a = WarpMerge(a);
-  if (lane == 0) warp_part[warp] = a;
-  __syncthreads();
-  if (warp == 0) {
-    a = lane < kWarps ? warp_part[lane] : MomentsD{0.0, 0.0, 0.0};
-    a = WarpMerge(a);
-  }
-  return a;
-}
-
-__device__ __forceinline__ SumsD BlockSum(SumsD a) {
-  __shared__ SumsD warp_part[kWarps];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  a = WarpSum(a);
-  if (lane == 0) warp_part[warp] = a;
-  __syncthreads();
-  if (warp == 0) {
-    a = lane < kWarps ? warp_part[lane] : SumsD{0.0, 0.0};
-    a = WarpSum(a);
-  }
-  return a;
-}
-
-// Per-block partial results, entry [part * channels + c].
-struct MomentParts {
-  double* n;
-  double* mean;
-  double* m2;
-};
-
-struct SumParts {
-  double* dy;
-  double* dy_xmu;
-};
-
-// Per-channel inputs of the backward reduction: mean as a float pair.
-struct MeanPair {
-  float hi, lo;
-};
-
-// dy under the fused ReLU's mask (y > 0) when y is given.
-template <typename T>
-__device__ __forceinline__ float MaskedDy(const T* dy, const T* y, int64_t i) {
-  const float d = Load(dy + i);
-  if (y == nullptr) return d;
-  return Load(y + i) > 0.0f ? d : 0.0f;
-}
-
-// ---- kernels ------------------------------------------------------------------
-
-// Channels-first moments: block (c = blockIdx.x, part = blockIdx.y) over the
-// per-channel index k = o * inner + j of one slice of outer rows.
-template <typename T>
+// Block (tile = blockIdx.x, part = blockIdx.y) writes the partial of each
+// of its channels for its part of the rows: out[part * channels + c].
+template <typename Op>
 __global__ void __launch_bounds__(kThreads)
-    MomentsFirstKernel(const T* x, int64_t channels, int64_t inner,
-                       FastDivmod inner_div, int64_t per_channel,
-                       MomentParts out) {
-  const int64_t c = blockIdx.x;
-  const int64_t part = blockIdx.y;
-  const Range r = PartRange(per_channel, gridDim.y, part);
-  float n = 0.0f, mean = 0.0f, m2 = 0.0f;
-  for (int64_t k = r.begin + threadIdx.x; k < r.end;
-       k += kChunk * kThreads) {
-    float v[kChunk];
-    int count = 0;
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int64_t kk = k + u * kThreads;
-      v[u] = 0.0f;
-      if (kk < r.end) {
-        const int64_t o = inner_div.Div(static_cast<uint32_t>(kk));
-        const int64_t j = kk - o * inner;
-        v[u] = Load(x + (o * channels + c) * inner + j);
-        ++count;
-      }
-    }
-    AddChunk(n, mean, m2, v, count);
-  }
-  const MomentsD block = BlockMerge(MomentsD{n, mean, m2});
-  if (threadIdx.x == 0) {
-    const int64_t e = part * channels + c;
-    out.n[e] = block.n;
-    out.mean[e] = block.mean;
-    out.m2[e] = block.m2;
-  }
-}
-
-// Channels-last moments: block (tile = blockIdx.x, part = blockIdx.y);
-// thread (tx, ty) reads channel tile * kTile + tx of rows ty, ty +
-// kRowLanes, ... of the part. rows x channels is one slice.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    MomentsLastKernel(const T* x, int64_t channels, int64_t rows,
-                      MomentParts out) {
-  const int tx = threadIdx.x % kTile;
-  const int ty = threadIdx.x / kTile;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kTile + tx;
-  const bool active = c < channels;
-  const int64_t part = blockIdx.y;
-  const Range r = PartRange(rows, gridDim.y, part);
-  float n = 0.0f, mean = 0.0f, m2 = 0.0f;
+    ColumnKernel(Op op, ColumnShape shape, typename Op::Partial* out) {
+  using Partial = typename Op::Partial;
+  const int width = shape.channels_per_tile * shape.inner;
+  const int t = threadIdx.x;
+  const int lx = t % width;
+  const int ly = t / width;
+  const int64_t channel =
+      static_cast<int64_t>(blockIdx.x) * shape.channels_per_tile +
+      lx / shape.inner;
+  const bool active = ly < shape.lanes && channel < shape.channels;
+  const Range rows = PartRange(shape.rows, gridDim.y, blockIdx.y);
+  typename Op::Acc acc;
   if (active) {
-    for (int64_t row = r.begin + ty; row < r.end;
-         row += kChunk * kRowLanes) {
-      float v[kChunk];
-      int count = 0;
-#pragma unroll
-      for (int u = 0; u < kChunk; ++u) {
-        const int64_t rr = row + u * kRowLanes;
-        v[u] = 0.0f;
-        if (rr < r.end) {
-          v[u] = Load(x + rr * channels + c);
-          ++count;
-        }
-      }
-      AddChunk(n, mean, m2, v, count);
+    op.Begin(acc, channel);
+    const int64_t column = static_cast<int64_t>(blockIdx.x) * width + lx;
+    for (int64_t r = rows.begin + ly; r < rows.end; r += shape.lanes) {
+      op.Add(acc, r * shape.row_stride + column);
     }
   }
-  __shared__ MomentsD lanes[kRowLanes][kTile];
-  lanes[ty][tx] = MomentsD{n, mean, m2};
+  Partial* partial = BlockPartials<Partial>();
+  partial[t] = Op::Finish(acc);
+  // The row lanes of each column, folded pairwise in a fixed tree.
+  for (int step = 1; step < shape.lanes; step *= 2) {
+    __syncthreads();  // every partial of the previous level is written
+    if (ly % (2 * step) == 0 && ly + step < shape.lanes) {
+      Merge(partial[t], partial[t + step * width]);
+    }
+  }
   __syncthreads();
-  if (ty == 0 && active) {
-    MomentsD acc = lanes[0][tx];
-    for (int q = 1; q < kRowLanes; ++q) {
-      ChanMerge(acc.n, acc.mean, acc.m2, lanes[q][tx].n, lanes[q][tx].mean,
-                lanes[q][tx].m2);
-    }
-    const int64_t e = part * channels + c;
-    out.n[e] = acc.n;
-    out.mean[e] = acc.mean;
-    out.m2[e] = acc.m2;
+  // The first column of each channel folds the channel's columns in order.
+  if (active && ly == 0 && lx % shape.inner == 0) {
+    Partial p = partial[lx];
+    for (int k = 1; k < shape.inner; ++k) Merge(p, partial[lx + k]);
+    out[static_cast<int64_t>(blockIdx.y) * shape.channels + channel] = p;
   }
 }
 
-// Folds the `parts` partial moments of channel blockIdx.x: thread t takes
-// parts t, t + kThreads, ... in order, then the block merges in tree order.
-__global__ void __launch_bounds__(kThreads)
-    MomentsFinalizeKernel(MomentParts in, int64_t parts, int64_t channels,
-                          double* mean, double* m2) {
-  const int64_t c = blockIdx.x;
-  MomentsD acc{0.0, 0.0, 0.0};
-  for (int64_t p = threadIdx.x; p < parts; p += kThreads) {
-    const int64_t e = p * channels + c;
-    ChanMerge(acc.n, acc.mean, acc.m2, in.n[e], in.mean[e], in.m2[e]);
-  }
-  acc = BlockMerge(acc);
-  if (threadIdx.x == 0) {
-    mean[c] = acc.mean;
-    m2[c] = acc.m2;
-  }
-}
+// The channels-first view read by PlaneKernel: unit u = part * channels + c
+// is warp u's, which reads groups of G consecutive values of its part of
+// channel c's per-channel values (index k = o * inner + j).
+struct PlaneShape {
+  int64_t channels;
+  int64_t inner;
+  int64_t row_stride;  // channels * inner
+  int64_t per_channel;
+  int64_t parts;
+  int64_t units;
+};
 
-// Channels-first backward sums; see MomentsFirstKernel.
-template <typename T>
+template <typename Op, int G, bool kVectorLoads>
 __global__ void __launch_bounds__(kThreads)
-    SumsFirstKernel(const T* dy, const T* x, const T* y,
-                    const MeanPair* means, int64_t channels, int64_t inner,
-                    FastDivmod inner_div, int64_t per_channel, SumParts out) {
-  const int64_t c = blockIdx.x;
-  const int64_t part = blockIdx.y;
-  const Range r = PartRange(per_channel, gridDim.y, part);
-  const MeanPair m = means[c];
-  SumsD acc{0.0, 0.0};
-  for (int64_t k = r.begin + threadIdx.x; k < r.end;
-       k += kChunk * kThreads) {
-    float s_dy = 0.0f, s_dy_xmu = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int64_t kk = k + u * kThreads;
-      if (kk < r.end) {
-        const int64_t o = inner_div.Div(static_cast<uint32_t>(kk));
-        const int64_t i = (o * channels + c) * inner + (kk - o * inner);
-        const float d = MaskedDy(dy, y, i);
-        s_dy += d;
-        s_dy_xmu += d * Centered(Load(x + i), m.hi, m.lo);
+    PlaneKernel(Op op, PlaneShape shape, typename Op::Partial* out) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock +
+                       threadIdx.x / kWarpSize;
+  if (unit >= shape.units) return;  // whole warps: no warp call is split
+  const int64_t channel = unit % shape.channels;
+  const int64_t part = unit / shape.channels;
+  const Range groups = PartRange(shape.per_channel / G, shape.parts, part);
+  typename Op::Acc acc;
+  op.Begin(acc, channel);
+  int64_t g = groups.begin + lane;
+  if (g < groups.end) {
+    // (o, j) of k = g * G, advanced without dividing.
+    int64_t o = g * G / shape.inner;
+    int64_t j = g * G - o * shape.inner;
+    const int64_t base = channel * shape.inner;
+    for (; g < groups.end; g += kWarpSize) {
+      op.template AddGroup<G, kVectorLoads>(acc,
+                                            o * shape.row_stride + base + j);
+      j += kWarpSize * G;
+      while (j >= shape.inner) {
+        j -= shape.inner;
+        ++o;
       }
     }
-    acc.dy += s_dy;
-    acc.dy_xmu += s_dy_xmu;
   }
-  acc = BlockSum(acc);
-  if (threadIdx.x == 0) {
-    out.dy[part * channels + c] = acc.dy;
-    out.dy_xmu[part * channels + c] = acc.dy_xmu;
-  }
+  const typename Op::Partial p = WarpMerge(Op::Finish(acc));
+  if (lane == 0) out[unit] = p;
 }
 
-// Channels-last backward sums; see MomentsLastKernel.
-template <typename T>
+// Folds the `parts` partials of each channel (in[part * channels + c]): a
+// warp per channel, lane l taking parts l, l + 32, ... in order, then the
+// warp's tree.
+template <typename Partial>
 __global__ void __launch_bounds__(kThreads)
-    SumsLastKernel(const T* dy, const T* x, const T* y, const MeanPair* means,
-                   int64_t channels, int64_t rows, SumParts out) {
-  const int tx = threadIdx.x % kTile;
-  const int ty = threadIdx.x / kTile;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kTile + tx;
-  const bool active = c < channels;
-  const int64_t part = blockIdx.y;
-  const Range r = PartRange(rows, gridDim.y, part);
-  SumsD acc{0.0, 0.0};
-  if (active) {
-    const MeanPair m = means[c];
-    for (int64_t row = r.begin + ty; row < r.end;
-         row += kChunk * kRowLanes) {
-      float s_dy = 0.0f, s_dy_xmu = 0.0f;
-#pragma unroll
-      for (int u = 0; u < kChunk; ++u) {
-        const int64_t rr = row + u * kRowLanes;
-        if (rr < r.end) {
-          const int64_t i = rr * channels + c;
-          const float d = MaskedDy(dy, y, i);
-          s_dy += d;
-          s_dy_xmu += d * Centered(Load(x + i), m.hi, m.lo);
-        }
-      }
-      acc.dy += s_dy;
-      acc.dy_xmu += s_dy_xmu;
-    }
+    FinalizeKernel(const Partial* in, int64_t parts, int64_t channels,
+                   Partial* out) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock +
+                    threadIdx.x / kWarpSize;
+  if (c >= channels) return;  // whole warps
+  Partial acc{};
+  for (int64_t p = lane; p < parts; p += kWarpSize) {
+    Merge(acc, in[p * channels + c]);
   }
-  __shared__ SumsD lanes[kRowLanes][kTile];
-  lanes[ty][tx] = acc;
-  __syncthreads();
-  if (ty == 0 && active) {
-    SumsD total = lanes[0][tx];
-    for (int q = 1; q < kRowLanes; ++q) {
-      total.dy += lanes[q][tx].dy;
-      total.dy_xmu += lanes[q][tx].dy_xmu;
-    }
-    out.dy[part * channels + c] = total.dy;
-    out.dy_xmu[part * channels + c] = total.dy_xmu;
-  }
+  acc = WarpMerge(acc);
+  if (lane == 0) out[c] = acc;
 }
 
-// Sums the `parts` partial sums of channel blockIdx.x in a fixed order.
-__global__ void __launch_bounds__(kThreads)
-    SumsFinalizeKernel(SumParts in, int64_t parts, int64_t channels,
-                       double* sum_dy, double* sum_dy_xmu) {
-  const int64_t c = blockIdx.x;
-  SumsD acc{0.0, 0.0};
-  for (int64_t p = threadIdx.x; p < parts; p += kThreads) {
-    acc.dy += in.dy[p * channels + c];
-    acc.dy_xmu += in.dy_xmu[p * channels + c];
-  }
-  acc = BlockSum(acc);
-  if (threadIdx.x == 0) {
-    sum_dy[c] = acc.dy;
-    sum_dy_xmu[c] = acc.dy_xmu;
-  }
-}
+// ---- host side
+// ------------------------------------------------------------------
 
-// ---- host side ------------------------------------------------------------------
-
-// How a reduction is cut: per slice of outer rows, a grid of
-// (channels or channel tiles) x parts blocks. Depends on the geometry only.
+// How a reduction is cut. Depends on the geometry and dtype only.
 struct ReducePlan {
-  bool last = false;
-  Slices slices;
-  std::vector<int64_t> parts;  // per slice
-  int64_t total_parts = 0;
-
-  int64_t Rows(int64_t slice, const Geometry& g) const {
-    return std::min(slices.rows_per_slice,
-                    g.outer - slice * slices.rows_per_slice);
-  }
+  bool plane = false;
+  int64_t parts = 1;
+  // Column.
+  ColumnShape column{};
+  int64_t tiles = 0;
+  int threads = kThreads;
+  // Plane: values per group.
+  PlaneShape shape{};
+  int group = 1;
 };
 
-ReducePlan MakePlan(const Geometry& g) {
-  ReducePlan plan;
-  plan.last = g.inner == 1;
-  plan.slices = MakeSlices(g);
-  const int64_t groups = plan.last ? CeilDiv(g.channels, kTile) : g.channels;
-  for (int64_t s = 0; s < plan.slices.count; ++s) {
-    const int64_t rows = plan.Rows(s, g);
-    const int64_t values = plan.last ? rows * std::min<int64_t>(g.channels, kTile)
-                                     : rows * g.inner;
-    const int64_t units = plan.last ? rows : rows * g.inner;
-    int64_t parts = std::min(CeilDiv(values, kValuesPerBlock),
-                             std::max<int64_t>(1, kTargetBlocks / groups));
-    parts = std::max<int64_t>(1, std::min({parts, units, kMaxGridY}));
-    plan.parts.push_back(parts);
-    plan.total_parts += parts;
+ReducePlan MakePlan(const Geometry& g, int vector) {
+  ReducePlan p;
+  const int64_t c = g.channels;
+  if (g.inner >= kPlaneMinInner) {
+    p.plane = true;
+    p.group = g.inner % vector == 0 ? vector : 1;
+    const int64_t per_channel = g.outer * g.inner;
+    p.parts =
+        std::min({std::max<int64_t>(1, CeilDiv(per_channel, kValuesPerWarp)),
+                  std::max<int64_t>(1, kTargetWarps / c), kMaxParts,
+                  per_channel / p.group});
+    p.shape =
+        PlaneShape{c, g.inner, c * g.inner, per_channel, p.parts, p.parts * c};
+    return p;
   }
-  return plan;
+  const int inner = static_cast<int>(std::max<int64_t>(1, g.inner));
+  const int per_tile =
+      static_cast<int>(std::min<int64_t>(c, std::max(1, kWarpSize / inner)));
+  const int width = per_tile * inner;
+  const int lanes = static_cast<int>(
+      std::min<int64_t>(kThreads / width, std::max<int64_t>(1, g.outer)));
+  p.column = ColumnShape{g.outer, c * inner, c, inner, per_tile, lanes};
+  p.tiles = CeilDiv(c, per_tile);
+  p.threads = static_cast<int>(CeilDiv(lanes * width, kWarpSize) * kWarpSize);
+  p.parts = std::min(
+      {std::max<int64_t>(1, CeilDiv(g.outer * width, kValuesPerBlock)),
+       std::max<int64_t>(1, kTargetBlocks / p.tiles), g.outer, kMaxGridY});
+  return p;
 }
 
-// Whether dim fits a grid's x dimension.
-Result CheckGridX(const char* fn, int64_t blocks) {
-  if (blocks <= std::numeric_limits<int32_t>::max()) return Result{};
-  return Fail(Code::kInvalidArgument,
-              std::string(fn) + ": too many channels for one grid");
+// Launches the kernel of `plan` writing the partials of `op` to `out`.
+// `vector_loads`: every tensor `op` reads is 16-byte aligned.
+template <typename Op>
+Result LaunchReduce(const char* kFn, cudaStream_t stream,
+                    const ReducePlan& plan, const Op& op, bool vector_loads,
+                    typename Op::Partial* out) {
+  using T = std::remove_cv_t<std::remove_pointer_t<decltype(op.x)>>;
+  if (!plan.plane) {
+    const dim3 grid(static_cast<unsigned>(plan.tiles),
+                    static_cast<unsigned>(plan.parts));
+    SYNCNORM_LAUNCH(grid, plan.threads, 0, stream, ColumnKernel<Op>)
+    (op, plan.column, out);
+  } else {
+    const unsigned blocks =
+        static_cast<unsigned>(CeilDiv(plan.shape.units, kWarpsPerBlock));
+    constexpr int kG = kVector<T>;
+    if (plan.group == 1) {
+      SYNCNORM_LAUNCH(blocks, kThreads, 0, stream, PlaneKernel<Op, 1, false>)
+      (op, plan.shape, out);
+    } else if (vector_loads) {
+      SYNCNORM_LAUNCH(blocks, kThreads, 0, stream, PlaneKernel<Op, kG, true>)
+      (op, plan.shape, out);
+    } else {
+      SYNCNORM_LAUNCH(blocks, kThreads, 0, stream, PlaneKernel<Op, kG, false>)
+      (op, plan.shape, out);
+    }
+  }
+  SYNCNORM_CUDA_CHECK_LAUNCH();
+  return Result{};
+}
+
+// Runs the reduction of `op` over geometry g with the partials at
+// device_offset of `ws`: *host_results gets the per-channel results, in
+// the pinned memory of `ws` at host_offset, once the stream is
+// synchronized. INTERNAL when a channel's count is not g.per_channel().
+template <typename Op>
+Result Reduce(const char* kFn, Workspace& ws, size_t device_offset,
+              size_t host_offset, const Geometry& g, const Op& op,
+              bool vector_loads, typename Op::Partial** host_results) {
+  using Partial = typename Op::Partial;
+  using T = std::remove_cv_t<std::remove_pointer_t<decltype(op.x)>>;
+  const ReducePlan plan = MakePlan(g, kVector<T>);
+  const int64_t c = g.channels;
+  auto* partials = reinterpret_cast<Partial*>(ws.device() + device_offset);
+  SYNCNORM_RETURN_IF_ERROR(
+      LaunchReduce(kFn, ws.stream(), plan, op, vector_loads, partials));
+  const Partial* results = partials;
+  if (plan.parts > 1) {
+    Partial* folded = partials + plan.parts * c;
+    const unsigned blocks = static_cast<unsigned>(CeilDiv(c, kWarpsPerBlock));
+    SYNCNORM_LAUNCH(blocks, kThreads, 0, ws.stream(), FinalizeKernel<Partial>)
+    (partials, plan.parts, c, folded);
+    SYNCNORM_CUDA_CHECK_LAUNCH();
+    results = folded;
+  }
+  auto* host = reinterpret_cast<Partial*>(ws.host() + host_offset);
+  SYNCNORM_CUDA_TRY(cudaMemcpyAsync(host, results, c * sizeof(Partial),
+                                    cudaMemcpyDeviceToHost, ws.stream()));
+  SYNCNORM_CUDA_TRY(cudaStreamSynchronize(ws.stream()));
+  const double expected = static_cast<double>(g.per_channel());
+  for (int64_t k = 0; k < c; ++k) {
+    if (host[k].n != expected) {
+      char counted[32];
+      std::snprintf(counted, sizeof(counted), "%.17g", host[k].n);
+      return Fail(Code::kInternal, std::string(kFn) + ": the kernels counted " +
+                                       counted + " values of channel " +
+                                       std::to_string(k) + ", expected " +
+                                       std::to_string(g.per_channel()));
+    }
+  }
+  *host_results = host;
+  return Result{};
+}
+
+// Device bytes a reduction of g needs for its partials.
+template <typename Partial, typename T>
+size_t PartialBytes(const Geometry& g) {
+  const ReducePlan plan = MakePlan(g, kVector<T>);
+  const int64_t entries = (plan.parts + (plan.parts > 1 ? 1 : 0)) * g.channels;
+  return static_cast<size_t>(entries) * sizeof(Partial);
 }
 
 template <typename T>
 Result RunMoments(cudaStream_t stream, const T* x, const Geometry& g,
                   double* mean, double* m2) {
   constexpr char kFn[] = "LocalMoments (CUDA)";
-  const ReducePlan plan = MakePlan(g);
-  const int64_t entries = plan.total_parts * g.channels;
-  StreamBuffer buffer(stream);
-  SYNCNORM_CUDA_TRY(buffer.Allocate((3 * entries + 2 * g.channels) *
-                                    sizeof(double)));
-  double* base = buffer.as<double>();
-  const MomentParts parts{base, base + entries, base + 2 * entries};
-  double* dev_mean = base + 3 * entries;
-  double* dev_m2 = dev_mean + g.channels;
-  const FastDivmod inner_div(static_cast<uint32_t>(g.inner));
-  int64_t offset = 0;  // first part of the slice
-  for (int64_t s = 0; s < plan.slices.count; ++s) {
-    const int64_t rows = plan.Rows(s, g);
-    const T* xs = x + s * plan.slices.rows_per_slice * g.channels * g.inner;
-    const MomentParts out{parts.n + offset * g.channels,
-                          parts.mean + offset * g.channels,
-                          parts.m2 + offset * g.channels};
-    if (plan.last) {
-      const dim3 grid(static_cast<unsigned>(CeilDiv(g.channels, kTile)),
-                      static_cast<unsigned>(plan.parts[s]));
-      MomentsLastKernel<T><<<grid, kThreads, 0, stream>>>(xs, g.channels,
-                                                          rows, out);
-    } else {
-      const dim3 grid(static_cast<unsigned>(g.channels),
-                      static_cast<unsigned>(plan.parts[s]));
-      MomentsFirstKernel<T><<<grid, kThreads, 0, stream>>>(
-          xs, g.channels, g.inner, inner_div, rows * g.inner, out);
-    }
-    SYNCNORM_CUDA_CHECK_LAUNCH();
-    offset += plan.parts[s];
+  Workspace ws(stream);
+  SYNCNORM_RETURN_IF_ERROR(ws.Reserve(kFn, PartialBytes<MomentsD, T>(g),
+                                      g.channels * sizeof(MomentsD)));
+  MomentsD* host = nullptr;
+  SYNCNORM_RETURN_IF_ERROR(
+      Reduce(kFn, ws, 0, 0, g, MomentsOp<T>{x}, Aligned(x, 16), &host));
+  for (int64_t c = 0; c < g.channels; ++c) {
+    mean[c] = host[c].mean;
+    m2[c] = host[c].m2;
   }
-  MomentsFinalizeKernel<<<static_cast<unsigned>(g.channels), kThreads, 0,
-                          stream>>>(parts, plan.total_parts, g.channels,
-                                    dev_mean, dev_m2);
-  SYNCNORM_CUDA_CHECK_LAUNCH();
-  const size_t bytes = g.channels * sizeof(double);
-  SYNCNORM_CUDA_TRY(
-      cudaMemcpyAsync(mean, dev_mean, bytes, cudaMemcpyDeviceToHost, stream));
-  SYNCNORM_CUDA_TRY(
-      cudaMemcpyAsync(m2, dev_m2, bytes, cudaMemcpyDeviceToHost, stream));
-  SYNCNORM_CUDA_TRY(cudaStreamSynchronize(stream));
   return Result{};
 }
 
@@ -447,60 +471,30 @@ Result RunSums(cudaStream_t stream, const Geometry& g,
                const BackwardReduceArgs& args, double* sum_dy,
                double* sum_dy_xmu) {
   constexpr char kFn[] = "BackwardReduce (CUDA)";
-  const ReducePlan plan = MakePlan(g);
-  const int64_t entries = plan.total_parts * g.channels;
-  std::vector<MeanPair> means(g.channels);
-  for (int64_t c = 0; c < g.channels; ++c) {
-    SplitDouble(args.mean[c], &means[c].hi, &means[c].lo);
-  }
-  StreamBuffer buffer(stream);
-  SYNCNORM_CUDA_TRY(buffer.Allocate((2 * entries + 2 * g.channels) *
-                                        sizeof(double) +
-                                    g.channels * sizeof(MeanPair)));
-  double* base = buffer.as<double>();
-  const SumParts parts{base, base + entries};
-  double* dev_dy = base + 2 * entries;
-  double* dev_dy_xmu = dev_dy + g.channels;
-  auto* dev_means = reinterpret_cast<MeanPair*>(dev_dy_xmu + g.channels);
-  SYNCNORM_CUDA_TRY(cudaMemcpyAsync(dev_means, means.data(),
-                                    g.channels * sizeof(MeanPair),
+  const size_t mean_bytes = g.channels * sizeof(double);
+  // Device: the means, then the partials. Host: the means to upload, then
+  // the results.
+  const size_t offset = CeilDiv(mean_bytes, 256) * 256;
+  Workspace ws(stream);
+  SYNCNORM_RETURN_IF_ERROR(ws.Reserve(kFn, offset + PartialBytes<SumsD, T>(g),
+                                      offset + g.channels * sizeof(SumsD)));
+  auto* host_mean = reinterpret_cast<double*>(ws.host());
+  std::copy(args.mean, args.mean + g.channels, host_mean);
+  auto* dev_mean = reinterpret_cast<double*>(ws.device());
+  SYNCNORM_CUDA_TRY(cudaMemcpyAsync(dev_mean, host_mean, mean_bytes,
                                     cudaMemcpyHostToDevice, stream));
-  const auto* dy = static_cast<const T*>(args.dy);
-  const auto* x = static_cast<const T*>(args.x);
-  const auto* y = static_cast<const T*>(args.y);
-  const FastDivmod inner_div(static_cast<uint32_t>(g.inner));
-  int64_t offset = 0;
-  for (int64_t s = 0; s < plan.slices.count; ++s) {
-    const int64_t rows = plan.Rows(s, g);
-    const int64_t first = s * plan.slices.rows_per_slice * g.channels * g.inner;
-    const SumParts out{parts.dy + offset * g.channels,
-                       parts.dy_xmu + offset * g.channels};
-    const T* ys = y == nullptr ? nullptr : y + first;
-    if (plan.last) {
-      const dim3 grid(static_cast<unsigned>(CeilDiv(g.channels, kTile)),
-                      static_cast<unsigned>(plan.parts[s]));
-      SumsLastKernel<T><<<grid, kThreads, 0, stream>>>(
-          dy + first, x + first, ys, dev_means, g.channels, rows, out);
-    } else {
-      const dim3 grid(static_cast<unsigned>(g.channels),
-                      static_cast<unsigned>(plan.parts[s]));
-      SumsFirstKernel<T><<<grid, kThreads, 0, stream>>>(
-          dy + first, x + first, ys, dev_means, g.channels, g.inner,
-          inner_div, rows * g.inner, out);
-    }
-    SYNCNORM_CUDA_CHECK_LAUNCH();
-    offset += plan.parts[s];
+  const SumsOp<T> op{static_cast<const T*>(args.dy),
+                     static_cast<const T*>(args.x),
+                     static_cast<const T*>(args.y), dev_mean};
+  const bool aligned =
+      Aligned(op.dy, 16) && Aligned(op.x, 16) && Aligned(op.y, 16);
+  SumsD* host = nullptr;
+  SYNCNORM_RETURN_IF_ERROR(
+      Reduce(kFn, ws, offset, offset, g, op, aligned, &host));
+  for (int64_t c = 0; c < g.channels; ++c) {
+    sum_dy[c] = host[c].dy;
+    sum_dy_xmu[c] = host[c].dy_xmu;
   }
-  SumsFinalizeKernel<<<static_cast<unsigned>(g.channels), kThreads, 0,
-                       stream>>>(parts, plan.total_parts, g.channels, dev_dy,
-                                 dev_dy_xmu);
-  SYNCNORM_CUDA_CHECK_LAUNCH();
-  const size_t bytes = g.channels * sizeof(double);
-  SYNCNORM_CUDA_TRY(cudaMemcpyAsync(sum_dy, dev_dy, bytes,
-                                    cudaMemcpyDeviceToHost, stream));
-  SYNCNORM_CUDA_TRY(cudaMemcpyAsync(sum_dy_xmu, dev_dy_xmu, bytes,
-                                    cudaMemcpyDeviceToHost, stream));
-  SYNCNORM_CUDA_TRY(cudaStreamSynchronize(stream));
   return Result{};
 }
 
@@ -521,8 +515,10 @@ int VisibleDevices(std::string* why) {
   return count;
 }
 
-Result LocalMoments(void* stream, DType dtype, const void* x,
-                    const Geometry& g, double* mean, double* m2) {
+void ReleaseScratch() { detail::ScratchRegistry::Get().Clear(); }
+
+Result LocalMoments(void* stream, DType dtype, const void* x, const Geometry& g,
+                    double* mean, double* m2) {
   using namespace detail;  // NOLINT: the launcher's own helpers
   constexpr char kFn[] = "LocalMoments (CUDA)";
   Result r = CheckGeometry(kFn, g);
@@ -530,7 +526,6 @@ Result LocalMoments(void* stream, DType dtype, const void* x,
   if (r.ok()) r = RequireTensor(kFn, x, g, "x");
   if (r.ok()) r = Require(kFn, mean, "mean");
   if (r.ok()) r = Require(kFn, m2, "m2");
-  if (r.ok()) r = CheckGridX(kFn, g.channels);
   if (!r.ok()) return r;
   std::fill(mean, mean + g.channels, 0.0);
   std::fill(m2, m2 + g.channels, 0.0);
@@ -558,7 +553,6 @@ Result BackwardReduce(void* stream, DType dtype, const Geometry& g,
   if (r.ok()) r = Require(kFn, args.invstd, "args.invstd");
   if (r.ok()) r = Require(kFn, sum_dy, "sum_dy");
   if (r.ok()) r = Require(kFn, sum_dy_xmu, "sum_dy_xmu");
-  if (r.ok()) r = CheckGridX(kFn, g.channels);
   if (!r.ok()) return r;
   std::fill(sum_dy, sum_dy + g.channels, 0.0);
   std::fill(sum_dy_xmu, sum_dy_xmu + g.channels, 0.0);

@@ -23,6 +23,8 @@ int VisibleDevices(std::string* why) {
   return 0;
 }
 
+void ReleaseScratch() {}
+
 Result LocalMoments(void*, DType, const void*, const Geometry&, double*,
                     double*) {
   return NoCuda("LocalMoments");

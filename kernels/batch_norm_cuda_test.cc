@@ -108,6 +108,17 @@ TEST(CudaContract, HostPointersAreRejected) {
   EXPECT_NE(s.message().find("host memory"), std::string::npos) << s;
 }
 
+// The probe the Python package asks before it picks a device: it counts
+// devices and nothing else (tests/gpu/device_check.sh shows on a GPU that
+// it creates no CUDA context).
+TEST(CudaContract, KernelsAvailableCountsDevices) {
+  EXPECT_TRUE(KernelsAvailable(Device::kCpu, DType::kBFloat16));
+  EXPECT_FALSE(KernelsAvailable(Device::kCpu, static_cast<DType>(7)));
+  EXPECT_FALSE(KernelsAvailable(static_cast<Device>(5), DType::kFloat32));
+  EXPECT_EQ(KernelsAvailable(Device::kCuda, DType::kFloat16),
+            cuda::VisibleDevices(nullptr) > 0);
+}
+
 // Runs everywhere: without a device the CUDA path fails clearly, never
 // crashes, and writes nothing.
 TEST(CudaContract, NoDeviceIsAClearFailedPrecondition) {

@@ -18,9 +18,34 @@
 #include "kernels/batch_norm_cuda.h"
 #include "kernels/formulas.h"
 
+// kernel<<<grid, block, shared, stream>>>(args...), written
+// SYNCNORM_LAUNCH(grid, block, shared, stream, kernel)(args...) so that the
+// same source also builds as host C++ for the CPU emulator
+// (kernels/emulator), which launches it there. The kernel comes last so
+// that a template-id with commas needs no parentheses.
+#if defined(__CUDACC__)
+#define SYNCNORM_LAUNCH(grid, block, shared, stream, ...) \
+  __VA_ARGS__<<<grid, block, shared, stream>>>
+#else
+#define SYNCNORM_LAUNCH(grid, block, shared, stream, ...) \
+  CUDA_EMULATOR_LAUNCH(grid, block, shared, stream, __VA_ARGS__)
+#endif
+
+// The most elements one elementwise launch covers: launches index their
+// elements with 32 bits. Tests lower it to run the slicing of larger
+// tensors on small ones.
+#ifndef SYNCNORM_CUDA_SLICE_ELEMENTS
+#define SYNCNORM_CUDA_SLICE_ELEMENTS 2147483647
+#endif
+
 namespace syncnorm {
 namespace cuda {
 namespace detail {
+
+constexpr int64_t kSliceElements = SYNCNORM_CUDA_SLICE_ELEMENTS;
+static_assert(kSliceElements >= 1 &&
+                  kSliceElements <= std::numeric_limits<int32_t>::max(),
+              "a slice is indexed with 32 bits");
 
 // ---- per-element device helpers --------------------------------------------
 
@@ -32,6 +57,11 @@ __device__ __forceinline__ float Load(const __half* p) {
 __device__ __forceinline__ float Load(const __nv_bfloat16* p) {
   return __bfloat162float(*p);
 }
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 __device__ __forceinline__ void Store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void Store(__half* p, float v) {
   *p = __float2half_rn(v);
@@ -39,6 +69,25 @@ __device__ __forceinline__ void Store(__half* p, float v) {
 __device__ __forceinline__ void Store(__nv_bfloat16* p, float v) {
   *p = __float2bfloat16_rn(v);
 }
+
+// V consecutive elements moved by one vector load or store (16 bytes at
+// most). REQUIRES: the address is aligned to sizeof(Pack).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> LoadPack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+template <typename T, int V>
+__device__ __forceinline__ void StorePack(T* p, const Pack<T, V>& pack) {
+  *reinterpret_cast<Pack<T, V>*>(p) = pack;
+}
+
+// Elements of T per 16-byte vector.
+template <typename T>
+constexpr int kVector = static_cast<int>(16 / sizeof(T));
 
 // x - mean with mean = hi + lo (two floats holding a double mean): exact
 // enough that |mean| >> std loses nothing to the rounding of mean.
@@ -62,7 +111,8 @@ struct FastDivmod {
       if ((1u << shift) >= d) break;
     }
     const uint64_t one = 1;
-    multiplier = static_cast<uint32_t>(((one << 32) * ((one << shift) - d)) / d + 1);
+    multiplier =
+        static_cast<uint32_t>(((one << 32) * ((one << shift) - d)) / d + 1);
   }
   __device__ __forceinline__ uint32_t Div(uint32_t n) const {
     return (__umulhi(n, multiplier) + n) >> shift;
@@ -76,21 +126,20 @@ inline Result Fail(Code code, std::string message) {
 }
 
 inline Result CudaFailure(const char* fn, const char* call, cudaError_t e) {
-  return Fail(Code::kInternal, std::string(fn) + ": " + call + " failed: " +
-                                   cudaGetErrorName(e) + " (" +
+  return Fail(Code::kInternal, std::string(fn) + ": " + call +
+                                   " failed: " + cudaGetErrorName(e) + " (" +
                                    cudaGetErrorString(e) + ")");
 }
 
 // Returns from the enclosing function (a launcher or check named by fn) with
 // INTERNAL when a CUDA call or launch fails. SYNCNORM_CUDA_TRY names the
 // launcher by its local constant kFn.
-#define SYNCNORM_CUDA_TRY_NAMED(fn, call)                                   \
-  do {                                                                      \
-    const cudaError_t syncnorm_err_ = (call);                               \
-    if (syncnorm_err_ != cudaSuccess) {                                     \
-      return ::syncnorm::cuda::detail::CudaFailure(fn, #call,               \
-                                                   syncnorm_err_);          \
-    }                                                                       \
+#define SYNCNORM_CUDA_TRY_NAMED(fn, call)                                     \
+  do {                                                                        \
+    const cudaError_t syncnorm_err_ = (call);                                 \
+    if (syncnorm_err_ != cudaSuccess) {                                       \
+      return ::syncnorm::cuda::detail::CudaFailure(fn, #call, syncnorm_err_); \
+    }                                                                         \
   } while (0)
 #define SYNCNORM_CUDA_TRY(call) SYNCNORM_CUDA_TRY_NAMED(kFn, call)
 
@@ -98,35 +147,36 @@ inline Result CudaFailure(const char* fn, const char* call, cudaError_t e) {
 // the kernel show at the next synchronizing call).
 #define SYNCNORM_CUDA_CHECK_LAUNCH() SYNCNORM_CUDA_TRY(cudaGetLastError())
 
+// Returns from the enclosing function with r when it is an error.
+#define SYNCNORM_RETURN_IF_ERROR(expr)                   \
+  do {                                                   \
+    ::syncnorm::cuda::Result syncnorm_result_ = (expr);  \
+    if (!syncnorm_result_.ok()) return syncnorm_result_; \
+  } while (0)
+
 // ---- validation -------------------------------------------------------------
 
-constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
-
-// A valid geometry whose outer rows (outer index) hold at most kMaxIndex
-// elements each, so that 32-bit indexing works within launches of whole rows.
+// A valid geometry: sizes >= 0, 1 <= channels <= INT32_MAX, and an element
+// count that fits int64. Any size of batch item is fine: elementwise
+// launches slice it, reductions index in 64 bits.
 inline Result CheckGeometry(const char* fn, const Geometry& g) {
   if (g.outer < 0 || g.inner < 0 || g.channels < 1 ||
-      g.channels > kMaxIndex) {
+      g.channels > std::numeric_limits<int32_t>::max()) {
     return Fail(Code::kInvalidArgument,
-                std::string(fn) + ": geometry {outer=" +
-                    std::to_string(g.outer) +
+                std::string(fn) +
+                    ": geometry {outer=" + std::to_string(g.outer) +
                     ", channels=" + std::to_string(g.channels) +
                     ", inner=" + std::to_string(g.inner) +
                     "} is invalid; build it with MakeGeometry");
   }
-  if (g.inner > 0 && g.channels > kMaxIndex / g.inner) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (g.inner > 0 &&
+      (g.channels > kMax / g.inner ||
+       (g.outer > 0 && g.outer > kMax / (g.channels * g.inner)))) {
     return Fail(Code::kInvalidArgument,
-                std::string(fn) + ": one batch item has " +
-                    std::to_string(g.channels) + " x " +
-                    std::to_string(g.inner) +
-                    " elements; the CUDA kernels take at most 2^31 - 1 per "
-                    "batch item");
-  }
-  if (g.outer > 0 && g.inner > 0 &&
-      g.outer > std::numeric_limits<int64_t>::max() / (g.channels * g.inner)) {
-    return Fail(Code::kInvalidArgument,
-                std::string(fn) + ": the tensor's element count overflows "
-                                  "int64; check its shape");
+                std::string(fn) +
+                    ": the tensor's element count overflows "
+                    "int64; check its shape");
   }
   return Result{};
 }
@@ -150,8 +200,9 @@ inline Result CheckDevice(const char* fn) {
   std::string why;
   if (VisibleDevices(&why) > 0) return Result{};
   return Fail(Code::kFailedPrecondition,
-              std::string(fn) + ": Device::kCuda but no CUDA device is "
-                                "usable here (" +
+              std::string(fn) +
+                  ": Device::kCuda but no CUDA device is "
+                  "usable here (" +
                   why + "); run on a machine with a GPU or use Device::kCpu");
 }
 
@@ -166,9 +217,8 @@ inline Result CheckDevicePointer(const char* fn, const void* p,
   if (e != cudaSuccess) {
     cudaGetLastError();  // not sticky; clear it for the next call
     return Fail(Code::kInvalidArgument,
-                std::string(fn) + ": cannot tell where " + name +
-                    " lives (" + cudaGetErrorString(e) +
-                    "); pass device memory");
+                std::string(fn) + ": cannot tell where " + name + " lives (" +
+                    cudaGetErrorString(e) + "); pass device memory");
   }
   if (attr.type == cudaMemoryTypeManaged) return Result{};
   if (attr.type != cudaMemoryTypeDevice) {
@@ -182,9 +232,10 @@ inline Result CheckDevicePointer(const char* fn, const void* p,
   if (attr.device != current) {
     return Fail(Code::kInvalidArgument,
                 std::string(fn) + ": " + name + " lives on CUDA device " +
-                    std::to_string(attr.device) + " but the current device is " +
-                    std::to_string(current) + "; call cudaSetDevice(" +
-                    std::to_string(attr.device) + ") first");
+                    std::to_string(attr.device) +
+                    " but the current device is " + std::to_string(current) +
+                    "; call cudaSetDevice(" + std::to_string(attr.device) +
+                    ") first");
   }
   return Result{};
 }
@@ -208,46 +259,15 @@ Result DispatchDType(const char* fn, DType dtype, Body&& body) {
   }
 }
 
-// ---- launch geometry and memory ----------------------------------------------
-
-// Whole outer rows per launch so that each launch indexes its elements with
-// 32-bit integers. REQUIRES CheckGeometry(g).ok(), g.elements() > 0.
-struct Slices {
-  int64_t rows_per_slice = 1;
-  int64_t count = 1;
-};
-inline Slices MakeSlices(const Geometry& g) {
-  Slices s;
-  s.rows_per_slice = std::max<int64_t>(1, kMaxIndex / (g.channels * g.inner));
-  s.count = (g.outer + s.rows_per_slice - 1) / s.rows_per_slice;
-  return s;
-}
+// ---- launch geometry
+// ----------------------------------------------------------
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Stream-ordered device memory, freed on the stream when it goes out of
-// scope (also on an early error return).
-class StreamBuffer {
- public:
-  explicit StreamBuffer(cudaStream_t stream) : stream_(stream) {}
-  ~StreamBuffer() {
-    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
-  }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-
-  cudaError_t Allocate(size_t bytes) {
-    return cudaMallocAsync(&ptr_, bytes, stream_);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  cudaStream_t stream_;
-  void* ptr_ = nullptr;
-};
+// Whether p is aligned to `bytes`.
+inline bool Aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 
 // The multiprocessor count of the current device (sizes elementwise grids).
 inline cudaError_t MultiprocessorCount(int* count) {

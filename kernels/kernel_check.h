@@ -51,7 +51,18 @@ struct Tolerance {
   double out = 1e-6;
 };
 
-// For kernels that compute in float64 (CPU) and float32 (GPU).
+// The largest errors seen, in the units of Tolerance's fields (so a check
+// passes when each is at most its tolerance); `out` counts only the error
+// beyond rounding to the element type.
+struct Accuracy {
+  double stats = 0;
+  double sums = 0;
+  double out = 0;
+};
+
+// For the CPU kernels (float64 throughout) and the CUDA kernels (float64
+// reductions, float32 elementwise arithmetic); see kernel_check.cc for how
+// each was measured.
 Tolerance CpuTolerance();
 Tolerance GpuTolerance();
 
@@ -75,6 +86,15 @@ struct Layout {
 // span many GPU blocks. `large` adds shapes of a few million elements.
 std::vector<Layout> StandardLayouts(bool large);
 
+// Shapes that find the edges of the CUDA kernels: C = 1, 3, 31, 33 and
+// 65536, inner sizes from 1 to 40000 (each side of the 32 where reading
+// switches from columns to planes, with and without whole 16-byte groups),
+// rows sliced whole, by planes and within a plane when launches are
+// bounded to 32768 elements (as the emulated build is), tensors many grid
+// strides long, ranks 2 to 5 in both layouts, and empty batches. A few
+// hundred thousand elements at most.
+std::vector<Layout> OddLayouts();
+
 const char* DTypeName(DType dtype);
 
 // Element bytes of dtype and conversions of whole tensors.
@@ -84,10 +104,12 @@ std::vector<double> Decode(DType dtype, const std::vector<uint8_t>& bytes);
 
 // Runs every kernel with every option on every layout and dtype given;
 // returns one line per failure (empty: all passed). `seed` varies the data.
+// `worst`, if given, gets the largest errors seen (over its prior values).
 std::vector<std::string> CheckKernels(KernelRunner& runner,
                                       const std::vector<DType>& dtypes,
                                       const std::vector<Layout>& layouts,
-                                      const Tolerance& tol, uint64_t seed);
+                                      const Tolerance& tol, uint64_t seed,
+                                      Accuracy* worst = nullptr);
 
 }  // namespace check
 }  // namespace syncnorm

@@ -223,19 +223,10 @@ void BackwardElementwisePy(const py::object& dy_arg, const py::object& x_arg,
   });
 }
 
-// Whether the kernels of this build take `dtype` on `device`: probes
-// LocalMoments on one host element. On CUDA a usable build rejects the host
-// pointer (INVALID_ARGUMENT) before touching it; a build without CUDA says
-// UNIMPLEMENTED and one without a usable device FAILED_PRECONDITION.
+// Whether the kernels of this build take `dtype` on `device`. Creates no
+// CUDA context (it is asked before the tensor's device is made current).
 bool Supports(int dtype_code, int device_code) {
-  const DType dtype = ToDType(dtype_code);
-  const Device device = ToDevice(device_code);
-  uint32_t one = 0;
-  Moments m;
-  const absl::Status s = LocalMoments(KernelContext{device, nullptr, nullptr},
-                                      dtype, &one, Geometry{1, 1, 1}, &m);
-  if (device == Device::kCpu) return s.ok();
-  return s.ok() || s.code() == absl::StatusCode::kInvalidArgument;
+  return KernelsAvailable(ToDevice(device_code), ToDType(dtype_code));
 }
 
 }  // namespace
