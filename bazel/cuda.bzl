@@ -2,13 +2,13 @@
 
 `cuda_library` compiles .cu files with nvcc (one action per file) into
 position-independent objects and wraps them in a cc_library that links the
-static CUDA runtime (@system//:cuda_runtime). It is meant to be used only where HAVE_CUDA is true
-(see @system//:config.bzl); BUILD files choose a CPU-only alternative
+static CUDA runtime (@syncnorm_system//:cuda_runtime). It is meant to be used only where HAVE_CUDA is true
+(see @syncnorm_system//:config.bzl); BUILD files choose a CPU-only alternative
 otherwise. Code is generated for sm_90 (SASS) plus compute_90 PTX, which
 newer GPUs JIT-compile.
 """
 
-load("@system//:config.bzl", "CUDA_ROOT")
+load("@syncnorm_system//:config.bzl", "CUDA_ROOT")
 
 # sm_90 machine code and compute_90 PTX for later architectures.
 CUDA_ARCH_FLAGS = "--generate-code arch=compute_90,code=[sm_90,compute_90]"
@@ -63,7 +63,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
         # statically into each binary (never as its own .so), so that the
         # objects that call into libcudart_static.a sit next to it in the
         # link and the runtime's symbols resolve.
-        deps = deps + ["@system//:cuda_runtime"],
+        deps = deps + ["@syncnorm_system//:cuda_runtime"],
         linkstatic = True,
         alwayslink = True,
         visibility = visibility,

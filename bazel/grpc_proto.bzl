@@ -43,6 +43,6 @@ def cc_grpc_library(name, proto, proto_root, deps = [], **kwargs):
         hdrs = [outs[0], outs[2]],
         includes = [proto_root],
         copts = ["-Wno-unused-parameter"],
-        deps = ["@system//:grpc", "@system//:protobuf"] + deps,
+        deps = ["@syncnorm_system//:grpc", "@syncnorm_system//:protobuf"] + deps,
         **kwargs
     )

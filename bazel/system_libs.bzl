@@ -1,6 +1,6 @@
 """A repository rule that exposes Debian's -dev libraries to Bazel.
 
-Each library becomes a cc_library in @system whose linkopts come from
+Each library becomes a cc_library in @syncnorm_system whose linkopts come from
 `pkg-config --libs`; headers live in /usr/include, which the compiler already
 searches. Nothing is downloaded. The rule also reports whether the CUDA toolkit
 is present, for //kernels to decide between the CUDA and the CPU-only build.
@@ -61,7 +61,7 @@ def _find_nccl(ctx):
     return None
 
 def _cuda_targets(ctx, have_cuda, have_nccl):
-    """@system//:cuda_headers, :cuda_runtime and :nccl (empty without CUDA).
+    """@syncnorm_system//:cuda_headers, :cuda_runtime and :nccl (empty without CUDA).
 
     The toolkit's headers are symlinked into this repository so that Bazel's
     header inclusion check accepts them; the CUDA runtime is linked
