@@ -10,8 +10,8 @@ or, without installing the package,
     bazel run //client/python:train_cnn -- --workers=4 --steps=300
 
 Without --address it starts the aggregator itself (--aggregator,
-$SYNCNORM_AGGREGATOR, Bazel's runfiles or bazel-bin) on a free loopback
-port. Each worker
+$SYNCNORM_AGGREGATOR, Bazel's runfiles, the installed package's or
+bazel-bin) on a free loopback port. Each worker
 draws its own, uneven batch (batch + rank % 3 - 1 images) from the same
 10-class synthetic distribution; rank 0 logs the loss, accuracy, step time
 and the time spent in syncnorm's forward and backward syncs, and at the end
@@ -163,20 +163,30 @@ def worker(args):
 # ---- the launcher ---------------------------------------------------------
 
 
+def packaged_aggregator():
+    """The aggregator of the installed syncnorm package (pip install)."""
+    try:
+        from syncnorm import aggregator
+    except ImportError:
+        return None
+    return aggregator.BINARY
+
+
 def find_aggregator(args):
     runfiles = [os.path.join(os.environ[v], "syncnorm", "server",
                              "syncnorm-aggregator")
                 for v in ("RUNFILES_DIR", "PYTHON_RUNFILES")
                 if os.environ.get(v)]
     for path in [args.aggregator, os.environ.get("SYNCNORM_AGGREGATOR")] + \
-            runfiles + [os.path.join(REPO, "server", "syncnorm-aggregator"),
+            runfiles + [packaged_aggregator(),
+                        os.path.join(REPO, "server", "syncnorm-aggregator"),
                         os.path.join(REPO, "bazel-bin", "server",
                                      "syncnorm-aggregator")]:
         if path and os.access(path, os.X_OK):
             return path
-    sys.exit("no aggregator binary: run `bazel build "
-             "//server:syncnorm-aggregator`, or pass --aggregator or "
-             "--address")
+    sys.exit("no aggregator binary: pip install the syncnorm package, or "
+             "run `bazel build //server:syncnorm-aggregator`, or pass "
+             "--aggregator or --address")
 
 
 def start_aggregator(args):
