@@ -9,6 +9,7 @@ newer GPUs JIT-compile.
 """
 
 load("@syncnorm_system//:config.bzl", "CUDA_ROOT")
+load("//bazel:paths.bzl", "join", "workspace_root")
 
 # sm_90 machine code and compute_90 PTX for later architectures.
 CUDA_ARCH_FLAGS = "--generate-code arch=compute_90,code=[sm_90,compute_90]"
@@ -28,6 +29,9 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
       **kwargs: passed to the cc_library (testonly, tags, ...).
     """
     objs = []
+    # #include "kernels/..." from the repository's root, also where syncnorm
+    # is an external repository of another workspace.
+    root = workspace_root()
     for src in srcs:
         stem = src[:-len(".cu")] if src.endswith(".cu") else src
         # Compiled with -fPIC and named .o: Bazel links a precompiled .o
@@ -44,8 +48,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
                 "-Xcompiler -fPIC -Xcompiler -Wall -Xcompiler -Werror",
                 "-Werror all-warnings",
                 CUDA_ARCH_FLAGS,
-                "-I.",
-                "-I$(GENDIR)",
+                "-I" + (root or "."),
+                "-I" + join("$(GENDIR)", root),
                 " ".join(copts),
                 "-o $@",
                 "$(location %s)" % src,

@@ -2,8 +2,11 @@
 
 Runs Debian's protoc with grpc_cpp_plugin in a genrule (no rules_proto, no
 downloads) and wraps the generated sources in a cc_library linked against the
-system gRPC and protobuf.
+system gRPC and protobuf. Works in syncnorm's own workspace and where
+syncnorm is an external repository.
 """
+
+load("//bazel:paths.bzl", "join", "workspace_root")
 
 def cc_grpc_library(name, proto, proto_root, deps = [], **kwargs):
     """Generates <proto>.pb.{h,cc} and <proto>.grpc.pb.{h,cc}.
@@ -20,10 +23,9 @@ def cc_grpc_library(name, proto, proto_root, deps = [], **kwargs):
         fail("proto %s is not under proto_root %s" % (proto, proto_root))
     rel = proto if proto_root == "." else proto[len(proto_root) + 1:]
     base = rel[:-len(".proto")]
-    pkg = native.package_name()
-    root_prefix = "" if proto_root == "." else proto_root + "/"
-    outs = [root_prefix + base + ext for ext in [".pb.h", ".pb.cc", ".grpc.pb.h", ".grpc.pb.cc"]]
-    src_root = pkg + ("" if proto_root == "." else "/" + proto_root)
+    outs = [join(proto_root, base + ext) for ext in [".pb.h", ".pb.cc", ".grpc.pb.h", ".grpc.pb.cc"]]
+    src_root = join(workspace_root(), native.package_name(), proto_root)
+    out_root = join("$(RULEDIR)", proto_root)
     native.genrule(
         name = name + "_gen",
         srcs = [proto],
@@ -31,8 +33,8 @@ def cc_grpc_library(name, proto, proto_root, deps = [], **kwargs):
         cmd = " ".join([
             "protoc",
             "--proto_path=" + src_root,
-            "--cpp_out=$(GENDIR)/" + src_root,
-            "--grpc_out=$(GENDIR)/" + src_root,
+            "--cpp_out=" + out_root,
+            "--grpc_out=" + out_root,
             "--plugin=protoc-gen-grpc=$$(command -v grpc_cpp_plugin)",
             "$(location %s)" % proto,
         ]),

@@ -1,9 +1,15 @@
-"""A repository rule that exposes Debian's -dev libraries to Bazel.
+"""Repository rules that expose Debian's -dev libraries to Bazel.
 
-Each library becomes a cc_library in @syncnorm_system whose linkopts come from
-`pkg-config --libs`; headers live in /usr/include, which the compiler already
-searches. Nothing is downloaded. The rule also reports whether the CUDA toolkit
-is present, for //kernels to decide between the CUDA and the CPU-only build.
+`system_libs`: each library becomes a cc_library in @syncnorm_system whose
+linkopts come from `pkg-config --libs`; headers live in /usr/include, which
+the compiler already searches. Nothing is downloaded. The rule also reports
+whether the CUDA build is on, for //kernels to decide between the CUDA and
+the CPU-only build: on where the CUDA toolkit is present, unless the
+environment says otherwise (`--repo_env=SYNCNORM_CUDA=0`: CPU only even with
+nvcc; `=1`: CUDA required, an error without the toolkit).
+
+`system_googletest`: Debian's GoogleTest under the targets of the upstream
+repository (`//:gtest`, `//:gtest_main`), for workspaces that have none.
 """
 
 # target name -> pkg-config modules (and plain -l flags) it links.
@@ -114,6 +120,21 @@ def _cuda_targets(ctx, have_cuda, have_nccl):
     lines.append("")
     return lines
 
+def _cuda_wanted(ctx):
+    """Whether to build with CUDA: SYNCNORM_CUDA, else nvcc's presence."""
+    have_nvcc = ctx.path(_CUDA_ROOT + "/bin/nvcc").exists
+    mode = ctx.os.environ.get("SYNCNORM_CUDA", "auto")
+    if mode in ["", "auto"]:
+        return have_nvcc
+    if mode == "0":
+        return False
+    if mode == "1":
+        if not have_nvcc:
+            fail("SYNCNORM_CUDA=1 but there is no CUDA toolkit (%s/bin/nvcc); " %
+                 _CUDA_ROOT + "install it, or build with --repo_env=SYNCNORM_CUDA=0")
+        return True
+    fail("SYNCNORM_CUDA=%r: use 0 (CPU only), 1 (CUDA required) or auto" % mode)
+
 def _system_libs_impl(ctx):
     lines = ['package(default_visibility = ["//visibility:public"])', ""]
     for name, (modules, extra) in _LIBS.items():
@@ -124,7 +145,7 @@ def _system_libs_impl(ctx):
         if ctx.execute(["pkg-config", "--exists", module]).return_code == 0:
             lines.append("cc_library(\n    name = %r,\n    linkopts = %r,\n)\n" %
                          (name, _pkg_config(ctx, [module])))
-    have_cuda = ctx.path(_CUDA_ROOT + "/bin/nvcc").exists
+    have_cuda = _cuda_wanted(ctx)
     have_nccl = have_cuda and _find_nccl(ctx) != None
     lines += _cuda_targets(ctx, have_cuda, have_nccl)
     ctx.file("BUILD", "\n".join(lines))
@@ -133,6 +154,27 @@ def _system_libs_impl(ctx):
 
 system_libs = repository_rule(
     implementation = _system_libs_impl,
+    local = True,
+    environ = ["PKG_CONFIG_PATH", "SYNCNORM_CUDA"],
+)
+
+def _system_googletest_impl(ctx):
+    gtest = _pkg_config(ctx, ["gtest", "gmock"]) + ["-lpthread"]
+    main = _pkg_config(ctx, ["gtest_main"])
+    ctx.file("WORKSPACE", "workspace(name = %r)\n" % ctx.name)
+    ctx.file("BUILD", "\n".join([
+        "# Debian's GoogleTest and GoogleMock (libgtest-dev, libgmock-dev):",
+        "# headers in /usr/include, static libraries found by pkg-config.",
+        'package(default_visibility = ["//visibility:public"])',
+        "",
+        "cc_library(name = \"gtest\", linkopts = %r)" % gtest,
+        "",
+        "cc_library(name = \"gtest_main\", linkopts = %r, deps = [\":gtest\"])" % main,
+        "",
+    ]))
+
+system_googletest = repository_rule(
+    implementation = _system_googletest_impl,
     local = True,
     environ = ["PKG_CONFIG_PATH"],
 )

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds the aggregator as the test suite builds it (the default Bazel
-# configuration of .bazelrc, already -O2) and stages it in OUT_DIR for the
-# container image (deploy/Dockerfile): OUT_DIR/syncnorm-aggregator. Checks
-# that every shared library it links comes from a package listed in
-# deploy/runtime-packages.txt, and that it accepts the manifests' flags
-# (deploy/base/aggregator.flags) in --check_config mode.
+# Builds the aggregator for release (.bazelrc's --config=release: -c opt,
+# NDEBUG, stripped) and stages it in OUT_DIR for the container image
+# (deploy/Dockerfile): OUT_DIR/syncnorm-aggregator. Checks that every
+# shared library it links comes from a package listed in
+# deploy/runtime-packages.txt, that it accepts the manifests' flags
+# (deploy/base/aggregator.flags) in --check_config mode, and that its
+# --version is VERSION's and not a development build's (no NDEBUG).
 #
 #   bash scripts/build-release.sh OUT_DIR
 #
@@ -16,8 +17,8 @@ out=${1:?usage: $0 OUT_DIR}
 bazel=${SYNCNORM_BAZEL:-bazel}
 target=//server:syncnorm-aggregator
 
-"$bazel" build "$target"
-binary="$("$bazel" info bazel-bin)/server/syncnorm-aggregator"
+"$bazel" build --config=release "$target"
+binary="$("$bazel" info --config=release bazel-bin)/server/syncnorm-aggregator"
 mkdir -p "$out"
 install -m 0755 "$binary" "$out/syncnorm-aggregator"
 
@@ -56,4 +57,13 @@ trap 'rm -rf "$check_dir"' EXIT
 "$out/syncnorm-aggregator" --check_config \
   --flagfile=deploy/base/aggregator.flags --listen=0.0.0.0:50051 \
   --data_dir="$check_dir/data"
-echo "build-release: $out/syncnorm-aggregator"
+
+version="syncnorm-aggregator $(tr -d ' \n' <VERSION)"
+got=$("$out/syncnorm-aggregator" --version)
+if [ "$got" != "$version" ]; then
+  echo "build-release: $out/syncnorm-aggregator --version says" >&2
+  echo "$got" >&2
+  echo "build-release: not '$version' alone: not a release build of this tree" >&2
+  exit 1
+fi
+echo "build-release: $out/syncnorm-aggregator ($version)"

@@ -34,10 +34,11 @@ if ((!build_only)); then
   PACKAGES+=(python3-torch python3-numpy)
 fi
 # The Python package (client/python): CPython and pybind11 headers for the
-# extension, pip and setuptools for `pip install ./client/python`; its tests
-# use python3-torch and python3-numpy (above).
+# extension, pip for `pip install ./client/python`, venv for
+# scripts/wheel_test.sh's fresh environment; its tests use python3-torch and
+# python3-numpy (above).
 if ((!build_only)); then
-  PACKAGES+=(python3-dev pybind11-dev python3-pip python3-setuptools)
+  PACKAGES+=(python3-dev pybind11-dev python3-pip python3-venv)
 fi
 # The metrics test (tests/metrics_test.sh) scrapes the aggregator with a
 # real Prometheus server and asks its HTTP API with curl.

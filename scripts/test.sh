@@ -1,42 +1,62 @@
 #!/usr/bin/env bash
-# Builds everything and runs the whole test suite: the quick tests
-# (`bazel test //...`), the long ones (soak and fuzz, tagged "long"), the
-# system tests again under AddressSanitizer and ThreadSanitizer
-# (scripts/sanitizers.sh), and the clang build with -Wthread-safety that
-# checks the locking annotations. Prints "N passed, N failed", counted from
-# Bazel's test summaries of every run (a failed build step counts as one
-# failure).
+# Builds everything and runs the whole test suite, step by step: the quick
+# tests (`bazel test //...`), the long ones (soak and fuzz, tagged "long"),
+# the system tests again under AddressSanitizer and ThreadSanitizer
+# (scripts/sanitizers.sh), the clang build with -Wthread-safety that checks
+# the locking annotations, examples/bazel_consumer (a workspace that depends
+# on this checkout: scripts/consumer_test.sh), and the Python wheel built
+# from an sdist and used in a fresh venv (scripts/wheel_test.sh, one test).
+# Prints each step's exit status and time, then "N passed, N failed",
+# counted from Bazel's test summaries of every step plus the wheel test; a
+# step that fails without a failed test (a build error) counts as one.
 # Extra arguments go to the main `bazel test` (e.g. --test_output=all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
 log=$(mktemp)
 failed_steps=0
+unexplained=0
 
 # step NAME COMMAND...: runs one step, its output in the log.
 step() {
   local name="$1"
   shift
   local start=$SECONDS
+  local before
+  before=$(count FAILED)
   "$@" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
-  echo "step ${name}: exit ${rc}, $((SECONDS - start)) s" | tee -a "$log"
-  if [ "$rc" -ne 0 ]; then failed_steps=$((failed_steps + 1)); fi
+  echo "step ${name}: exit ${rc}, $((SECONDS - start)) s"
+  if [ "$rc" -ne 0 ]; then
+    failed_steps=$((failed_steps + 1))
+    [ "$(count FAILED)" -eq "$before" ] && unexplained=$((unexplained + 1))
+  fi
+  return "$rc"
+}
+
+# count PASSED|FAILED: summary lines of that kind so far, any step's
+# (sanitizer and consumer runs label theirs "asan //...", "consumer //...").
+count() {
+  local kind='PASSED'
+  [ "$1" = FAILED ] && kind='(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)'
+  grep -cE "^((asan|tsan|consumer) )?//[^ ]+ +(\\(cached\\) )?${kind}" "$log"
 }
 
 step tests bazel test --config=ci //... "$@"
 step long-tests bazel test --config=ci --config=long //...
-# It labels its summary lines "asan //..." and "tsan //...".
 step sanitizers bash scripts/sanitizers.sh --config=ci
 step thread-safety bazel build --config=ci --config=thread-safety \
   //kernels/... //client/... //server/...
-
-passed=$(grep -cE '^((asan|tsan) )?//[^ ]+ +(\(cached\) )?PASSED' "$log")
-failed=$(grep -cE '^((asan|tsan) )?//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)' "$log")
-rm -f "$log"
-if [ "$failed_steps" -gt 0 ] && [ "$failed" -eq 0 ]; then
-  echo "$failed_steps step(s) failed without a failed test (a build error?)" >&2
-  failed=$failed_steps
+step consumer bash scripts/consumer_test.sh
+# Bounded: its Bazel build is the longest part (about 5 minutes cold).
+if step wheel timeout 1200 bash scripts/wheel_test.sh; then
+  wheel_passed=1
+else
+  wheel_passed=0
 fi
+
+passed=$(($(count PASSED) + wheel_passed))
+failed=$(($(count FAILED) + unexplained))
+rm -f "$log"
 echo "${passed} passed, ${failed} failed"
 [ "$failed_steps" -eq 0 ]

@@ -15,6 +15,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -23,6 +25,7 @@
 #include "absl/time/time.h"
 #include "grpc/support/log.h"
 #include "server/auth.h"
+#include "server/flags_help.h"
 #include "server/job_spec.h"
 #include "server/log.h"
 #include "server/rocksdb_engine.h"
@@ -113,6 +116,11 @@ ABSL_FLAG(bool, check_config, false,
           "0 when the server could start with them, 2 and the reason if not");
 
 namespace {
+
+constexpr char kUsage[] =
+    "Usage: syncnorm-aggregator [--flag=value ...]\n"
+    "Serves syncnorm's aggregator (synchronized batch normalization) over "
+    "gRPC until\nSIGTERM or SIGINT. See README.md, \"The aggregator\".";
 
 // OK when `dir` is a writable folder, or does not exist yet and its nearest
 // existing ancestor is one (so the server can create it), or is empty (state
@@ -269,6 +277,16 @@ int main(int argc, char** argv) {
           static_cast<int>(syncnorm::RocksDbEngine::kWriteBufferSize / 2));
   mallopt(M_TRIM_THRESHOLD,
           static_cast<int>(4 * syncnorm::RocksDbEngine::kWriteBufferSize));
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] {
+    return syncnorm::VersionText("syncnorm-aggregator");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  if (syncnorm::AsksForHelp(argc, argv)) {
+    std::fputs(syncnorm::FlagsHelp(kUsage).c_str(), stdout);
+    return 0;
+  }
   absl::ParseCommandLine(argc, argv);
   // Debian's Abseil keeps absl::Mutex deadlock detection on, which records a
   // lock-order graph on every acquisition: a cost on every round's hot path

@@ -17,8 +17,9 @@ TORCHELASTIC_RUN_ID). Each worker calls init_process_group("gloo") (env://)
 and attach(model) with no arguments: rank and world size come from
 torch.distributed, the job id from TORCHELASTIC_RUN_ID and the aggregator
 from SYNCNORM_ADDRESS. Without --address the launcher starts the
-aggregator itself (--aggregator, $SYNCNORM_AGGREGATOR, Bazel's runfiles or
-bazel-bin) on a free loopback port and exports SYNCNORM_ADDRESS.
+aggregator itself (--aggregator, $SYNCNORM_AGGREGATOR, Bazel's runfiles,
+the installed package's or bazel-bin) on a free loopback port and exports
+SYNCNORM_ADDRESS.
 
 Each worker draws its own, uneven batch (batch + rank % 3 - 1 images) from
 the same 10-class synthetic distribution; rank 0 logs the loss, accuracy,
@@ -170,20 +171,30 @@ def worker(args):
 # ---- the launcher ---------------------------------------------------------
 
 
+def packaged_aggregator():
+    """The aggregator of the installed syncnorm package (pip install)."""
+    try:
+        from syncnorm import aggregator
+    except ImportError:
+        return None
+    return aggregator.BINARY
+
+
 def find_aggregator(args):
     runfiles = [os.path.join(os.environ[v], "syncnorm", "server",
                              "syncnorm-aggregator")
                 for v in ("RUNFILES_DIR", "PYTHON_RUNFILES")
                 if os.environ.get(v)]
     for path in [args.aggregator, os.environ.get("SYNCNORM_AGGREGATOR")] + \
-            runfiles + [os.path.join(REPO, "server", "syncnorm-aggregator"),
+            runfiles + [packaged_aggregator(),
+                        os.path.join(REPO, "server", "syncnorm-aggregator"),
                         os.path.join(REPO, "bazel-bin", "server",
                                      "syncnorm-aggregator")]:
         if path and os.access(path, os.X_OK):
             return path
-    sys.exit("no aggregator binary: run `bazel build "
-             "//server:syncnorm-aggregator`, or pass --aggregator or "
-             "--address")
+    sys.exit("no aggregator binary: pip install the syncnorm package, or "
+             "run `bazel build //server:syncnorm-aggregator`, or pass "
+             "--aggregator or --address")
 
 
 def start_aggregator(args):

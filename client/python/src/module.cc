@@ -4,11 +4,14 @@
 // with the GIL released.
 #include "client/python/src/bindings.h"
 #include "client/python/src/py_status.h"
+#include "syncnorm_version.h"
 
 PYBIND11_MODULE(_syncnorm, m) {
   m.doc() =
       "syncnorm's C++ client and batch-norm kernels (use the syncnorm "
       "package, not this module, directly)";
+  // The project's version (VERSION), also syncnorm.__version__.
+  m.attr("__version__") = syncnorm::kSyncnormVersion;
   syncnorm::python::RegisterErrors(m);
   syncnorm::python::BindClient(m);
   syncnorm::python::BindKernels(m);
