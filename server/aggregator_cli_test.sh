@@ -35,7 +35,7 @@ diff "$TEST_TMPDIR/expected" "$TEST_TMPDIR/listed" ||
 for flag in listen data_dir max_message_bytes check_config; do
   grep -q "^  --$flag=" <<<"$("$bin" --help)" || fail "--help lacks --$flag"
 done
-"$bin" --help | grep -q '^  --listen=127.0.0.1:50051$' || fail "--listen's default"
+grep -q '^  --listen=127.0.0.1:50051$' <<<"$("$bin" --help)" || fail "--listen's default"
 
 out=$("$bin" --version) || fail "--version exited $?"
 [ "$(head -1 <<<"$out")" = "syncnorm-aggregator $version" ] ||
