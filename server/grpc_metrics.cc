@@ -70,11 +70,21 @@ const prometheus::Histogram::BucketBoundaries& HandlingBuckets() {
 // client cancelled it, its deadline passed, its connection broke, the
 // transport's quota cancelled it) may have sent OK or nothing at all; a
 // Reduce stream, for one, ends OK when its reads fail.
+//
+// Only a callback-API call may be asked IsCancelled() there. For a
+// sync-API call (server reflection) gRPC runs POST_RECV_CLOSE from inside
+// its own check for cancellation, once the call's completion queue is shut
+// down; asking IsCancelled() again re-enters that check, which runs this
+// hook again, without end (a stack overflow). Such a call counts the
+// status its handler sent, which is the client's unless the call was cut
+// short while the handler ran.
 class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
  public:
   Interceptor(GrpcMetrics& metrics, ServerRpcInfo* info)
       : metrics_(metrics),
         context_(info->server_context()),
+        callback_api_(dynamic_cast<grpc::CallbackServerContext*>(context_) !=
+                      nullptr),
         start_(absl::Now()),
         deadline_(context_->deadline()) {
     const absl::string_view full = info->method();  // "/pkg.Service/Method"
@@ -115,8 +125,8 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
     }
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::POST_RECV_CLOSE)) {
-      // The context knows by now whether the call was cancelled.
-      Handled(context_->IsCancelled());
+      // A callback call's context knows by now whether it was cancelled.
+      Handled(callback_api_ && context_->IsCancelled());
     }
     methods->Proceed();
   }
@@ -156,6 +166,8 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
   // Valid until the interceptor's destructor runs (the context destroys
   // its interceptors).
   grpc::ServerContextBase* const context_;
+  // Whether IsCancelled() may be asked in POST_RECV_CLOSE (see above).
+  const bool callback_api_;
   const absl::Time start_;
   const std::chrono::system_clock::time_point deadline_;
   prometheus::Labels labels_;

@@ -26,8 +26,11 @@ namespace syncnorm {
 // the one the service sent when it reached the client; for a call gRPC cut
 // short (cancelled by the client, a broken connection, the transport's
 // quota) DeadlineExceeded if its deadline had passed, else Canceled, never
-// what the service may have sent meanwhile. A call's handling time runs
-// from its start to the status it sends (to its end, when cut short).
+// what the service may have sent meanwhile. gRPC tells that only for
+// callback-API calls (syncnorm.v1.Aggregator, health): a sync-API call
+// (server reflection) counts the status its handler sent. A call's
+// handling time runs from its start to the status it sends (to its end,
+// when cut short).
 //
 // NewInterceptorFactory() is what ServerBuilder's SetInterceptorCreators
 // takes. Thread-safe; `registry` and this object must outlive the server.

@@ -117,6 +117,8 @@ absl::Status Server::Start() {
   service_ = std::make_unique<AggregatorService>(aggregator_.get(),
                                                  service_options);
   grpc::EnableDefaultHealthCheckService(true);
+  // Reflection describes what the generated descriptor pool holds: our
+  // services, and grpc.health.v1 from //proto:health_cc_proto.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
