@@ -28,8 +28,9 @@ _LIBS = {
     "benchmark": (["benchmark"], []),
     # The aggregator's state store (librocksdb-dev).
     "rocksdb": (["rocksdb"], ["-lpthread"]),
-    # The aggregator's /metrics endpoint (prometheus-cpp-dev).
-    "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], []),
+    # The aggregator's metrics (prometheus-cpp-dev): the registry and the
+    # text format; server/metrics_http.cc serves them.
+    "prometheus": (["prometheus-cpp-core"], []),
 }
 
 _OPTIONAL = []

@@ -52,6 +52,8 @@ Server::Server(ServerOptions options)
 Server::~Server() {
   Shutdown(absl::ZeroDuration());
   Wait();
+  absl::MutexLock lock(&mu_);
+  if (metrics_ != nullptr) metrics_->SetLoadSource({});
 }
 
 absl::Status Server::Start() {
@@ -98,7 +100,7 @@ absl::Status Server::Start() {
   AggregatorOptions aggregator_options = ToAggregatorOptions(options_);
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-        Metrics::Start(options_.metrics_listen);
+        Metrics::Start(options_.metrics_listen, options_.limits);
     if (!metrics.ok()) return metrics.status();
     metrics_ = *std::move(metrics);
     aggregator_options.observer = metrics_->round_observer();
@@ -116,6 +118,18 @@ absl::Status Server::Start() {
   service_options.max_message_bytes = options_.limits.max_message_bytes;
   service_ = std::make_unique<AggregatorService>(aggregator_.get(),
                                                  service_options);
+  if (metrics_ != nullptr) {
+    // Cleared in ~Server before the aggregator and the service go.
+    metrics_->SetLoadSource(
+        [aggregator = aggregator_.get(), service = service_.get()] {
+          ServerLoad load;
+          load.jobs = aggregator->job_count();
+          load.rounds_in_flight = aggregator->rounds_in_flight();
+          load.open_streams = service->open_streams();
+          load.waiting_calls = service->waiting_calls();
+          return load;
+        });
+  }
   grpc::EnableDefaultHealthCheckService(true);
   // Reflection describes what the generated descriptor pool holds: our
   // services, and grpc.health.v1 from //proto:health_cc_proto.

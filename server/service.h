@@ -52,6 +52,8 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   // what it read, and refuses new ones.
   void CloseStreams() { streams_.CloseAll(); }
   int open_streams() const { return streams_.size(); }
+  // ReduceOnce and Checkpoint calls held now (--max_waiting_calls).
+  int waiting_calls() const { return waiting_->size(); }
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
                                       const v1::CreateJobRequest* request,
