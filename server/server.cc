@@ -116,6 +116,8 @@ absl::Status Server::Start() {
   service_options.max_streams = options_.limits.max_streams;
   service_options.max_waiting_calls = options_.limits.max_waiting_calls;
   service_options.max_message_bytes = options_.limits.max_message_bytes;
+  service_options.stream_idle_timeout = options_.stream_idle_timeout;
+  service_options.clock = clock_.get();
   service_ = std::make_unique<AggregatorService>(aggregator_.get(),
                                                  service_options);
   if (metrics_ != nullptr) {

@@ -60,6 +60,11 @@ struct ServerOptions {
 
   // ---- Limits (see limits.h) ----
   Limits limits;
+  // A Reduce stream that reads, answers and writes nothing for this long
+  // ends UNAVAILABLE, freeing its slot of limits.max_streams (the clients
+  // open a new one when they next send). Zero or less: never. Default 5
+  // minutes.
+  absl::Duration stream_idle_timeout = absl::Minutes(5);
   // What gRPC's transport may hold in memory, in bytes (a
   // grpc::ResourceQuota): data it has read and not yet handed to the
   // service (every message still arriving, whole, and every stream's

@@ -9,6 +9,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "server/aggregator.h"
 #include "server/auth.h"
+#include "server/clock.h"
 #include "server/limits.h"
 #include "server/stream_set.h"
 #include "server/waiting_calls.h"
@@ -33,6 +34,12 @@ struct ServiceOptions {
   // Largest request message, each message of a stream included, by its
   // serialized size (--max_message_bytes); <= 0: no limit.
   int64_t max_message_bytes = 0;
+  // A Reduce stream that reads, answers and writes nothing for this long
+  // ends UNAVAILABLE (--stream_idle_timeout_ms); <= 0: never.
+  absl::Duration stream_idle_timeout = absl::ZeroDuration();
+  // Tells the streams' idle time; null: the wall clock. Must outlive the
+  // service.
+  const Clock* clock = nullptr;
 };
 
 // Thread-safe; no thread per call or stream (a Checkpoint that waits for
@@ -41,12 +48,7 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
  public:
   // `aggregator` must outlive the service and every call it serves.
   explicit AggregatorService(Aggregator* aggregator,
-                             ServiceOptions options = {})
-      : aggregator_(aggregator),
-        auth_(options.auth),
-        max_message_bytes_(options.max_message_bytes),
-        streams_(options.max_streams),
-        waiting_(std::make_shared<WaitingCalls>(options.max_waiting_calls)) {}
+                             ServiceOptions options = {});
 
   // Shutdown: ends every Reduce stream (UNAVAILABLE) once it has answered
   // what it read, and refuses new ones.
