@@ -22,7 +22,7 @@ _LIBS = {
         "absl_random_random",
     ], []),
     "protobuf": (["protobuf"], []),
-    "grpc": (["grpc++", "protobuf"], ["-lgrpc++_reflection"]),
+    "grpc": (["grpc++", "protobuf"], []),
     "gtest": (["gtest", "gmock"], ["-lpthread"]),
     "gtest_main": (["gtest_main"], []),
     "benchmark": (["benchmark"], []),

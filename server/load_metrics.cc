@@ -65,13 +65,31 @@ std::vector<prometheus::MetricFamily> LoadMetrics::Collect() const {
       {"syncnorm_open_streams", "Open Reduce streams (at most --max_streams)."},
       {"syncnorm_waiting_calls",
        "ReduceOnce and Checkpoint calls the server holds (at most "
-       "--max_waiting_calls)."}};
+       "--max_waiting_calls)."},
+      {"syncnorm_grpc_calls",
+       "Calls gRPC holds for the service, from their arrival to their "
+       "release: streams, waiting calls and calls not yet answered."}};
   const int64_t values[] = {load.jobs, load.rounds_in_flight, load.open_streams,
-                            load.waiting_calls};
-  for (size_t i = 0; i < 4; ++i) {
+                            load.waiting_calls, load.grpc_calls};
+  for (size_t i = 0; i < 5; ++i) {
     out.push_back(Gauge(kNames[i].first, kNames[i].second));
     AddSample(out.back(), static_cast<double>(values[i]));
   }
+  prometheus::MetricFamily closed;
+  closed.name = "syncnorm_connections_closed_total";
+  closed.help =
+      "Client connections the server closed for abuse: overload (calls "
+      "started while the server held too many), rapid_reset (calls "
+      "cancelled as they were sent), unauthenticated (calls without a "
+      "valid token).";
+  closed.type = prometheus::MetricType::Counter;
+  for (int r = 0; r < kCloseReasons; ++r) {
+    prometheus::ClientMetric sample;
+    sample.label = {{"reason", CloseReasonName(static_cast<CloseReason>(r))}};
+    sample.counter.value = static_cast<double>(load.connections_closed[r]);
+    closed.metric.push_back(std::move(sample));
+  }
+  out.push_back(std::move(closed));
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/metric_family.h"
+#include "server/connection_guard.h"
 #include "server/limits.h"
 
 namespace syncnorm {
@@ -20,12 +21,17 @@ struct ServerLoad {
   int64_t rounds_in_flight = 0;  // --max_pending_rounds
   int64_t open_streams = 0;      // --max_streams
   int64_t waiting_calls = 0;     // --max_waiting_calls
+  // Calls gRPC holds for the service (ConnectionGuard::calls_held()).
+  int64_t grpc_calls = 0;
+  // Connections the ConnectionGuard closed, by CloseReason.
+  int64_t connections_closed[kCloseReasons] = {};
 };
 
 // Gauges read when scraped, so they are never stale:
 //   syncnorm_jobs, syncnorm_rounds_in_flight, syncnorm_open_streams,
-//   syncnorm_waiting_calls      the ServerLoad fields (absent until a
-//                               source is set)
+//   syncnorm_waiting_calls, syncnorm_grpc_calls   the ServerLoad fields
+//   syncnorm_connections_closed_total{reason}  a counter
+//                               (absent until a source is set)
 //   syncnorm_limit{flag}        each limit's value (0: none), e.g.
 //                               syncnorm_limit{flag="max_streams"}, so that
 //                               alerts can divide one by the other

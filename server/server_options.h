@@ -60,6 +60,12 @@ struct ServerOptions {
 
   // ---- Limits (see limits.h) ----
   Limits limits;
+  // HTTP/2 streams (calls) one connection may have open at once, as the
+  // server advertises it (SETTINGS_MAX_CONCURRENT_STREAMS): gRPC clients
+  // queue calls beyond it; gRPC closes the connection of a client that
+  // acknowledged it and goes past it. Zero or less: none advertised.
+  // Default 1000.
+  int max_streams_per_connection = 1000;
   // A Reduce stream that reads, answers and writes nothing for this long
   // ends UNAVAILABLE, freeing its slot of limits.max_streams (the clients
   // open a new one when they next send). Zero or less: never. Default 5

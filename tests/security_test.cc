@@ -417,6 +417,36 @@ TEST_F(SecurityTest, UnauthenticatedStreamsTakeNoSlot) {
   }
 }
 
+// A connection whose calls keep being refused UNAUTHENTICATED (a client
+// guessing tokens, or flooding without one) is closed after 64 of them;
+// the client may reconnect, and other clients are served throughout.
+TEST_F(TokensTest, AConnectionRefusedAgainAndAgainIsClosed) {
+  Client admin = With(kAdminToken);
+  ASSERT_TRUE(admin.CreateJob(Job("a")).ok());
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials()));
+  int unauthenticated = 0, unavailable = 0;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization",
+                        absl::StrCat("Bearer guess-", 1000000000 + i));
+    v1::GetJobRequest request;
+    request.set_job_id("a");
+    v1::JobInfo info;
+    const grpc::Status s = stub->GetJob(&context, request, &info);
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) ++unauthenticated;
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) ++unavailable;
+  }
+  // 64 refusals close the connection; gRPC reconnects for the next calls.
+  EXPECT_EQ(unauthenticated + unavailable, 100);
+  EXPECT_GE(unauthenticated, 64);
+  const std::string log = ReadFile(dir_ + "/aggregator.log");
+  EXPECT_TRUE(absl::StrContains(log, "event=connection_closed")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "reason=unauthenticated")) << log;
+  EXPECT_TRUE(admin.GetJob("a").ok());
+  ExpectNoTokenInLog();
+}
+
 TEST_F(TokensTest, TheFileIsReloadedWhenItChanges) {
   Client late = With(kLateToken);
   Client admin = With(kAdminToken);
