@@ -82,7 +82,8 @@ std::shared_ptr<ConnectionGuard::Connection> ConnectionGuard::CallStarted(
   return c;
 }
 
-void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code) {
+void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code,
+                                absl::Duration lifetime) {
   CloseReason reason;
   bool close = false;
   int64_t started, early_cancels, unauthenticated;
@@ -90,7 +91,9 @@ void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code) {
     absl::MutexLock lock(&mu_);
     --c.in_progress;
     c.last_seen = clock_->Now();
-    if (code == absl::StatusCode::kCancelled) ++c.early_cancels;
+    if (code == absl::StatusCode::kCancelled && lifetime < kEarlyCancel) {
+      ++c.early_cancels;
+    }
     if (code == absl::StatusCode::kUnauthenticated) ++c.unauthenticated;
     close = Judge(c, /*overloaded=*/false, reason);
     started = c.started;

@@ -43,8 +43,10 @@ struct ConnectionGuardOptions {
   // they come, whatever the server has left. Default 256.
   int overload_calls = 256;
   // A connection whose client has cancelled at least this many calls
-  // before their end, more than half of the calls it started, is closed
-  // (HTTP/2 rapid reset: requests sent and reset at once). Default 128.
+  // within kEarlyCancel of their start, more than half of the calls it
+  // started, is closed (HTTP/2 rapid reset: requests sent and reset at
+  // once). Streams cancelled later, as a broken connection ends them, do
+  // not count. Default 128.
   int early_cancels = 128;
   // A connection with this many calls refused UNAUTHENTICATED (no token,
   // an unknown one) is closed. Default 64.
@@ -80,10 +82,14 @@ class ConnectionGuard {
   // A call from `peer` starts; null when `peer` is not judged.
   std::shared_ptr<Connection> CallStarted(absl::string_view peer)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The call ended with `code`, as its client got it (CallOutcome).
-  // REQUIRES: `connection` came from CallStarted, once per call.
-  void CallEnded(Connection& connection, absl::StatusCode code)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The call ended with `code`, as its client got it (CallOutcome), after
+  // `lifetime`. REQUIRES: `connection` came from CallStarted, once per
+  // call.
+  void CallEnded(Connection& connection, absl::StatusCode code,
+                 absl::Duration lifetime) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A call cancelled this soon after its start counts as an early cancel.
+  static constexpr absl::Duration kEarlyCancel = absl::Seconds(1);
 
   // Connections closed so far for `reason`.
   int64_t closed(CloseReason reason) const {

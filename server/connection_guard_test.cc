@@ -45,11 +45,12 @@ class ConnectionGuardTest : public ::testing::Test {
   void Make(ConnectionGuardOptions options) {
     guard_ = std::make_unique<ConnectionGuard>(options, &closer_, &clock_);
   }
-  // One call from `peer` that ends with `code`.
-  void Call(const std::string& peer, absl::StatusCode code) {
+  // One call from `peer` that ends with `code` after `lifetime`.
+  void Call(const std::string& peer, absl::StatusCode code,
+            absl::Duration lifetime = absl::Milliseconds(1)) {
     auto c = guard_->CallStarted(peer);
     ASSERT_NE(c, nullptr);
-    guard_->CallEnded(*c, code);
+    guard_->CallEnded(*c, code, lifetime);
   }
   RecordingCloser closer_;
   FakeClock clock_;
@@ -72,6 +73,12 @@ TEST_F(ConnectionGuardTest, ClosesAConnectionThatCancelsMostOfItsCalls) {
   // A busy client that cancels some of its calls keeps its connection.
   for (int i = 0; i < 300; ++i) Call(kOther, absl::StatusCode::kOk);
   for (int i = 0; i < 150; ++i) Call(kOther, absl::StatusCode::kCancelled);
+  EXPECT_EQ(closer_.closed().size(), 1u);
+  // Streams cancelled late (a broken connection ends its long-lived
+  // streams) are not a flood.
+  for (int i = 0; i < 500; ++i) {
+    Call("ipv4:10.0.0.8:2", absl::StatusCode::kCancelled, absl::Seconds(2));
+  }
   EXPECT_EQ(closer_.closed().size(), 1u);
   // Deadlines are the client's own doing, not a flood.
   for (int i = 0; i < 500; ++i) {
@@ -101,7 +108,8 @@ TEST_F(ConnectionGuardTest, ClosesTheConnectionThatFloodsAnOverloadedServer) {
   guard_->CallReleased();
   for (int i = 0; i < 100; ++i) open.push_back(guard_->CallStarted(kOther));
   EXPECT_EQ(closer_.closed().size(), 1u);
-  for (auto& c : open) guard_->CallEnded(*c, absl::StatusCode::kOk);
+  for (auto& c : open)
+    guard_->CallEnded(*c, absl::StatusCode::kOk, absl::Seconds(1));
   EXPECT_EQ(guard_->calls_held(), 100);
 }
 
@@ -137,7 +145,7 @@ TEST_F(ConnectionGuardTest, ForgetsConnectionsIdleForAMinute) {
   // kPeer starts from nothing: 100 more cancels are not yet 128.
   for (int i = 0; i < 100; ++i) Call(kPeer, absl::StatusCode::kCancelled);
   EXPECT_TRUE(closer_.closed().empty());
-  guard_->CallEnded(*open, absl::StatusCode::kOk);
+  guard_->CallEnded(*open, absl::StatusCode::kOk, absl::Seconds(1));
 }
 
 // A loopback connection to a listening socket of "the server": the

@@ -3,6 +3,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/time/clock.h"
 #include "grpcpp/support/interceptor.h"
 #include "server/call_outcome.h"
 
@@ -16,6 +17,7 @@ class GuardInterceptorFactory::Interceptor final
   Interceptor(ConnectionGuard* guard, grpc::experimental::ServerRpcInfo* info)
       : guard_(guard),
         outcome_(info),
+        start_(absl::Now()),
         connection_(guard_->CallStarted(info->server_context()->peer())) {}
 
   ~Interceptor() override {
@@ -33,11 +35,13 @@ class GuardInterceptorFactory::Interceptor final
  private:
   void Ended(const CallOutcome::Result& r) {
     if (connection_ == nullptr) return;
-    guard_->CallEnded(*connection_, static_cast<absl::StatusCode>(r.code));
+    guard_->CallEnded(*connection_, static_cast<absl::StatusCode>(r.code),
+                      r.end - start_);
   }
 
   ConnectionGuard* const guard_;
   CallOutcome outcome_;
+  const absl::Time start_;
   const std::shared_ptr<ConnectionGuard::Connection> connection_;
 };
 
