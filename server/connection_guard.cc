@@ -12,6 +12,10 @@ namespace {
 // client whose calls come one at a time keeps its counts.
 constexpr absl::Duration kKeepIdleRecord = absl::Minutes(1);
 constexpr absl::Duration kPrunePeriod = absl::Seconds(1);
+// A closed connection's calls still waiting in gRPC start within about a
+// second of its close; a call that starts later comes from a new
+// connection from the same address and port, which is judged afresh.
+constexpr absl::Duration kNewConnectionAfter = absl::Seconds(3);
 
 }  // namespace
 
@@ -37,6 +41,7 @@ struct ConnectionGuard::Connection {
   int64_t started_overloaded = 0;  // in the current overload
   absl::Time last_seen;
   bool closed = false;
+  absl::Time closed_at;
 };
 
 ConnectionGuard::ConnectionGuard(ConnectionGuardOptions options,
@@ -66,6 +71,12 @@ std::shared_ptr<ConnectionGuard::Connection> ConnectionGuard::CallStarted(
       slot->peer = std::string(peer);
     }
     c = slot;
+    if (c->closed && now - c->closed_at > kNewConnectionAfter) {
+      const int64_t in_progress = c->in_progress;
+      *c = Connection();
+      c->peer = std::string(peer);
+      c->in_progress = in_progress;
+    }
     ++c->started;
     ++c->in_progress;
     c->last_seen = now;
@@ -119,6 +130,7 @@ bool ConnectionGuard::Judge(Connection& c, bool overloaded,
     return false;
   }
   c.closed = true;
+  c.closed_at = clock_->Now();
   return true;
 }
 

@@ -70,21 +70,30 @@ TEST_F(ConnectionGuardTest, ClosesAConnectionThatCancelsMostOfItsCalls) {
   for (int i = 0; i < 10; ++i) Call(kPeer, absl::StatusCode::kCancelled);
   EXPECT_EQ(closer_.closed().size(), 1u);
 
+  // A new connection from the same address and port, seconds later, is
+  // judged afresh.
+  clock_.Advance(absl::Seconds(5));
+  for (int i = 0; i < 127; ++i) Call(kPeer, absl::StatusCode::kCancelled);
+  EXPECT_EQ(closer_.closed().size(), 1u);
+  Call(kPeer, absl::StatusCode::kCancelled);
+  EXPECT_EQ(closer_.closed().size(), 2u);
+  EXPECT_EQ(guard_->closed(CloseReason::kRapidReset), 2);
+
   // A busy client that cancels some of its calls keeps its connection.
   for (int i = 0; i < 300; ++i) Call(kOther, absl::StatusCode::kOk);
   for (int i = 0; i < 150; ++i) Call(kOther, absl::StatusCode::kCancelled);
-  EXPECT_EQ(closer_.closed().size(), 1u);
+  EXPECT_EQ(closer_.closed().size(), 2u);
   // Streams cancelled late (a broken connection ends its long-lived
   // streams) are not a flood.
   for (int i = 0; i < 500; ++i) {
     Call("ipv4:10.0.0.8:2", absl::StatusCode::kCancelled, absl::Seconds(2));
   }
-  EXPECT_EQ(closer_.closed().size(), 1u);
+  EXPECT_EQ(closer_.closed().size(), 2u);
   // Deadlines are the client's own doing, not a flood.
   for (int i = 0; i < 500; ++i) {
     Call("ipv4:10.0.0.8:1", absl::StatusCode::kDeadlineExceeded);
   }
-  EXPECT_EQ(closer_.closed().size(), 1u);
+  EXPECT_EQ(closer_.closed().size(), 2u);
 }
 
 // While the server holds more calls than max_calls, a connection that
