@@ -20,6 +20,21 @@ int PortOf(const sockaddr_storage& addr) {
   return ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
 }
 
+// Reads and drops what the kernel has received on `fd` and gRPC has not
+// read yet: after a shutdown gRPC would still read and parse all of it
+// (up to the receive buffer, megabytes of requests) before it sees the end.
+// gRPC may be reading the socket at the same moment; it gets a cut frame
+// or the end, either of which ends the connection.
+void Discard(int fd) {
+  constexpr size_t kMaxDiscard = 64 << 20;  // more than any receive buffer
+  char buffer[64 << 10];
+  for (size_t total = 0; total < kMaxDiscard;) {
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n <= 0) return;
+    total += static_cast<size_t>(n);
+  }
+}
+
 }  // namespace
 
 std::string SocketCloser::PeerOf(int fd) const {
@@ -59,6 +74,7 @@ bool SocketCloser::Close(absl::string_view peer) {
     if (end == entry->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
     if (PeerOf(static_cast<int>(fd)) == peer) {
       closed = ::shutdown(static_cast<int>(fd), SHUT_RDWR) == 0;
+      Discard(static_cast<int>(fd));
       break;
     }
   }

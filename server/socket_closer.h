@@ -15,7 +15,9 @@ namespace syncnorm {
 // it and cancels its calls. gRPC's API has no way to close one connection,
 // so the socket is found among the process's descriptors (/proc/self/fd):
 // the one whose local port is the server's and whose peer address is
-// `peer`. The descriptor stays gRPC's; only the connection ends.
+// `peer`. What the connection sent and gRPC has not read yet is dropped,
+// so that gRPC does not go on parsing requests from a connection that is
+// being closed. The descriptor stays gRPC's; only the connection ends.
 // Thread-safe.
 class SocketCloser final : public ConnectionCloser {
  public:
