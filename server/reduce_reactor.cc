@@ -43,12 +43,13 @@ ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
     : aggregator_(aggregator),
       auth_(auth),
       authorization_(std::move(authorization)),
-      streams_(Admit(auth, authorization_, streams, this, refused_)),
       max_message_bytes_(max_message_bytes) {
   {
     absl::MutexLock lock(&mu_);
-    last_active_ = Now(streams_);
+    last_active_ = Now(streams);
   }
+  // Last: from here on StreamSet's threads may reach this stream.
+  streams_ = Admit(auth_, authorization_, streams, this, refused_);
   if (!refused_.ok()) {
     {
       absl::MutexLock lock(&mu_);

@@ -97,8 +97,11 @@ class ReduceReactor final
   Aggregator* const aggregator_;
   const Authenticator* const auth_;
   const std::string authorization_;  // a secret: never logged
-  absl::Status refused_;             // why streams refused it, if they did
-  StreamSet* const streams_;         // null when refused or not counted
+  absl::Status refused_;  // why it was refused at its start, if it was
+  // Null when refused or not counted. Set once, in the constructor, once
+  // every other member is built: StreamSet's threads reach the stream as
+  // soon as it is registered.
+  StreamSet* streams_ = nullptr;
   const int64_t max_message_bytes_;  // <= 0: no limit
   // Owners: gRPC until OnDone, one per outstanding aggregator callback, and
   // OnCancel while it runs.
