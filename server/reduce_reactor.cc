@@ -31,8 +31,8 @@ StreamSet* Admit(const Authenticator* auth, const std::string& authorization,
   return refused.ok() ? streams : nullptr;
 }
 
-absl::Time Now(const StreamSet* streams) {
-  return streams != nullptr ? streams->clock().Now() : absl::Now();
+const Clock* ClockOf(const StreamSet* streams) {
+  return streams != nullptr ? &streams->clock() : nullptr;
 }
 
 }  // namespace
@@ -43,10 +43,11 @@ ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
     : aggregator_(aggregator),
       auth_(auth),
       authorization_(std::move(authorization)),
+      clock_(ClockOf(streams)),
       max_message_bytes_(max_message_bytes) {
   {
     absl::MutexLock lock(&mu_);
-    last_active_ = Now(streams);
+    last_active_ = Now();
   }
   // Last: from here on StreamSet's threads may reach this stream.
   streams_ = Admit(auth_, authorization_, streams, this, refused_);
@@ -95,7 +96,7 @@ void ReduceReactor::OnReadDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;  // ended meanwhile (closed): the client resends
-    last_active_ = Now(streams_);
+    last_active_ = Now();
     ++pending_;
     held_bytes_ += bytes;
     // A client that sends without reading its results, or faster than its
@@ -137,7 +138,7 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
     absl::MutexLock lock(&mu_);
     --pending_;
     held_bytes_ -= static_cast<int64_t>(bytes);
-    last_active_ = Now(streams_);
+    last_active_ = Now();
     if (!cancelled_ && !finished_) {
       queue_.emplace_back();
       RoundResultToProto(key, outcome, queue_.back());
@@ -162,7 +163,7 @@ void ReduceReactor::OnWriteDone(bool ok) {
     // Serialized already, so the size is cached.
     held_bytes_ -= static_cast<int64_t>(queue_.front().GetCachedSize());
     queue_.pop_front();
-    last_active_ = Now(streams_);
+    last_active_ = Now();
     if (!ok) cancelled_ = true;  // the stream is broken
     if (cancelled_) {
       for (const v1::RoundResult& r : queue_) held_bytes_ -= r.GetCachedSize();

@@ -15,6 +15,7 @@
 #include "grpcpp/support/status.h"
 #include "server/aggregator.h"
 #include "server/auth.h"
+#include "server/clock.h"
 #include "server/contribution.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
@@ -91,6 +92,9 @@ class ReduceReactor final
   // paused one holds little enough again (half) to read on.
   bool FullLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time Now() const {
+    return clock_ != nullptr ? clock_->Now() : absl::Now();
+  }
   // Decides, under mu_, whether the stream may finish now; marks it so.
   std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -102,6 +106,10 @@ class ReduceReactor final
   // every other member is built: StreamSet's threads reach the stream as
   // soon as it is registered.
   StreamSet* streams_ = nullptr;
+  // StreamSet's clock, which outlives the aggregator (and so every
+  // callback); null: the wall clock. The StreamSet itself may be gone when
+  // the aggregator answers at shutdown.
+  const Clock* const clock_;
   const int64_t max_message_bytes_;  // <= 0: no limit
   // Owners: gRPC until OnDone, one per outstanding aggregator callback, and
   // OnCancel while it runs.
