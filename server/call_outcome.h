@@ -22,8 +22,9 @@ namespace syncnorm {
 // quota) DEADLINE_EXCEEDED if its deadline had passed (give or take
 // kDeadlineSkew), else CANCELLED, never what the service may have sent
 // meanwhile. gRPC tells whether a call was cut short only for callback-API
-// calls (syncnorm.v1.Aggregator, health): a sync-API call (server
-// reflection) has the status its handler sent.
+// calls, which every service of the server is (syncnorm.v1.Aggregator,
+// health, reflection); a sync-API call would have the status its handler
+// sent.
 //
 // An interceptor creates one per call and feeds it every batch, before
 // Proceed(). Thread-safe: hooks of one call may run at once.
