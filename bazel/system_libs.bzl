@@ -28,14 +28,15 @@ _LIBS = {
         "absl_random_random",
     ], []),
     "protobuf": (["protobuf"], []),
-    "grpc": (["grpc++", "protobuf"], ["-lgrpc++_reflection"]),
+    "grpc": (["grpc++", "protobuf"], []),
     "gtest": (["gtest", "gmock"], ["-lpthread"]),
     "gtest_main": (["gtest_main"], []),
     "benchmark": (["benchmark"], []),
     # The aggregator's state store (librocksdb-dev).
     "rocksdb": (["rocksdb"], ["-lpthread"]),
-    # The aggregator's /metrics endpoint (prometheus-cpp-dev).
-    "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], []),
+    # The aggregator's metrics (prometheus-cpp-dev): the registry and the
+    # text format; server/metrics_http.cc serves them.
+    "prometheus": (["prometheus-cpp-core"], []),
 }
 
 _OPTIONAL = []

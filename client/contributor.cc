@@ -5,6 +5,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "client/proto_convert.h"
 #include "grpcpp/client_context.h"
 
@@ -70,12 +71,27 @@ Contributor::~Contributor() {
     unfinished = stream != nullptr && !stream->broken;
   }
   watchdog_.join();
-  if (unfinished) {
-    stream->context.TryCancel();
-    while (stream->rw->Read(&stream->incoming)) {
+  if (unfinished) EndStream(*stream);
+}
+
+void Contributor::EndStream(Stream& stream) {
+  // The clean end: half-close, and the server, having nothing left to
+  // answer, ends the stream OK (its metrics count it so). Cancelled only
+  // when the server does not end it within kEndGrace (unreachable, or still
+  // holding a round this client gave up on).
+  constexpr absl::Duration kEndGrace = absl::Seconds(1);
+  absl::Notification ended;
+  std::thread canceller([&stream, &ended] {
+    if (!ended.WaitForNotificationWithTimeout(kEndGrace)) {
+      stream.context.TryCancel();
     }
-    stream->rw->Finish();
+  });
+  stream.rw->WritesDone();
+  while (stream.rw->Read(&stream.incoming)) {
   }
+  stream.rw->Finish();
+  ended.Notify();
+  canceller.join();
 }
 
 std::shared_ptr<Contributor::Stream> Contributor::CurrentStream() {

@@ -107,6 +107,10 @@ class Contributor {
   // Cancels the stream of a read that outlived its caller's deadline, once
   // per stream.
   void Watchdog() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a stream no round uses any more (the destructor's): half-closes
+  // it and waits for the server to end it, cancelling it if that takes
+  // more than a second.
+  static void EndStream(Stream& stream);
   // A message of `phase` (FORWARD or BACKWARD) for the next round: a used
   // one when there is one (its repeated fields keep their capacity, so a
   // round allocates nothing to build it), else a new one.

@@ -173,6 +173,11 @@ absl::StatusOr<JobSnapshot> Aggregator::GetJob(absl::string_view job_id) const {
   return job->Snapshot();
 }
 
+int64_t Aggregator::job_count() const {
+  absl::ReaderMutexLock lock(&jobs_mu_);
+  return static_cast<int64_t>(jobs_.size());
+}
+
 std::vector<JobSnapshot> Aggregator::ListJobs() const {
   std::vector<std::shared_ptr<Job>> jobs;
   {

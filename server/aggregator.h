@@ -109,6 +109,8 @@ class Aggregator {
 
   // Every job, by id.
   std::vector<JobSnapshot> ListJobs() const ABSL_LOCKS_EXCLUDED(jobs_mu_);
+  // How many jobs there are (what --max_jobs bounds).
+  int64_t job_count() const ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
   // Deletes the job and all of its stored state (statistics, checkpoints);
   // its waiting rounds fail ABORTED ("job deleted"). NOT_FOUND if unknown;

@@ -245,6 +245,11 @@ absl::StatusOr<const TokenGrant*> Authenticator::Find(
   return found;
 }
 
+absl::Status Authenticator::Authenticate(absl::string_view header) const {
+  std::shared_ptr<const Grants> grants = Current();
+  return Find(header, *grants).status();
+}
+
 absl::Status Authenticator::AuthorizeJob(absl::string_view header,
                                          absl::string_view job_id) const {
   std::shared_ptr<const Grants> grants = Current();

@@ -63,6 +63,10 @@ class Authenticator {
   Authenticator(const Authenticator&) = delete;
   Authenticator& operator=(const Authenticator&) = delete;
 
+  // Does `header` hold a token in force, whatever its scopes? OK, or
+  // UNAUTHENTICATED as AuthorizeJob says it.
+  absl::Status Authenticate(absl::string_view header) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // May the caller whose `authorization` header is `header` use job
   // `job_id`? OK, UNAUTHENTICATED (no header, not "Bearer <token>", unknown
   // token) or PERMISSION_DENIED (the token's scopes do not include the job

@@ -114,6 +114,22 @@ TEST(AuthenticatorTest, ScopesDecide) {
             absl::StatusCode::kUnauthenticated);
 }
 
+// Authentication alone: any token in force, whatever its scopes.
+TEST(AuthenticatorTest, AuthenticateTakesAnyTokenInForce) {
+  auto grants =
+      ParseTokens(absl::StrCat(kAdmin, " admin\n", kJobA, " job:a\n"));
+  ASSERT_TRUE(grants.ok());
+  Authenticator auth(*grants);
+  EXPECT_TRUE(auth.Authenticate(Bearer(kAdmin)).ok());
+  EXPECT_TRUE(auth.Authenticate(Bearer(kJobA)).ok());
+  for (const std::string& header : {std::string(""), std::string(kJobA),
+                                    Bearer("unknown-token-0123456789")}) {
+    const absl::Status s = auth.Authenticate(header);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << header;
+    EXPECT_EQ(s.message().find("unknown-token"), std::string::npos) << s;
+  }
+}
+
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);

@@ -1,17 +1,14 @@
 #include "server/grpc_metrics.h"
 
-#include <chrono>
 #include <optional>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "grpcpp/server_context.h"
 #include "grpcpp/support/interceptor.h"
 #include "grpcpp/support/status.h"
+#include "server/call_outcome.h"
 
 namespace syncnorm {
 namespace {
@@ -32,12 +29,6 @@ const char* TypeName(ServerRpcInfo::Type type) {
   }
   return "unknown";
 }
-
-// A call the client cancelled this close to its deadline counts as past
-// it. The server's deadline is the client's plus the time the request took
-// to arrive (grpc-timeout is relative), so the client's cancellation at its
-// own deadline can reach the server a moment before the server's deadline.
-constexpr std::chrono::milliseconds kDeadlineSkew{250};
 
 // Go's codes.Code.String(), which go-grpc-prometheus puts in grpc_code.
 const char* CodeName(grpc::StatusCode code) {
@@ -62,21 +53,13 @@ const prometheus::Histogram::BucketBoundaries& HandlingBuckets() {
 }  // namespace
 
 // One call's observer. gRPC creates it when the call starts and deletes it
-// when the call is done.
-//
-// The call's outcome is counted when it is over (POST_RECV_CLOSE), not when
-// the service sends its status (PRE_SEND_STATUS): only then does gRPC say
-// whether that status reached the client. A call gRPC cut short (the
-// client cancelled it, its deadline passed, its connection broke, the
-// transport's quota cancelled it) may have sent OK or nothing at all; a
-// Reduce stream, for one, ends OK when its reads fail.
+// when the call is done. The call's outcome (CallOutcome) is counted when
+// it is over, not when the service sends its status: only then does gRPC
+// say whether that status reached the client.
 class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
  public:
   Interceptor(GrpcMetrics& metrics, ServerRpcInfo* info)
-      : metrics_(metrics),
-        context_(info->server_context()),
-        start_(absl::Now()),
-        deadline_(context_->deadline()) {
+      : metrics_(metrics), outcome_(info), start_(absl::Now()) {
     const absl::string_view full = info->method();  // "/pkg.Service/Method"
     const size_t slash = full.rfind('/');
     labels_ = {
@@ -96,7 +79,9 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
 
   // A call that never reached its end (the server stopped first) counts
   // as cut short.
-  ~Interceptor() override { Handled(/*cancelled=*/true); }
+  ~Interceptor() override {
+    if (std::optional<CallOutcome::Result> r = outcome_.Abandon()) Handled(*r);
+  }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
@@ -107,67 +92,29 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
             InterceptionHookPoints::PRE_SEND_MESSAGE)) {
       sent_->Increment();
     }
-    if (methods->QueryInterceptionHookPoint(
-            InterceptionHookPoints::PRE_SEND_STATUS)) {
-      absl::MutexLock lock(&mu_);
-      sent_code_ = methods->GetSendStatus().error_code();
-      sent_at_ = absl::Now();
-    }
-    if (methods->QueryInterceptionHookPoint(
-            InterceptionHookPoints::POST_RECV_CLOSE)) {
-      // The context knows by now whether the call was cancelled.
-      Handled(context_->IsCancelled());
+    if (std::optional<CallOutcome::Result> r = outcome_.Observe(methods)) {
+      Handled(*r);
     }
     methods->Proceed();
   }
 
  private:
-  // Counts the call's outcome once: the status the service sent, unless
-  // `cancelled` (or none was sent): then DEADLINE_EXCEEDED if the deadline
-  // had passed (give or take kDeadlineSkew), else CANCELLED. gRPC does not
-  // tell the server why else it cut a call (its RESOURCE_EXHAUSTED of the
-  // quota, a broken connection).
-  void Handled(bool cancelled) {
-    grpc::StatusCode code;
-    absl::Time end;
-    {
-      absl::MutexLock lock(&mu_);
-      if (handled_) return;
-      handled_ = true;
-      const bool delivered = sent_code_.has_value() && !cancelled;
-      end = delivered ? sent_at_ : absl::Now();
-      if (delivered) {
-        code = *sent_code_;
-      } else if (std::chrono::system_clock::now() + kDeadlineSkew >=
-                 deadline_) {
-        code = grpc::StatusCode::DEADLINE_EXCEEDED;
-      } else {
-        code = grpc::StatusCode::CANCELLED;
-      }
-    }
+  // Counts the call's outcome; its handling time runs from its start to
+  // the status it sent (to its end, when cut short).
+  void Handled(const CallOutcome::Result& r) {
     prometheus::Labels with_code = labels_;
-    with_code.emplace("grpc_code", CodeName(code));
+    with_code.emplace("grpc_code", CodeName(r.code));
     metrics_.handled_.Add(with_code).Increment();
     metrics_.handling_seconds_.Add(labels_, HandlingBuckets())
-        .Observe(absl::ToDoubleSeconds(end - start_));
+        .Observe(absl::ToDoubleSeconds(r.end - start_));
   }
 
   GrpcMetrics& metrics_;
-  // Valid until the interceptor's destructor runs (the context destroys
-  // its interceptors).
-  grpc::ServerContextBase* const context_;
+  CallOutcome outcome_;
   const absl::Time start_;
-  const std::chrono::system_clock::time_point deadline_;
   prometheus::Labels labels_;
   prometheus::Counter* received_;
   prometheus::Counter* sent_;
-
-  // Hook points of one call may run at once (a stream's read and write, a
-  // status sent while the call is cancelled).
-  absl::Mutex mu_;
-  std::optional<grpc::StatusCode> sent_code_ ABSL_GUARDED_BY(mu_);
-  absl::Time sent_at_ ABSL_GUARDED_BY(mu_);
-  bool handled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class GrpcMetrics::Factory final

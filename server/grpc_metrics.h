@@ -22,12 +22,11 @@ namespace syncnorm {
 // grpc_type is unary, client_stream, server_stream or bidi_stream;
 // grpc_service e.g. syncnorm.v1.Aggregator; grpc_method e.g. Reduce;
 // grpc_code the status name as Go spells it (OK, DeadlineExceeded, ...).
-// grpc_code is the status the client got as far as the server can tell:
-// the one the service sent when it reached the client; for a call gRPC cut
-// short (cancelled by the client, a broken connection, the transport's
-// quota) DeadlineExceeded if its deadline had passed, else Canceled, never
-// what the service may have sent meanwhile. A call's handling time runs
-// from its start to the status it sends (to its end, when cut short).
+// grpc_code is the status the client got as far as the server can tell
+// (see CallOutcome): the one the service sent when it reached the client;
+// DeadlineExceeded or Canceled for a call gRPC cut short. A call's handling
+// time runs from its start to the status it sends (to its end, when cut
+// short).
 //
 // NewInterceptorFactory() is what ServerBuilder's SetInterceptorCreators
 // takes. Thread-safe; `registry` and this object must outlive the server.

@@ -95,6 +95,13 @@ ABSL_FLAG(int64_t, max_channels_per_job, 1 << 22,
 ABSL_FLAG(int, max_pending_rounds, 100000,
           "Rounds in flight (waiting for ranks) across the server");
 ABSL_FLAG(int, max_streams, 10000, "Open Reduce streams");
+ABSL_FLAG(int, max_streams_per_connection, 1000,
+          "HTTP/2 streams (calls) one connection may have open at once, as "
+          "advertised to clients (gRPC clients queue calls beyond it)");
+ABSL_FLAG(int64_t, stream_idle_timeout_ms, 300000,
+          "A Reduce stream idle this long (nothing read, answered or "
+          "written) ends UNAVAILABLE, freeing its --max_streams slot; "
+          "clients reopen on next use. <= 0: never");
 ABSL_FLAG(int, max_waiting_calls, 10000,
           "ReduceOnce and Checkpoint calls in progress (each may wait for "
           "its round or its step, holding its request)");
@@ -329,6 +336,10 @@ int main(int argc, char** argv) {
   options.limits.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
   options.limits.max_streams = absl::GetFlag(FLAGS_max_streams);
   options.limits.max_waiting_calls = absl::GetFlag(FLAGS_max_waiting_calls);
+  options.stream_idle_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_stream_idle_timeout_ms));
+  options.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
   options.max_transport_bytes = absl::GetFlag(FLAGS_max_transport_bytes);
   const absl::Duration shutdown_grace = absl::Milliseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
@@ -353,7 +364,8 @@ int main(int argc, char** argv) {
         "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
         "max_channels=%d max_world_size=%d max_channels_per_job=%lld "
         "max_pending_rounds=%d max_streams=%d max_waiting_calls=%d "
-        "max_transport_bytes=%lld\n",
+        "max_transport_bytes=%lld stream_idle_timeout_ms=%lld "
+        "max_streams_per_connection=%d\n",
         options.listen.c_str(),
         static_cast<long long>(
             absl::ToInt64Milliseconds(options.round_timeout)),
@@ -375,7 +387,10 @@ int main(int argc, char** argv) {
         static_cast<long long>(options.limits.max_channels_per_job),
         options.limits.max_pending_rounds, options.limits.max_streams,
         options.limits.max_waiting_calls,
-        static_cast<long long>(options.max_transport_bytes));
+        static_cast<long long>(options.max_transport_bytes),
+        static_cast<long long>(
+            absl::ToInt64Milliseconds(options.stream_idle_timeout)),
+        options.max_streams_per_connection);
     return 0;
   }
 

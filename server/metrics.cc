@@ -1,35 +1,37 @@
 #include "server/metrics.h"
 
-#include <exception>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
 
 namespace syncnorm {
 
-Metrics::Metrics()
+Metrics::Metrics(const Limits& limits)
     : registry_(std::make_shared<prometheus::Registry>()),
       grpc_(*registry_),
-      rounds_(*registry_) {}
+      rounds_(*registry_),
+      load_(limits) {}
 
 Metrics::~Metrics() = default;
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(
-    const std::string& listen) {
-  auto metrics = std::unique_ptr<Metrics>(new Metrics());
-  try {
-    // civetweb: one listening thread plus two workers are plenty for a
-    // scrape every few seconds.
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve metrics on --metrics_listen='", listen, "': ", e.what(),
-        "; check that it is HOST:PORT and that the port is free"));
-  }
-  metrics->exposer_->RegisterCollectable(metrics->registry_);
-  const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
-  metrics->port_ = ports.empty() ? 0 : ports[0];
+    const std::string& listen, const Limits& limits, MetricsHttpOptions http) {
+  auto metrics = std::unique_ptr<Metrics>(new Metrics(limits));
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(
+          listen, [m = metrics.get()] { return m->Render(); }, http);
+  if (!server.ok()) return server.status();
+  metrics->http_ = *std::move(server);
+  metrics->port_ = metrics->http_->port();
   return metrics;
+}
+
+std::string Metrics::Render() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : load_.Collect()) {
+    families.push_back(std::move(f));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 std::vector<

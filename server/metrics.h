@@ -1,33 +1,38 @@
 // The aggregator's Prometheus endpoint (--metrics_listen): the registry, the
-// HTTP exposer that serves it at /metrics, and what feeds it.
+// HTTP server that serves it at /metrics, and what feeds it.
 #ifndef SYNCNORM_SERVER_METRICS_H_
 #define SYNCNORM_SERVER_METRICS_H_
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/support/server_interceptor.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/grpc_metrics.h"
+#include "server/limits.h"
+#include "server/load_metrics.h"
+#include "server/metrics_http.h"
 #include "server/round_metrics.h"
 #include "server/round_observer.h"
 
 namespace syncnorm {
 
-// Serves the gRPC metrics (GrpcMetrics) and syncnorm's own (RoundMetrics)
-// over HTTP. The server gives round_observer() to the Aggregator and
-// NewInterceptorFactories() to its ServerBuilder. Thread-safe; must outlive
-// both.
+// Serves the gRPC metrics (GrpcMetrics), syncnorm's rounds (RoundMetrics)
+// and its load against `limits` (LoadMetrics) over HTTP (MetricsHttpServer).
+// The server gives round_observer() to the Aggregator,
+// NewInterceptorFactories() to its ServerBuilder and a load source to
+// SetLoadSource(). Thread-safe; must outlive all three.
 class Metrics {
  public:
   // Registers every metric and starts serving GET /metrics on `listen`
   // (HOST:PORT; port 0 picks a free one). UNAVAILABLE naming the address
   // when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<Metrics>> Start(
-      const std::string& listen);
+      const std::string& listen, const Limits& limits = Limits(),
+      MetricsHttpOptions http = {});
 
   ~Metrics();
 
@@ -41,14 +46,25 @@ class Metrics {
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
   NewInterceptorFactories();
 
+  // See LoadMetrics::SetSource: SetLoadSource({}) before what the source
+  // reads goes away.
+  void SetLoadSource(LoadMetrics::Source source) {
+    load_.SetSource(std::move(source));
+  }
+
  private:
-  Metrics();
+  explicit Metrics(const Limits& limits);
+
+  // The exposition of every metric, as GET /metrics answers it.
+  std::string Render() const;
 
   // Constant after construction; the registry outlives what feeds it.
   const std::shared_ptr<prometheus::Registry> registry_;
   GrpcMetrics grpc_;
   RoundMetrics rounds_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  LoadMetrics load_;
+  // Last: stopped first, before what it renders goes away.
+  std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;
 };
 

@@ -1,7 +1,9 @@
 #include "server/reduce_reactor.h"
 
+#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/grpc_status.h"
 #include "server/limits.h"
 #include "server/proto_convert.h"
@@ -15,11 +17,22 @@ namespace syncnorm {
 
 namespace {
 
-StreamSet* Admit(StreamSet* streams, ReduceReactor* reactor,
+// A stream counts against --max_streams only once its caller is known:
+// without a token in force it ends before it takes a slot.
+StreamSet* Admit(const Authenticator* auth, const std::string& authorization,
+                 StreamSet* streams, ReduceReactor* reactor,
                  absl::Status& refused) {
+  if (auth != nullptr) {
+    refused = auth->Authenticate(authorization);
+    if (!refused.ok()) return nullptr;
+  }
   if (streams == nullptr) return nullptr;
   refused = streams->Add(reactor);
   return refused.ok() ? streams : nullptr;
+}
+
+const Clock* ClockOf(const StreamSet* streams) {
+  return streams != nullptr ? &streams->clock() : nullptr;
 }
 
 }  // namespace
@@ -30,8 +43,14 @@ ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
     : aggregator_(aggregator),
       auth_(auth),
       authorization_(std::move(authorization)),
-      streams_(Admit(streams, this, refused_)),
+      clock_(ClockOf(streams)),
       max_message_bytes_(max_message_bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_active_ = Now();
+  }
+  // Last: from here on StreamSet's threads may reach this stream.
+  streams_ = Admit(auth_, authorization_, streams, this, refused_);
   if (!refused_.ok()) {
     {
       absl::MutexLock lock(&mu_);
@@ -76,6 +95,8 @@ void ReduceReactor::OnReadDone(bool ok) {
   bool read_now = true;
   {
     absl::MutexLock lock(&mu_);
+    if (finished_) return;  // ended meanwhile (closed): the client resends
+    last_active_ = Now();
     ++pending_;
     held_bytes_ += bytes;
     // A client that sends without reading its results, or faster than its
@@ -117,6 +138,7 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
     absl::MutexLock lock(&mu_);
     --pending_;
     held_bytes_ -= static_cast<int64_t>(bytes);
+    last_active_ = Now();
     if (!cancelled_ && !finished_) {
       queue_.emplace_back();
       RoundResultToProto(key, outcome, queue_.back());
@@ -141,6 +163,7 @@ void ReduceReactor::OnWriteDone(bool ok) {
     // Serialized already, so the size is cached.
     held_bytes_ -= static_cast<int64_t>(queue_.front().GetCachedSize());
     queue_.pop_front();
+    last_active_ = Now();
     if (!ok) cancelled_ = true;  // the stream is broken
     if (cancelled_) {
       for (const v1::RoundResult& r : queue_) held_bytes_ -= r.GetCachedSize();
@@ -167,10 +190,39 @@ void ReduceReactor::Close() {
   std::optional<grpc::Status> finish;
   {
     absl::MutexLock lock(&mu_);
-    closing_ = true;
+    if (!closing_) {
+      closing_ = true;
+      close_status_ = grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          "the server is shutting down; reconnect to a running server and "
+          "resend what is unanswered");
+    }
     finish = TakeFinish();
   }
   if (finish.has_value()) Finish(*std::move(finish));
+}
+
+bool ReduceReactor::CloseIfIdle(absl::Time now, absl::Duration timeout) {
+  std::optional<grpc::Status> finish;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_ || finished_ || pending_ > 0 || !queue_.empty() ||
+        now - last_active_ < timeout) {
+      return false;
+    }
+    closing_ = true;
+    close_status_ = grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("the stream was idle for ",
+                     absl::ToInt64Milliseconds(now - last_active_),
+                     " ms, past the server's --stream_idle_timeout_ms=",
+                     absl::ToInt64Milliseconds(timeout),
+                     "; open a new stream to send more (the syncnorm "
+                     "clients do so by themselves)"));
+    finish = TakeFinish();
+  }
+  if (finish.has_value()) Finish(*std::move(finish));
+  return true;
 }
 
 // Holds a reference while it runs. gRPC calls OnDone only after OnCancel
@@ -201,9 +253,7 @@ std::optional<grpc::Status> ReduceReactor::TakeFinish() {
   }
   if (closing_ && pending_ == 0 && queue_.empty()) {
     finished_ = true;
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "the server is shutting down; reconnect to a running "
-                        "server and resend what is unanswered");
+    return close_status_;
   }
   return std::nullopt;
 }

@@ -10,10 +10,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
 #include "server/aggregator.h"
 #include "server/auth.h"
+#include "server/clock.h"
 #include "server/contribution.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
@@ -27,19 +29,21 @@ class StreamSet;
 // stream ends (OK) once the client half-closes and every result is written,
 // or (CANCELLED) when the call is cancelled or a write fails.
 //
-// With an Authenticator, each contribution is checked against the token the
-// stream was opened with (its `authorization` metadata), at the time it is
-// read, so a revoked token stops working on open streams too; a refused one
-// is answered in-band (RoundError UNAUTHENTICATED or PERMISSION_DENIED) and
-// the stream stays usable.
+// With an Authenticator, a stream whose `authorization` metadata holds no
+// token in force ends at once (UNAUTHENTICATED), before it counts against
+// StreamSet's limit. Each contribution is then checked against that token
+// at the time it is read, so a revoked token stops working on open streams
+// too; a refused one is answered in-band (RoundError UNAUTHENTICATED or
+// PERMISSION_DENIED) and the stream stays usable.
 //
 // Limits: a stream beyond StreamSet's limit ends at once
-// (RESOURCE_EXHAUSTED). A message over max_message_bytes is answered
-// in-band (RoundError RESOURCE_EXHAUSTED naming --max_message_bytes; its
-// job, layer, step and phase echoed) and goes no further; the stream stays
-// usable. What one stream holds is bounded: while kMaxUnanswered
-// contributions are unanswered or results unwritten, or they hold
-// kHeldMessages x max_message_bytes (a client that sends without reading,
+// (RESOURCE_EXHAUSTED). A stream that reads, answers and writes nothing
+// for StreamSet's idle timeout ends UNAVAILABLE (CloseIfIdle). A message over
+// max_message_bytes is answered in-band (RoundError RESOURCE_EXHAUSTED naming
+// --max_message_bytes; its job, layer, step and phase echoed) and goes no
+// further; the stream stays usable. What one stream holds is bounded: while
+// kMaxUnanswered contributions are unanswered or results unwritten, or they
+// hold kHeldMessages x max_message_bytes (a client that sends without reading,
 // or sends faster than its rounds complete), no more contributions are
 // read. Close() (shutdown) ends the stream UNAVAILABLE once every
 // contribution it read is answered and written.
@@ -69,6 +73,11 @@ class ReduceReactor final
 
   // See the class comment; for StreamSet.
   void Close() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the stream (UNAVAILABLE, naming --stream_idle_timeout_ms) if it
+  // holds no contribution or result and has read or written nothing since
+  // `now - timeout`; true if it did.
+  bool CloseIfIdle(absl::Time now, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
   void Unref();
 
@@ -83,14 +92,24 @@ class ReduceReactor final
   // paused one holds little enough again (half) to read on.
   bool FullLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time Now() const {
+    return clock_ != nullptr ? clock_->Now() : absl::Now();
+  }
   // Decides, under mu_, whether the stream may finish now; marks it so.
   std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Aggregator* const aggregator_;
   const Authenticator* const auth_;
   const std::string authorization_;  // a secret: never logged
-  absl::Status refused_;             // why streams refused it, if they did
-  StreamSet* const streams_;         // null when refused or not counted
+  absl::Status refused_;  // why it was refused at its start, if it was
+  // Null when refused or not counted. Set once, in the constructor, once
+  // every other member is built: StreamSet's threads reach the stream as
+  // soon as it is registered.
+  StreamSet* streams_ = nullptr;
+  // StreamSet's clock, which outlives the aggregator (and so every
+  // callback); null: the wall clock. The StreamSet itself may be gone when
+  // the aggregator answers at shutdown.
+  const Clock* const clock_;
   const int64_t max_message_bytes_;  // <= 0: no limit
   // Owners: gRPC until OnDone, one per outstanding aggregator callback, and
   // OnCancel while it runs.
@@ -106,6 +125,10 @@ class ReduceReactor final
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // What the stream ends with once closing_ (shutdown or idle).
+  grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
+  // When it last read, answered or wrote anything (StreamSet's clock).
+  absl::Time last_active_ ABSL_GUARDED_BY(mu_);
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // contributions not yet answered
   // Serialized bytes of the unanswered contributions and unwritten results.

@@ -10,21 +10,32 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/counting_context_allocator.h"
+#include "server/guard_interceptor.h"
 #include "server/job_spec.h"
 #include "server/kv_state_store.h"
 #include "server/limits.h"
 #include "server/log.h"
 #include "server/memory_engine.h"
+#include "server/reflection_service.h"
 #include "server/rocksdb_engine.h"
 #include "server/tls.h"
 
 namespace syncnorm {
 namespace {
+
+// The calls that legitimate clients can make the server hold at once:
+// their streams, their waiting calls and a burst of quick ones. 0 (no
+// overload) when either limit is lifted.
+int64_t LegitimateCalls(const Limits& limits) {
+  constexpr int64_t kQuickCalls = 1024;
+  if (limits.max_streams <= 0 || limits.max_waiting_calls <= 0) return 0;
+  return int64_t{limits.max_streams} + limits.max_waiting_calls + kQuickCalls;
+}
 
 AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
   AggregatorOptions out;
@@ -76,6 +87,8 @@ Server::Server(ServerOptions options)
 Server::~Server() {
   Shutdown(absl::ZeroDuration());
   Wait();
+  absl::MutexLock lock(&mu_);
+  if (metrics_ != nullptr) metrics_->SetLoadSource({});
 }
 
 absl::Status Server::Start() {
@@ -131,7 +144,7 @@ absl::Status Server::Start() {
   std::vector<RoundObserver*> observers = {log_.get()};
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-        Metrics::Start(options_.metrics_listen);
+        Metrics::Start(options_.metrics_listen, options_.limits);
     if (!metrics.ok()) return metrics.status();
     metrics_ = *std::move(metrics);
     observers.push_back(metrics_->round_observer());
@@ -151,16 +164,43 @@ absl::Status Server::Start() {
   store_ = *std::move(store);
   aggregator_ = std::move(aggregator);
   auth_ = std::move(auth);
+  closer_ = std::make_unique<SocketCloser>();
+  ConnectionGuardOptions guard_options;
+  guard_options.max_calls = LegitimateCalls(options_.limits);
+  guard_ = std::make_unique<ConnectionGuard>(guard_options, closer_.get(),
+                                             clock_.get());
   ServiceOptions service_options;
   service_options.auth = auth_.get();
   service_options.max_streams = options_.limits.max_streams;
   service_options.max_waiting_calls = options_.limits.max_waiting_calls;
   service_options.max_message_bytes = options_.limits.max_message_bytes;
   service_options.backups = backups_.get();
+  service_options.stream_idle_timeout = options_.stream_idle_timeout;
+  service_options.clock = clock_.get();
   service_ = std::make_unique<AggregatorService>(aggregator_.get(),
                                                  service_options);
+  if (metrics_ != nullptr) {
+    // Cleared in ~Server before the aggregator and the service go.
+    metrics_->SetLoadSource([aggregator = aggregator_.get(),
+                             service = service_.get(), guard = guard_.get()] {
+      ServerLoad load;
+      load.jobs = aggregator->job_count();
+      load.rounds_in_flight = aggregator->rounds_in_flight();
+      load.open_streams = service->open_streams();
+      load.waiting_calls = service->waiting_calls();
+      load.grpc_calls = guard->calls_held();
+      for (int r = 0; r < kCloseReasons; ++r) {
+        load.connections_closed[r] = guard->closed(static_cast<CloseReason>(r));
+      }
+      return load;
+    });
+  }
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Reflection describes what the generated descriptor pool holds: our
+  // services, grpc.health.v1 from //proto:health_cc_proto, and itself.
+  reflection_ = std::make_unique<ReflectionService>(std::vector<std::string>{
+      v1::Aggregator::service_full_name(), "grpc.health.v1.Health",
+      grpc::reflection::v1alpha::ServerReflection::service_full_name()});
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, *credentials, &port);
@@ -168,6 +208,14 @@ absl::Status Server::Start() {
   // window and a few frames, so no window-update round trip per round.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
+  // gRPC 1.51 enforces this only on clients that acknowledged it and does
+  // not count streams the client reset: the guard covers the rest.
+  if (options_.max_streams_per_connection > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options_.max_streams_per_connection);
+  }
+  builder.SetContextAllocator(
+      std::make_unique<CountingContextAllocator>(guard_.get()));
   // Above the limit, so that the service sees a message somewhat over it
   // and refuses it naming --max_message_bytes (see ReceiveCeiling).
   builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.limits));
@@ -180,10 +228,18 @@ absl::Status Server::Start() {
     builder.SetResourceQuota(quota);  // takes its own reference
   }
   builder.RegisterService(service_.get());
+  builder.RegisterService(reflection_.get());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      std::make_unique<GuardInterceptorFactory>(guard_.get()));
   if (metrics_ != nullptr) {
-    builder.experimental().SetInterceptorCreators(
-        metrics_->NewInterceptorFactories());
+    for (auto& factory : metrics_->NewInterceptorFactories()) {
+      interceptors.push_back(std::move(factory));
+    }
   }
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -198,6 +254,7 @@ absl::Status Server::Start() {
   if (options_.memory_trim_period > absl::ZeroDuration()) {
     trimmer_ = std::make_unique<MemoryTrimmer>(options_.memory_trim_period);
   }
+  closer_->set_server_port(port);
   server_ = std::move(server);
   bound_port_ = port;
   LogLine("start")

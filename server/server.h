@@ -14,11 +14,14 @@
 #include "server/auth.h"
 #include "server/backup_root.h"
 #include "server/clock.h"
+#include "server/connection_guard.h"
 #include "server/memory_trimmer.h"
 #include "server/round_observer.h"
 #include "server/metrics.h"
+#include "server/reflection_service.h"
 #include "server/server_options.h"
 #include "server/service.h"
+#include "server/socket_closer.h"
 #include "server/state_store.h"
 
 namespace syncnorm {
@@ -80,7 +83,12 @@ class Server {
   std::unique_ptr<FanoutRoundObserver> observers_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Aggregator> aggregator_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Authenticator> auth_ ABSL_GUARDED_BY(mu_);
+  // Closes the connections of abusive clients; they outlive the gRPC
+  // server, whose calls report to them.
+  std::unique_ptr<SocketCloser> closer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ConnectionGuard> guard_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AggregatorService> service_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ReflectionService> reflection_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<MemoryTrimmer> trimmer_ ABSL_GUARDED_BY(mu_);
   int bound_port_ ABSL_GUARDED_BY(mu_) = 0;

@@ -69,6 +69,17 @@ struct ServerOptions {
 
   // ---- Limits (see limits.h) ----
   Limits limits;
+  // HTTP/2 streams (calls) one connection may have open at once, as the
+  // server advertises it (SETTINGS_MAX_CONCURRENT_STREAMS): gRPC clients
+  // queue calls beyond it; gRPC closes the connection of a client that
+  // acknowledged it and goes past it. Zero or less: none advertised.
+  // Default 1000.
+  int max_streams_per_connection = 1000;
+  // A Reduce stream that reads, answers and writes nothing for this long
+  // ends UNAVAILABLE, freeing its slot of limits.max_streams (the clients
+  // open a new one when they next send). Zero or less: never. Default 5
+  // minutes.
+  absl::Duration stream_idle_timeout = absl::Minutes(5);
   // What gRPC's transport may hold in memory, in bytes (a
   // grpc::ResourceQuota): data it has read and not yet handed to the
   // service (every message still arriving, whole, and every stream's

@@ -29,7 +29,22 @@ std::string AuthorizationOf(const grpc::CallbackServerContext* context) {
   return std::string(it->second.data(), it->second.size());
 }
 
+const Clock* OrWallClock(const Clock* clock) {
+  static const RealClock* const kWallClock = new RealClock();
+  return clock != nullptr ? clock : kWallClock;
+}
+
 }  // namespace
+
+AggregatorService::AggregatorService(Aggregator* aggregator,
+                                     ServiceOptions options)
+    : aggregator_(aggregator),
+      auth_(options.auth),
+      max_message_bytes_(options.max_message_bytes),
+      backups_(options.backups),
+      streams_(options.max_streams, options.stream_idle_timeout,
+               OrWallClock(options.clock)),
+      waiting_(std::make_shared<WaitingCalls>(options.max_waiting_calls)) {}
 
 absl::Status AggregatorService::AuthorizeJob(
     const grpc::CallbackServerContext* context,

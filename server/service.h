@@ -10,6 +10,7 @@
 #include "server/aggregator.h"
 #include "server/auth.h"
 #include "server/backup_root.h"
+#include "server/clock.h"
 #include "server/limits.h"
 #include "server/stream_set.h"
 #include "server/waiting_calls.h"
@@ -37,6 +38,12 @@ struct ServiceOptions {
   // Where Backup writes and RestoreBackup reads (--backup_dir); null: those
   // calls are FAILED_PRECONDITION. Must outlive the service.
   BackupRoot* backups = nullptr;
+  // A Reduce stream that reads, answers and writes nothing for this long
+  // ends UNAVAILABLE (--stream_idle_timeout_ms); <= 0: never.
+  absl::Duration stream_idle_timeout = absl::ZeroDuration();
+  // Tells the streams' idle time; null: the wall clock. Must outlive the
+  // service.
+  const Clock* clock = nullptr;
 };
 
 // Thread-safe; no thread per call or stream (a Checkpoint that waits for
@@ -45,18 +52,14 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
  public:
   // `aggregator` must outlive the service and every call it serves.
   explicit AggregatorService(Aggregator* aggregator,
-                             ServiceOptions options = {})
-      : aggregator_(aggregator),
-        auth_(options.auth),
-        max_message_bytes_(options.max_message_bytes),
-        backups_(options.backups),
-        streams_(options.max_streams),
-        waiting_(std::make_shared<WaitingCalls>(options.max_waiting_calls)) {}
+                             ServiceOptions options = {});
 
   // Shutdown: ends every Reduce stream (UNAVAILABLE) once it has answered
   // what it read, and refuses new ones.
   void CloseStreams() { streams_.CloseAll(); }
   int open_streams() const { return streams_.size(); }
+  // ReduceOnce and Checkpoint calls held now (--max_waiting_calls).
+  int waiting_calls() const { return waiting_->size(); }
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
                                       const v1::CreateJobRequest* request,

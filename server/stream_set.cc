@@ -1,11 +1,29 @@
 #include "server/stream_set.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "server/limits.h"
+#include "server/log.h"
 #include "server/reduce_reactor.h"
 
 namespace syncnorm {
+
+StreamSet::StreamSet(int max_streams, absl::Duration idle_timeout,
+                     const Clock* clock)
+    : max_streams_(max_streams), idle_timeout_(idle_timeout), clock_(clock) {
+  if (idle_timeout_ > absl::ZeroDuration()) {
+    sweeper_ = std::thread([this] { SweepLoop(); });
+  }
+}
+
+StreamSet::~StreamSet() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+}
 
 absl::Status StreamSet::Add(ReduceReactor* stream) {
   absl::MutexLock lock(&mu_);
@@ -41,6 +59,41 @@ void StreamSet::CloseAll() {
     s->Close();
     s->Unref();
   }
+}
+
+int StreamSet::CloseIdle() {
+  std::vector<ReduceReactor*> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    for (ReduceReactor* s : open_) {
+      s->Ref();
+      streams.push_back(s);
+    }
+  }
+  const absl::Time now = clock_->Now();
+  int closed = 0;
+  for (ReduceReactor* s : streams) {
+    if (s->CloseIfIdle(now, idle_timeout_)) ++closed;
+    s->Unref();
+  }
+  if (closed > 0) {
+    LogLine("streams_idle_closed")
+        .Add("streams", closed)
+        .Add("idle_timeout_ms", absl::ToInt64Milliseconds(idle_timeout_));
+  }
+  return closed;
+}
+
+void StreamSet::SweepLoop() {
+  const absl::Duration period =
+      std::clamp(idle_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+  mu_.Lock();
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
+    mu_.Unlock();
+    CloseIdle();
+    mu_.Lock();
+  }
+  mu_.Unlock();
 }
 
 int StreamSet::size() const {

@@ -21,6 +21,8 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "kernels/moments.h"
+#include "syncnorm_version.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/scrape.h"
 
@@ -141,9 +143,31 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
                   "grpc_method=\"Reduce\"}",
                   deadline),
             "2");
+  // The workers end their streams cleanly: OK, not Canceled.
+  EXPECT_EQ(Query(web_port,
+                  "sum(grpc_server_handled_total{"
+                  "grpc_method=\"Reduce\"})",
+                  deadline),
+            "2");
+  EXPECT_EQ(Query(web_port,
+                  "grpc_server_handled_total{grpc_method=\"Reduce\","
+                  "grpc_code=\"OK\"}",
+                  deadline),
+            "2");
   EXPECT_EQ(Query(web_port,
                   "sum(grpc_server_handling_seconds_count{grpc_method="
                   "\"Checkpoint\"})",
+                  deadline),
+            "1");
+  EXPECT_EQ(Query(web_port, "syncnorm_jobs", deadline), "1");
+  EXPECT_EQ(
+      Query(web_port, "syncnorm_jobs / on() syncnorm_limit{flag=\"max_jobs\"}",
+            deadline),
+      "0.0001");
+  EXPECT_EQ(Query(web_port, "syncnorm_open_streams", deadline), "0");
+  EXPECT_EQ(Query(web_port,
+                  absl::StrCat("syncnorm_build_info{version=\"",
+                               kSyncnormVersion, "\"}"),
                   deadline),
             "1");
   // One version per forward round: steps x layers (one group).
@@ -164,6 +188,49 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
   auto code = (*aggregator)->Stop();
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
+}
+
+// A client that is done with its job ends its Reduce stream cleanly (a
+// half-close, then the server's OK), so the stream counts OK, not
+// Canceled: an error-ratio alert stays quiet in normal operation. Needs no
+// Prometheus: the exposition is read directly.
+TEST(MetricsTest, AClientsCleanEndOfAStreamCountsOK) {
+  const std::string dir = MakeScratchDir("metrics-clean-end");
+  auto aggregator =
+      LocalAggregator::Start(dir, {"--metrics_listen=127.0.0.1:0"});
+  ASSERT_TRUE(aggregator.ok()) << aggregator.status();
+  const int metrics_port = MetricsPortFromLog(dir + "/aggregator.log");
+  ASSERT_GT(metrics_port, 0) << ReadFile(dir + "/aggregator.log");
+  StackConfig config;
+  config.world_size = 1;
+  config.channels = {3};
+  ClientOptions options;
+  options.address = (*aggregator)->address();
+  Client client(options);
+  ASSERT_TRUE(client.CreateJob(JobRequest(config, "clean", 20000)).ok());
+  {
+    std::unique_ptr<NodeGroup> group = client.NewNodeGroup("clean", 0);
+    Moments local = Moments::Zero(3);
+    local.count = 2;
+    local.m2 = {1, 2, 3};
+    for (int64_t step = 1; step <= 3; ++step) {
+      ASSERT_TRUE(group->SyncForward(0, step, local).ok());
+    }
+    const std::string text = HttpGet(metrics_port, "/metrics");
+    EXPECT_NE(text.find("\nsyncnorm_open_streams 1\n"), std::string::npos)
+        << text;
+  }
+  std::string text = HttpGet(metrics_port, "/metrics");
+  for (const absl::Time until = absl::Now() + absl::Seconds(10);
+       HandledCalls(text, "Reduce") < 1 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(20));
+    text = HttpGet(metrics_port, "/metrics");
+  }
+  EXPECT_EQ(HandledCalls(text, "Reduce", "OK"), 1) << text;
+  EXPECT_EQ(HandledCalls(text, "Reduce"), 1) << text;
+  EXPECT_NE(text.find("\nsyncnorm_open_streams 0\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\nsyncnorm_jobs 1\n"), std::string::npos) << text;
 }
 
 }  // namespace

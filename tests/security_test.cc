@@ -383,6 +383,82 @@ TEST_F(TokensTest, EveryCallNeedsATokenForItsJob) {
   ExpectNoTokenInLog();
 }
 
+// Streams without a token in force end at once, UNAUTHENTICATED, before
+// they count against --max_streams: four of them (two that send a
+// contribution, two that send nothing) leave every slot to the admin.
+TEST_F(SecurityTest, UnauthenticatedStreamsTakeNoSlot) {
+  const std::string tokens = dir_ + "/tokens";
+  WriteAtomically(tokens, absl::StrCat(kAdminToken, " admin\n"));
+  auto server = LocalAggregator::Start(
+      dir_, {"--tokens_file=" + tokens, "--max_streams=4"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientOptions admin_options = Options((*server)->address());
+  admin_options.token = kAdminToken;
+  Client admin(admin_options);
+  ASSERT_TRUE(admin.CreateJob(Job("a")).ok());
+
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
+      (*server)->address(), grpc::InsecureChannelCredentials()));
+  using Stream = grpc::ClientReaderWriter<v1::Contribution, v1::RoundResult>;
+  grpc::ClientContext contexts[4];
+  std::vector<std::unique_ptr<Stream>> strangers;
+  for (int i = 0; i < 4; ++i) {
+    contexts[i].set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    if (i == 1)
+      contexts[i].AddMetadata("authorization", "Bearer not-a-token-00000000");
+    strangers.push_back(stub->Reduce(&contexts[i]));
+    if (i < 2) strangers.back()->Write(Forward("a", 1, 0));
+  }
+  const absl::Time start = absl::Now();
+  for (auto& stream : strangers) {
+    v1::RoundResult r;
+    EXPECT_FALSE(stream->Read(&r)) << r.ShortDebugString();
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << s.error_message();
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "refused at once";
+
+  // Every slot is free: the admin's streams, up to the limit, serve rounds.
+  std::vector<std::unique_ptr<Contributor>> admins;
+  for (int i = 0; i < 4; ++i) {
+    admins.push_back(admin.NewContributor("a", 0));
+    auto r = admins.back()->Round(Forward("a", 1 + i, 0));
+    EXPECT_TRUE(r.ok()) << "stream " << i << ": " << r.status();
+  }
+}
+
+// A connection whose calls keep being refused UNAUTHENTICATED (a client
+// guessing tokens, or flooding without one) is closed after 64 of them;
+// the client may reconnect, and other clients are served throughout.
+TEST_F(TokensTest, AConnectionRefusedAgainAndAgainIsClosed) {
+  Client admin = With(kAdminToken);
+  ASSERT_TRUE(admin.CreateJob(Job("a")).ok());
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials()));
+  int unauthenticated = 0, unavailable = 0;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization",
+                        absl::StrCat("Bearer guess-", 1000000000 + i));
+    v1::GetJobRequest request;
+    request.set_job_id("a");
+    v1::JobInfo info;
+    const grpc::Status s = stub->GetJob(&context, request, &info);
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) ++unauthenticated;
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) ++unavailable;
+  }
+  // 64 refusals close the connection; gRPC reconnects for the next calls.
+  EXPECT_EQ(unauthenticated + unavailable, 100);
+  EXPECT_GE(unauthenticated, 64);
+  const std::string log = ReadFile(dir_ + "/aggregator.log");
+  EXPECT_TRUE(absl::StrContains(log, "event=connection_closed")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "reason=unauthenticated")) << log;
+  EXPECT_TRUE(admin.GetJob("a").ok());
+  ExpectNoTokenInLog();
+}
+
 TEST_F(TokensTest, TheFileIsReloadedWhenItChanges) {
   Client late = With(kLateToken);
   Client admin = With(kAdminToken);
@@ -576,6 +652,69 @@ TEST_F(LimitsTest, OpenStreams) {
   streams[0]->Finish();
   absl::SleepFor(absl::Milliseconds(200));
   ExpectStillServes();
+}
+
+// A stream idle past --stream_idle_timeout_ms ends UNAVAILABLE naming the
+// flag, which frees its --max_streams slot; a stream in use, or waiting
+// for its round, stays open; the client reopens by itself.
+TEST_F(LimitsTest, IdleStreamsAreClosed) {
+  Start({"--max_streams=2", "--stream_idle_timeout_ms=500"});
+  Client client(Options(server_->address()));
+  ASSERT_TRUE(client.CreateJob(Job("i")).ok());
+  ASSERT_TRUE(client.CreateJob(Job("pair", 2)).ok());
+  using Stream = grpc::ClientReaderWriter<v1::Contribution, v1::RoundResult>;
+  auto open = [this](grpc::ClientContext& context) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    return stub_->Reduce(&context);
+  };
+  auto round = [](Stream& stream, const v1::Contribution& c) {
+    v1::RoundResult r;
+    return stream.Write(c) && stream.Read(&r) && !r.has_error();
+  };
+  grpc::ClientContext idle_context, busy_context;
+  std::unique_ptr<Stream> idle = open(idle_context);
+  std::unique_ptr<Stream> busy = open(busy_context);
+  ASSERT_TRUE(round(*idle, Forward("i", 1, 0)));
+  int64_t step = 2;
+  // Rounds on `busy` every 150 ms for `d`: never idle for long.
+  auto keep_busy = [&](absl::Duration d) {
+    for (const absl::Time until = absl::Now() + d; absl::Now() < until;) {
+      ASSERT_TRUE(round(*busy, Forward("i", step++, 0))) << "step " << step;
+      absl::SleepFor(absl::Milliseconds(150));
+    }
+  };
+  keep_busy(absl::Milliseconds(1500));
+  v1::RoundResult r;
+  EXPECT_FALSE(idle->Read(&r));
+  const grpc::Status closed = idle->Finish();
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << closed.error_message();
+  EXPECT_TRUE(
+      absl::StrContains(closed.error_message(), "--stream_idle_timeout_ms=500"))
+      << closed.error_message();
+
+  // Its slot is free; a stream waiting for its round is not idle.
+  grpc::ClientContext waiting_context;
+  std::unique_ptr<Stream> waiting = open(waiting_context);
+  ASSERT_TRUE(waiting->Write(Forward("pair", 1, 0)));
+  keep_busy(absl::Milliseconds(1200));
+  ASSERT_TRUE(round(*busy, Forward("pair", 1, 1)));
+  ASSERT_TRUE(waiting->Read(&r));
+  EXPECT_FALSE(r.has_error()) << r.error().message();
+
+  // The client reopens a stream the server closed while it was idle.
+  for (auto* context : {&busy_context, &waiting_context}) context->TryCancel();
+  (void)busy->Finish();
+  (void)waiting->Finish();
+  absl::SleepFor(absl::Milliseconds(200));  // the server has let go of them
+  std::unique_ptr<Contributor> contributor = client.NewContributor("i", 0);
+  auto first = contributor->Round(Forward("i", 100, 0));
+  EXPECT_TRUE(first.ok()) << first.status();
+  absl::SleepFor(absl::Milliseconds(1200));
+  auto second = contributor->Round(Forward("i", 101, 0));
+  EXPECT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir_ + "/aggregator.log"),
+                                "event=streams_idle_closed"));
 }
 
 }  // namespace

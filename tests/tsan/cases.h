@@ -20,6 +20,9 @@ std::vector<Case> ExclusionCases();
 // Hand-offs: LockWhen*, ReaderLockWhen*, Await*, CondVar::Wait*,
 // Notification, gpr_cv.
 std::vector<Case> HandoffCases();
+// gRPC's hand-off of a callback-API call from the thread that accepts it
+// to the one that runs it.
+std::vector<Case> CallbackRequestCases();
 
 // The data the cases race on (or not), behind calls that stay in the
 // report's stacks.

@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   using syncnorm::tsan::Case;
   std::vector<Case> cases = syncnorm::tsan::ExclusionCases();
   for (const Case& c : syncnorm::tsan::HandoffCases()) cases.push_back(c);
+  for (const Case& c : syncnorm::tsan::CallbackRequestCases()) {
+    cases.push_back(c);
+  }
   if (argc == 2 && std::strcmp(argv[1], "--list") == 0) {
     for (const Case& c : cases) std::printf("%s\n", c.name);
     return 0;

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Server reflection through a generic client (`buf curl`, npm @bufbuild/buf,
+# installed by scripts/deps.sh), against the aggregator binary with metrics
+# on, as deployed: it lists the services, lists every service's methods
+# (which resolves each service's descriptor through reflection), checks
+# health and runs a round with request and response types taken from
+# reflection alone; the server must stay up and SERVING throughout, and the
+# round's answer must be the one a float64 computation gives.
+set -euo pipefail
+
+self=$(readlink -f "${BASH_SOURCE[0]}")
+checkout=$(cd "$(dirname "$self")/../.." && pwd)
+buf="$checkout/tools/node/node_modules/.bin/buf"
+if [ ! -x "$buf" ]; then
+  echo "FAIL: $buf is missing: run scripts/deps.sh" >&2
+  exit 1
+fi
+cd "${TEST_SRCDIR:?run me with bazel test}/${TEST_WORKSPACE:?}"
+export HOME="${TEST_TMPDIR:?}" BUF_CACHE_DIR="${TEST_TMPDIR}/buf-cache"
+dir=$(mktemp -d "${TEST_TMPDIR}/reflection.XXXXXX")
+
+server/syncnorm-aggregator --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+  --data_dir= --port_file="$dir/port" 2>"$dir/aggregator.log" &
+pid=$!
+trap 'kill -9 $pid 2>/dev/null || true' EXIT
+for _ in $(seq 300); do
+  [ -s "$dir/port" ] && break
+  sleep 0.05
+done
+port=$(cat "$dir/port")
+url="http://127.0.0.1:$port"
+metrics_port=$(grep -o 'metrics_port=[0-9]*' "$dir/aggregator.log" | cut -d= -f2)
+
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- aggregator log:" >&2
+  cat "$dir/aggregator.log" >&2
+  exit 1
+}
+alive() {
+  kill -0 $pid 2>/dev/null || fail "the aggregator died ($1)"
+}
+bufcurl() {
+  timeout 60 "$buf" curl --protocol grpc --http2-prior-knowledge "$@"
+}
+
+services=$(bufcurl --list-services "$url") || fail "--list-services failed"
+alive "after --list-services"
+expected_services="grpc.health.v1.Health
+grpc.reflection.v1alpha.ServerReflection
+syncnorm.v1.Aggregator"
+[ "$services" = "$expected_services" ] ||
+  fail "services: got '$services', want '$expected_services'"
+
+# Every service's methods: buf resolves each service's descriptor through
+# reflection to list them.
+listed=$(bufcurl --list-methods "$url") || fail "--list-methods failed"
+alive "after --list-methods"
+expected_methods=""
+for m in Health/Check Health/Watch; do
+  expected_methods+="grpc.health.v1.$m"$'\n'
+done
+expected_methods+="grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"$'\n'
+for m in Checkpoint CreateJob DeleteJob GetJob GetRunningStats ListCheckpoints \
+  ListJobs Reduce ReduceOnce RestoreCheckpoint SetRunningStats; do
+  expected_methods+="syncnorm.v1.Aggregator/$m"$'\n'
+done
+[ "$listed" = "${expected_methods%$'\n'}" ] ||
+  fail "methods: got '$listed', want '${expected_methods%$'\n'}'"
+
+# And each service described by the reflection service itself: the file
+# that defines it, not an error.
+for service in $services; do
+  described=$(bufcurl -d "{\"file_containing_symbol\": \"$service\"}" \
+    "$url/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo") ||
+    fail "describing $service failed"
+  alive "after describing $service"
+  echo "$described" | grep -q '"fileDescriptorResponse"' ||
+    fail "describing $service: $described"
+done
+
+health=$(bufcurl "$url/grpc.health.v1.Health/Check") || fail "health check failed"
+echo "$health" | grep -q '"status": "SERVING"' || fail "health: $health"
+
+# A round of one rank: the global moments are its own, var = m2 / count.
+bufcurl -d '{"job_id": "reflected", "world_size": 1, "layers": [{"name": "bn", "num_features": 2}]}' \
+  "$url/syncnorm.v1.Aggregator/CreateJob" >/dev/null || fail "CreateJob failed"
+result=$(bufcurl -d '{"job_id": "reflected", "layer": 0, "step": 1, "phase": "FORWARD", "rank": 0,
+  "moments": {"count": 4, "mean": [1.5, -2.0], "m2": [3.0, 8.0]}}' \
+  "$url/syncnorm.v1.Aggregator/ReduceOnce") || fail "ReduceOnce failed"
+echo "$result" | /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)["moments"]
+want = {"count": 4, "mean": [1.5, -2.0], "var": [3.0 / 4, 8.0 / 4]}
+got = {"count": int(r["count"]), "mean": r["mean"], "var": r["var"]}
+if got != want:
+    sys.exit("round: got %s, want %s" % (got, want))
+' || fail "ReduceOnce answered $result"
+
+# The reflection calls are counted like any other.
+metrics=$(curl -sf "http://127.0.0.1:$metrics_port/metrics") || fail "no /metrics"
+echo "$metrics" | grep -q 'grpc_code="OK",grpc_method="ServerReflectionInfo"' ||
+  fail "no reflection call in the metrics: $(echo "$metrics" | grep handled_total)"
+
+alive "at the end"
+kill -TERM $pid
+wait $pid || fail "exit code $? after SIGTERM"
+trap - EXIT
+echo "reflection: services and methods listed, health SERVING, a round served"
