@@ -70,8 +70,8 @@ __attribute__((target("avx2"))) double SumAvx2(const float* p, size_t n) {
     a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
   }
   float lanes[8];
-  _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1),
-                                        _mm256_add_ps(a2, a3)));
+  _mm256_storeu_ps(lanes,
+                   _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   double s = 0;
   for (float v : lanes) s += v;
   for (; i < n; ++i) s += p[i];
@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
   std::vector<float> x(elems), y(elems), dy(elems), dx(elems);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(3.0f, 2.0f);
-  for (size_t i = 0; i < elems; ++i) x[i] = normal(rng), dy[i] = normal(rng) - 3.0f;
+  for (size_t i = 0; i < elems; ++i)
+    x[i] = normal(rng), dy[i] = normal(rng) - 3.0f;
 
   // References: a vectorized read loop and memcpy, split like the kernels.
   std::vector<double> partial(pool.size());
@@ -146,16 +147,18 @@ int main(int argc, char** argv) {
   std::vector<float> weight(c, 1.5f), bias(c, 0.25f);
   for (bool channels_last : {false, true}) {
     const char* layout = channels_last ? "NHWC" : "NCHW";
-    std::vector<int64_t> shape = channels_last ? std::vector<int64_t>{n, hw, hw, c}
-                                               : std::vector<int64_t>{n, c, hw, hw};
+    std::vector<int64_t> shape = channels_last
+                                     ? std::vector<int64_t>{n, hw, hw, c}
+                                     : std::vector<int64_t>{n, c, hw, hw};
     auto g = MakeGeometry(shape, channels_last);
     Check(g.status());
     Moments m;
-    const double t_moments =
-        Best([&] { Check(LocalMoments(ctx, DType::kFloat32, x.data(), *g, &m)); });
+    const double t_moments = Best(
+        [&] { Check(LocalMoments(ctx, DType::kFloat32, x.data(), *g, &m)); });
     const GlobalMoments global = Finalize(m);
     std::vector<double> mean = global.mean, invstd(c);
-    for (int i = 0; i < c; ++i) invstd[i] = 1.0 / std::sqrt(global.var[i] + 1e-5);
+    for (int i = 0; i < c; ++i)
+      invstd[i] = 1.0 / std::sqrt(global.var[i] + 1e-5);
     ForwardArgs fa;
     fa.x = x.data();
     fa.y = y.data();
@@ -163,7 +166,8 @@ int main(int argc, char** argv) {
     fa.bias = bias.data();
     fa.mean = mean.data();
     fa.invstd = invstd.data();
-    const double t_forward = Best([&] { Check(Forward(ctx, DType::kFloat32, *g, fa)); });
+    const double t_forward =
+        Best([&] { Check(Forward(ctx, DType::kFloat32, *g, fa)); });
     BackwardReduceArgs ra;
     ra.dy = dy.data();
     ra.x = x.data();
@@ -172,7 +176,8 @@ int main(int argc, char** argv) {
     GradSums sums;
     std::vector<double> gw(c), gb(c);
     const double t_reduce = Best([&] {
-      Check(BackwardReduce(ctx, DType::kFloat32, *g, ra, &sums, gw.data(), gb.data()));
+      Check(BackwardReduce(ctx, DType::kFloat32, *g, ra, &sums, gw.data(),
+                           gb.data()));
     });
     std::vector<double> mean_dy(c), mean_dy_xmu(c);
     const double count = static_cast<double>(g->per_channel());

@@ -31,7 +31,8 @@ inline std::vector<BnLayer> ResNet50BnLayers() {
       layers.push_back({p + "bn1", widths[s], in_size});
       layers.push_back({p + "bn2", widths[s], sizes[s]});
       layers.push_back({p + "bn3", widths[s] * 4, sizes[s]});
-      if (b == 0) layers.push_back({p + "downsample.1", widths[s] * 4, sizes[s]});
+      if (b == 0)
+        layers.push_back({p + "downsample.1", widths[s] * 4, sizes[s]});
     }
   }
   return layers;

@@ -41,7 +41,9 @@ ABSL_FLAG(int, batch, 32, "samples per worker (resnet counts)");
 namespace syncnorm::bench {
 namespace {
 
-double Micros(absl::Time t0) { return absl::ToDoubleMicroseconds(absl::Now() - t0); }
+double Micros(absl::Time t0) {
+  return absl::ToDoubleMicroseconds(absl::Now() - t0);
+}
 
 void PrintLine(const std::string& tag, const std::string& key,
                const std::vector<double>& values) {
@@ -88,7 +90,8 @@ void Die(const std::string& what) {
   std::exit(1);
 }
 
-std::unique_ptr<Client> ConnectAndCreate(const std::vector<std::pair<std::string, int>>& layers) {
+std::unique_ptr<Client> ConnectAndCreate(
+    const std::vector<std::pair<std::string, int>>& layers) {
   ClientOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   auto client = std::make_unique<Client>(options);
@@ -135,7 +138,8 @@ void RunBlobs(const std::vector<int>& channels, bool star) {
   auto star_stub = Star::NewStub(channel);
   auto echo_stub = Echo::NewStub(channel);
   grpc::ClientContext context;
-  auto stream = star ? star_stub->Round(&context) : echo_stub->PingPong(&context);
+  auto stream =
+      star ? star_stub->Round(&context) : echo_stub->PingPong(&context);
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = star ? absl::GetFlag(FLAGS_world) : 1;
   const int warmup = absl::GetFlag(FLAGS_warmup);
@@ -179,7 +183,8 @@ void RunResnet() {
   std::vector<GradSums> sums;
   for (const BnLayer& l : bn) {
     moments.push_back(RandomMoments(
-        l.channels, static_cast<int64_t>(batch) * l.spatial * l.spatial, rank + 1));
+        l.channels, static_cast<int64_t>(batch) * l.spatial * l.spatial,
+        rank + 1));
     sums.push_back(RandomSums(l.channels, rank + 7));
   }
   const int warmup = absl::GetFlag(FLAGS_warmup);

@@ -10,8 +10,8 @@
 //             transport ceiling of this machine.
 // Uses gRPC's callback API so one process drives every stream.
 #include <atomic>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -77,7 +77,8 @@ class LoadStream : public grpc::ClientBidiReactor<Req, Resp> {
     MaybeWrite();
   }
   void OnDone(const grpc::Status& s) override {
-    if (!s.ok()) std::fprintf(stderr, "stream: %s\n", s.error_message().c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "stream: %s\n", s.error_message().c_str());
   }
 
  private:
@@ -121,7 +122,8 @@ std::shared_ptr<grpc::Channel> NewChannel(int index) {
 }
 
 template <typename Req, typename Resp, typename Starter>
-void AddStream(Streams& s, Starter start, typename LoadStream<Req, Resp>::MakeFn make,
+void AddStream(Streams& s, Starter start,
+               typename LoadStream<Req, Resp>::MakeFn make,
                typename LoadStream<Req, Resp>::OkFn ok) {
   auto stream = std::make_shared<LoadStream<Req, Resp>>(
       std::move(make), std::move(ok), absl::GetFlag(FLAGS_window));

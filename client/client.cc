@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/shard_router.h"
 #include "client/sharded_node_group.h"
 #include "grpcpp/create_channel.h"
-#include "absl/strings/str_cat.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/client_interceptor.h"
 
@@ -21,7 +21,8 @@ namespace {
 class BearerInterceptor final : public grpc::experimental::Interceptor {
  public:
   explicit BearerInterceptor(const std::string* header) : header_(header) {}
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::
                 PRE_SEND_INITIAL_METADATA)) {
@@ -86,8 +87,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& options) {
   interceptors.push_back(
       std::make_unique<BearerInterceptorFactory>(options.token));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      options.address, MakeCredentials(options), args,
-      std::move(interceptors));
+      options.address, MakeCredentials(options), args, std::move(interceptors));
 }
 
 }  // namespace

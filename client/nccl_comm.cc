@@ -115,7 +115,8 @@ struct Comm::State {
     for (int spin = 0;; ++spin) {
       ncclResult_t async = ncclSuccess;
       const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
-      if (q != ncclSuccess) return Abort(CommResult::kFailed, Describe(what, q));
+      if (q != ncclSuccess)
+        return Abort(CommResult::kFailed, Describe(what, q));
       if (async != ncclSuccess && async != ncclInProgress) {
         return Abort(CommResult::kFailed, Describe(what, async));
       }
@@ -139,7 +140,8 @@ struct Comm::State {
                 " ms: a local rank died, stalled, or called a different "
                 "collective; the communicator is aborted");
       }
-      if (spin > 100) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (spin > 100)
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
@@ -171,17 +173,18 @@ struct Comm::State {
       return CommResult{CommResult::kAborted,
                         std::string("NCCL ") + what +
                             ": the communicator was aborted after an earlier "
-                            "failure: " + first_error};
+                            "failure: " +
+                            first_error};
     }
     const Clock::time_point deadline =
         Clock::now() + std::chrono::milliseconds(timeout_ms + extra_ms);
     DeviceScope scope;
     cudaError_t e = cudaSetDevice(device);
-    CommResult r = e == cudaSuccess
-                       ? Reserve(std::max(in_bytes, out_offset + out_bytes))
-                       : CommResult{CommResult::kFailed,
-                                    std::string("cudaSetDevice: ") +
-                                        cudaGetErrorString(e)};
+    CommResult r =
+        e == cudaSuccess
+            ? Reserve(std::max(in_bytes, out_offset + out_bytes))
+            : CommResult{CommResult::kFailed, std::string("cudaSetDevice: ") +
+                                                  cudaGetErrorString(e)};
     if (!r.ok()) return Abort(r.kind, r.message);
     char* dev = static_cast<char*>(device_buffer);
     std::memcpy(host_buffer, in, in_bytes);
@@ -262,8 +265,8 @@ CommResult Comm::Create(const std::string& id, int size, int rank, int device,
     cudaGetLastError();
     return CommResult{CommResult::kUnavailable,
                       "NCCL communicator: CUDA device " +
-                          std::to_string(device) + " is not usable: " +
-                          cudaGetErrorString(e)};
+                          std::to_string(device) +
+                          " is not usable: " + cudaGetErrorString(e)};
   }
   ncclUniqueId uid;
   std::memcpy(uid.internal, id.data(), kUniqueIdBytes);
@@ -322,9 +325,9 @@ CommResult Comm::Broadcast(void* buffer, size_t bytes, int root,
                            int64_t extra_ms) {
   State& s = *state_;
   if (root < 0 || root >= s.size) {
-    return CommResult{CommResult::kInvalid,
-                      "NCCL broadcast: root " + std::to_string(root) +
-                          " is not a rank"};
+    return CommResult{
+        CommResult::kInvalid,
+        "NCCL broadcast: root " + std::to_string(root) + " is not a rank"};
   }
   return s.Run("broadcast", buffer, bytes, 0, buffer, bytes,
                std::max<int64_t>(0, extra_ms), [&](char* dev) {

@@ -96,14 +96,14 @@ absl::Status FileUniqueIdExchange::Publish(const std::string& id) {
         << absl::BytesToHexString(id) << "\n";
     out.close();
     if (!out) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot write the NCCL id to ", tmp, "; check the path"));
+      return absl::UnavailableError(absl::StrCat("cannot write the NCCL id to ",
+                                                 tmp, "; check the path"));
     }
   }
   if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot move the NCCL id file into place at ", path_, ": ",
-        std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot move the NCCL id file into place at ", path_, ": ",
+                     std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -115,8 +115,7 @@ absl::StatusOr<std::string> FileUniqueIdExchange::Fetch(
     std::ifstream in(path_);
     std::string magic, session, hex;
     if (in && std::getline(in, magic) && std::getline(in, session) &&
-        std::getline(in, hex) && magic == kIdFileMagic &&
-        session == session_) {
+        std::getline(in, hex) && magic == kIdFileMagic && session == session_) {
       const std::string id = absl::HexStringToBytes(hex);
       if (id.size() == nccl::kUniqueIdBytes) return id;
     }
@@ -210,8 +209,7 @@ absl::Status NcclNodeGroup::Share(const absl::Status& leader_status,
                                             out->message));
 }
 
-absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer,
-                                                        int64_t step,
+absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
                                                         const Moments& local) {
   absl::MutexLock lock(&mu_);
   const int channels = local.channels();

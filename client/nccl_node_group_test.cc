@@ -62,8 +62,8 @@ TEST(FileUniqueIdExchangeTest, PublishedIdIsFetched) {
 
 TEST(FileUniqueIdExchangeTest, StaleSessionTimesOutClearly) {
   const std::string path = TempPath("id_stale");
-  ASSERT_TRUE(FileUniqueIdExchange(path, "old").Publish(std::string(128, 'a'))
-                  .ok());
+  ASSERT_TRUE(
+      FileUniqueIdExchange(path, "old").Publish(std::string(128, 'a')).ok());
   absl::StatusOr<std::string> got =
       FileUniqueIdExchange(path, "new").Fetch(absl::Milliseconds(50));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -146,7 +146,8 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
       options.world_size = kWorldSize;
       options.timeout = absl::Seconds(60);
       auto group = NcclNodeGroup::Create(
-          options, exchange, r == 0 ? std::make_unique<FakeUpstream>() : nullptr);
+          options, exchange,
+          r == 0 ? std::make_unique<FakeUpstream>() : nullptr);
       if (!group.ok()) {
         forward[r] = group.status();
         return;

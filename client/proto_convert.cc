@@ -83,13 +83,13 @@ absl::StatusOr<v1::RoundResult> RoundResultStatus(v1::RoundResult r) {
   if (!r.has_error()) return r;
   const v1::RoundError& e = r.error();
   std::string message = e.message();
-  if (e.missing_ranks_size() > 0 &&
-      message.find("rank") == std::string::npos) {
-    absl::StrAppend(&message, " (missing ranks: ",
-                    absl::StrJoin(e.missing_ranks(), ", "), ")");
+  if (e.missing_ranks_size() > 0 && message.find("rank") == std::string::npos) {
+    absl::StrAppend(&message,
+                    " (missing ranks: ", absl::StrJoin(e.missing_ranks(), ", "),
+                    ")");
   }
-  const int code = e.code() == 0 ? static_cast<int>(absl::StatusCode::kUnknown)
-                                 : e.code();
+  const int code =
+      e.code() == 0 ? static_cast<int>(absl::StatusCode::kUnknown) : e.code();
   absl::Status status(static_cast<absl::StatusCode>(code), message);
   if (e.reason() != v1::RoundError::REASON_UNSPECIFIED) {
     status.SetPayload(kRoundErrorReasonUrl,

@@ -21,9 +21,9 @@ absl::Status LoadRunningStats(Client& client, const std::string& job_id,
   absl::StatusOr<v1::RunningStats> stats = client.GetRunningStats(request);
   if (!stats.ok()) return stats.status();
   if (stats->layers_size() != static_cast<int>(layers.size())) {
-    return absl::InternalError(absl::StrCat(
-        "the aggregator answered ", stats->layers_size(), " layers for ",
-        layers.size()));
+    return absl::InternalError(absl::StrCat("the aggregator answered ",
+                                            stats->layers_size(),
+                                            " layers for ", layers.size()));
   }
   // All checked before any is changed.
   std::vector<RunningStats> loaded;
@@ -31,10 +31,10 @@ absl::Status LoadRunningStats(Client& client, const std::string& job_id,
     const v1::LayerStats& l = stats->layers(static_cast<int>(i));
     const int channels = layers[i]->num_features();
     if (l.running_mean_size() != channels || l.running_var_size() != channels) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer ", layers[i]->layer(), " ('", l.name(), "') has ",
-          l.running_mean_size(), " channels on the aggregator and ", channels,
-          " here"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layers[i]->layer(), " ('", l.name(), "') has ",
+                       l.running_mean_size(),
+                       " channels on the aggregator and ", channels, " here"));
     }
     RunningStats s;
     s.num_batches_tracked = l.num_batches_tracked();

@@ -44,7 +44,8 @@ absl::Status Expand(absl::string_view entry, std::vector<std::string>& out) {
       last - first >= kMaxShards ||
       suffix.find_first_of("{}") != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", entry, "' needs one range {A..B} with 0 <= A <= B, e.g. "
+        "'", entry,
+        "' needs one range {A..B} with 0 <= A <= B, e.g. "
         "syncnorm-aggregator-{0..2}.syncnorm-aggregator.ns.svc:50051"));
   }
   for (int i = first; i <= last; ++i) {
@@ -61,10 +62,10 @@ absl::StatusOr<std::vector<std::string>> ParseShardList(
   for (absl::string_view entry : absl::StrSplit(address, ',')) {
     entry = absl::StripAsciiWhitespace(entry);
     if (entry.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the aggregator address '", address,
-          "' has an empty entry; give host:port, or shards as "
-          "host0:port,host1:port,... in ordinal order"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the aggregator address '", address,
+                       "' has an empty entry; give host:port, or shards as "
+                       "host0:port,host1:port,... in ordinal order"));
     }
     if (absl::Status s = Expand(entry, shards); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -72,9 +73,9 @@ absl::StatusOr<std::vector<std::string>> ParseShardList(
     }
   }
   if (static_cast<int>(shards.size()) > kMaxShards) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the aggregator address names ", shards.size(), " shards; at most ",
-        kMaxShards));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the aggregator address names ", shards.size(),
+                     " shards; at most ", kMaxShards));
   }
   return shards;
 }

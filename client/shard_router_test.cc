@@ -27,9 +27,9 @@ TEST(ParseShardListTest, OneAddressListsAndRanges) {
 }
 
 TEST(ParseShardListTest, RejectsWhatIsNoList) {
-  for (const char* bad : {"", "a:1,,b:2", "a:1,", "h{2..1}:1", "h{0..}:1",
-                          "h{a..b}:1", "h}:1", "h{0..1}{0..1}:1",
-                          "h{0..99999}:1"}) {
+  for (const char* bad :
+       {"", "a:1,,b:2", "a:1,", "h{2..1}:1", "h{0..}:1", "h{a..b}:1", "h}:1",
+        "h{0..1}{0..1}:1", "h{0..99999}:1"}) {
     absl::StatusOr<std::vector<std::string>> got = ParseShardList(bad);
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }

@@ -165,9 +165,9 @@ absl::StatusOr<Response> Client::UnaryOn(size_t shard, const Request& request,
   // Waited for the server the whole call and never reached it.
   if (error.code() == absl::StatusCode::kDeadlineExceeded &&
       target.channel->GetState(false) != GRPC_CHANNEL_READY) {
-    error = absl::UnavailableError(absl::StrCat(
-        "the aggregator at ", target.address, " is unreachable: ",
-        error.message()));
+    error = absl::UnavailableError(
+        absl::StrCat("the aggregator at ", target.address,
+                     " is unreachable: ", error.message()));
   }
   if (shards_.size() == 1) return error;
   return absl::Status(error.code(),
@@ -178,8 +178,8 @@ absl::StatusOr<Response> Client::UnaryOn(size_t shard, const Request& request,
 template <typename Response>
 std::vector<absl::StatusOr<Response>> Client::OnEveryShard(
     const std::function<absl::StatusOr<Response>(size_t)>& call) const {
-  std::vector<absl::StatusOr<Response>> out(
-      shards_.size(), absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<Response>> out(shards_.size(),
+                                            absl::UnknownError("not run"));
   if (shards_.size() == 1) {
     out[0] = call(0);
     return out;
@@ -200,9 +200,9 @@ v1::CreateJobRequest Client::ForShard(const v1::CreateJobRequest& request,
   a->Clear();
   a->set_shard(static_cast<int>(shard));
   a->set_num_shards(static_cast<int>(shards_.size()));
-  for (int layer : OwnedLayers(request.job_id(), request.layers_size(),
-                               static_cast<int>(shard),
-                               static_cast<int>(shards_.size()))) {
+  for (int layer :
+       OwnedLayers(request.job_id(), request.layers_size(),
+                   static_cast<int>(shard), static_cast<int>(shards_.size()))) {
     a->add_owned_layers(layer);
   }
   return out;
@@ -338,9 +338,9 @@ absl::StatusOr<v1::RunningStats> Client::GetRunningStatsSharded(
   for (int layer : request.layers()) {
     auto it = by_layer.find(layer);
     if (it == by_layer.end()) {
-      return absl::InternalError(absl::StrCat(
-          "shard ", ShardOf(request.job_id(), layer), " answered without layer ",
-          layer));
+      return absl::InternalError(
+          absl::StrCat("shard ", ShardOf(request.job_id(), layer),
+                       " answered without layer ", layer));
     }
     *out.add_layers() = *it->second;
   }
@@ -402,7 +402,8 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::ListCheckpoints(
   // Only a checkpoint every shard has can be restored: list those.
   std::map<int64_t, int> shards_with;
   for (const auto& r : results) {
-    for (const v1::CheckpointInfo& c : r->checkpoints()) ++shards_with[c.step()];
+    for (const v1::CheckpointInfo& c : r->checkpoints())
+      ++shards_with[c.step()];
   }
   std::vector<v1::CheckpointInfo> out;
   for (const v1::CheckpointInfo& c : results[0]->checkpoints()) {
@@ -455,9 +456,9 @@ absl::StatusOr<v1::RunningStats> Client::SetRunningStats(
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (positions[s].empty()) continue;
     if (results[s]->layers_size() != static_cast<int>(positions[s].size())) {
-      return absl::InternalError(absl::StrCat(
-          "shard ", s, " answered ", results[s]->layers_size(),
-          " layers for ", positions[s].size()));
+      return absl::InternalError(
+          absl::StrCat("shard ", s, " answered ", results[s]->layers_size(),
+                       " layers for ", positions[s].size()));
     }
     step = std::min(step, results[s]->step());
     for (size_t k = 0; k < positions[s].size(); ++k) {

@@ -16,8 +16,7 @@ ShardedNodeGroup::ShardedNodeGroup(
       contributors_(channels_.size()) {}
 
 Contributor& ShardedNodeGroup::For(int layer) {
-  const int shard =
-      ShardOf(job_id_, layer, static_cast<int>(channels_.size()));
+  const int shard = ShardOf(job_id_, layer, static_cast<int>(channels_.size()));
   absl::MutexLock lock(&mu_);
   std::unique_ptr<Contributor>& c = contributors_[shard];
   if (c == nullptr) {
@@ -37,8 +36,7 @@ absl::StatusOr<ForwardReply> ShardedNodeGroup::SyncForwardWithUpdate(
   return For(layer).ReduceForward(layer, step, local, update);
 }
 
-absl::StatusOr<GradSums> ShardedNodeGroup::SyncBackward(int layer,
-                                                        int64_t step,
+absl::StatusOr<GradSums> ShardedNodeGroup::SyncBackward(int layer, int64_t step,
                                                         const GradSums& local) {
   return For(layer).ReduceBackward(layer, step, local);
 }

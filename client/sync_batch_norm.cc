@@ -60,9 +60,11 @@ void SyncBatchNorm::Allocate(int channels) {
 absl::Status SyncBatchNorm::SetRunningStats(const RunningStats& stats) {
   if (stats.mean.size() != static_cast<size_t>(channels_) ||
       stats.var.size() != static_cast<size_t>(channels_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "running statistics of ", stats.mean.size(), " channels for a layer "
-        "of ", channels_));
+    return absl::InvalidArgumentError(absl::StrCat("running statistics of ",
+                                                   stats.mean.size(),
+                                                   " channels for a layer "
+                                                   "of ",
+                                                   channels_));
   }
   running_ = stats;
   return absl::OkStatus();
@@ -90,8 +92,7 @@ void SyncBatchNorm::set_momentum(MomentumMode mode, double momentum) {
   }
 }
 
-absl::Status SyncBatchNorm::CheckLike(const TensorRef& t,
-                                      const TensorRef& like,
+absl::Status SyncBatchNorm::CheckLike(const TensorRef& t, const TensorRef& like,
                                       const char* what) const {
   if (t.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, " has no data"));
@@ -116,8 +117,10 @@ absl::StatusOr<Geometry> SyncBatchNorm::Prepare(const TensorRef& x,
   if (channels_ == 0) Allocate(static_cast<int>(g->channels));
   if (g->channels != channels_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "expected ", channels_, " channels (num_features) but the input of "
-        "shape ", ShapeString(x.shape), " has ", g->channels,
+        "expected ", channels_,
+        " channels (num_features) but the input of "
+        "shape ",
+        ShapeString(x.shape), " has ", g->channels,
         options_.channels_last ? " in its last dimension (channels_last)"
                                : " in dimension 1"));
   }
@@ -233,8 +236,7 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
   absl::StatusOr<Geometry> g = MakeGeometry(dy.shape, options_.channels_last);
   if (!g.ok()) return fail(g.status());
   const Geometry& f = saved_.geometry;
-  if (g->outer != f.outer || g->channels != f.channels ||
-      g->inner != f.inner) {
+  if (g->outer != f.outer || g->channels != f.channels || g->inner != f.inner) {
     return fail(absl::InvalidArgumentError(
         absl::StrCat("dy of shape ", ShapeString(dy.shape),
                      " does not match the shape of the forward's input")));
@@ -259,9 +261,9 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
   reduce.mean = saved_.mean.data();
   reduce.invstd = saved_.invstd.data();
   GradSums sums;
-  absl::Status s = BackwardReduce(ContextFor(dy), dy.dtype, saved_.geometry,
-                                  reduce, &sums, grad_weight_.data(),
-                                  grad_bias_.data());
+  absl::Status s =
+      BackwardReduce(ContextFor(dy), dy.dtype, saved_.geometry, reduce, &sums,
+                     grad_weight_.data(), grad_bias_.data());
   if (!s.ok()) return fail(s);
   if (options_.freeze) {  // MegEngine: gamma and beta are frozen too
     std::fill(grad_weight_.begin(), grad_weight_.end(), 0.0);
@@ -294,8 +296,7 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
   args.mean_dy_xmu = mean_dy_xmu.data();
   args.grad_input = grad_input.data;
   args.grad_z = grad_z != nullptr ? grad_z->data : nullptr;
-  return BackwardElementwise(ContextFor(dy), dy.dtype, saved_.geometry,
-                             args);
+  return BackwardElementwise(ContextFor(dy), dy.dtype, saved_.geometry, args);
 }
 
 }  // namespace syncnorm

@@ -23,8 +23,7 @@ class ThreadNode::MemberGroup : public NodeGroup {
       const RoundUpdate& update) override {
     ThreadNode* node = node_;
     return node->Exchange<ForwardPart, ForwardReply>(
-        Key(layer, step, 1), local_rank_,
-        ForwardPart{local, update},
+        Key(layer, step, 1), local_rank_, ForwardPart{local, update},
         [](ForwardPart& acc, const ForwardPart& part) {
           MergeMoments(acc.moments, part.moments);
           acc.disagree = acc.disagree || !SameUpdate(acc.update, part.update);
@@ -70,12 +69,12 @@ std::unique_ptr<NodeGroup> ThreadNode::Member(int local_rank) {
 }
 
 template <typename T, typename R, typename Fold, typename Send>
-absl::StatusOr<R> ThreadNode::Exchange(Key key, int local_rank,
-                                       const T& local, Fold fold, Send send) {
+absl::StatusOr<R> ThreadNode::Exchange(Key key, int local_rank, const T& local,
+                                       Fold fold, Send send) {
   if (local_rank < 0 || local_rank >= local_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "local rank ", local_rank, " is outside this node's ", local_size_,
-        " workers"));
+    return absl::InvalidArgumentError(absl::StrCat("local rank ", local_rank,
+                                                   " is outside this node's ",
+                                                   local_size_, " workers"));
   }
   std::optional<T> merged;
   Round<T, R>* round;

@@ -62,8 +62,8 @@ class ThreadNode {
 
   // One round of the node: the phase's table is the one whose part type is T.
   template <typename T, typename R, typename Fold, typename Send>
-  absl::StatusOr<R> Exchange(Key key, int local_rank, const T& local,
-                             Fold fold, Send send) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<R> Exchange(Key key, int local_rank, const T& local, Fold fold,
+                             Send send) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The open rounds of a phase, chosen by its part type.
   Rounds<ForwardPart, ForwardReply>& RoundsOf(const ForwardPart&)

@@ -228,8 +228,8 @@ absl::Status BackwardReduce(const KernelContext& ctx, DType dtype,
   return Dispatch(
       ctx, dtype, kFn,
       [&](auto tag) {
-        cpu::BackwardReduce<decltype(tag)>(ctx.pool, g, args, sums,
-                                           grad_weight, grad_bias);
+        cpu::BackwardReduce<decltype(tag)>(ctx.pool, g, args, sums, grad_weight,
+                                           grad_bias);
       },
       [&] {
         GradSums local;

@@ -92,9 +92,9 @@ void BackwardReduce(ThreadPool* pool, const Geometry& g,
     GradTask<T> t{static_cast<const T*>(args.dy),
                   static_cast<const T*>(args.x),
                   static_cast<const T*>(args.y),
-               args.mean,
-               std::vector<double>(channels * plan.parts),
-               std::vector<double>(channels * plan.parts)};
+                  args.mean,
+                  std::vector<double>(channels * plan.parts),
+                  std::vector<double>(channels * plan.parts)};
     const Isa isa = BestIsa();
     RunTasks(pool, plan.tasks(), [&](int64_t task) {
       const int64_t group = task / plan.parts;
@@ -120,8 +120,8 @@ void BackwardReduce(ThreadPool* pool, const Geometry& g,
   }
 }
 
-#define SYNCNORM_INSTANTIATE(T) \
-  template void BackwardReduce<T>(ThreadPool*, const Geometry&,       \
+#define SYNCNORM_INSTANTIATE(T)                                         \
+  template void BackwardReduce<T>(ThreadPool*, const Geometry&,         \
                                   const BackwardReduceArgs&, GradSums*, \
                                   double*, double*);
 SYNCNORM_INSTANTIATE(float)

@@ -38,8 +38,8 @@ void Forward(ThreadPool* pool, const Geometry& g, const ForwardArgs& args) {
   options.last = g.inner == 1;
   options.residual = args.z != nullptr;
   options.relu = args.relu;
-  options.stream = static_cast<int64_t>(sizeof(T)) * g.elements() >=
-                   StreamingStoreBytes();
+  options.stream =
+      static_cast<int64_t>(sizeof(T)) * g.elements() >= StreamingStoreBytes();
   const ForwardRowsFn<T> loop = PickForwardRows<T>(BestIsa(), options);
   const auto* x = static_cast<const T*>(args.x);
   const auto* z = static_cast<const T*>(args.z);
@@ -91,7 +91,7 @@ void BackwardElementwise(ThreadPool* pool, const Geometry& g,
   });
 }
 
-#define SYNCNORM_INSTANTIATE(T) \
+#define SYNCNORM_INSTANTIATE(T)                                               \
   template void Forward<T>(ThreadPool*, const Geometry&, const ForwardArgs&); \
   template void BackwardElementwise<T>(ThreadPool*, const Geometry&,          \
                                        const BackwardElementwiseArgs&);

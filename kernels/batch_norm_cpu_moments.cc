@@ -68,8 +68,7 @@ void FirstLayoutTask(Isa isa, const T* x, const Geometry& g,
     const T* v = x + (o * g.channels + c) * g.inner + begin;
     if (b + 1 < blocks.end) {
       const int64_t next = b + 1;
-      PrefetchBlockStart(x +
-                         (next / plan.segments * g.channels + c) * g.inner +
+      PrefetchBlockStart(x + (next / plan.segments * g.channels + c) * g.inner +
                          next % plan.segments * kBlock);
     }
     const double shift = n > 0 ? mean : ToDouble(v[0]);
@@ -154,7 +153,7 @@ void LocalMoments(ThreadPool* pool, const T* x, const Geometry& g,
   out->count = g.per_channel();
 }
 
-#define SYNCNORM_INSTANTIATE(T) \
+#define SYNCNORM_INSTANTIATE(T)                                         \
   template void LocalMoments<T>(ThreadPool*, const T*, const Geometry&, \
                                 Moments*);
 SYNCNORM_INSTANTIATE(float)

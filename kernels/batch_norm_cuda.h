@@ -55,8 +55,8 @@ void ReleaseScratch();
 
 // Local moments of x: mean[C] and m2[C] (host arrays) over g.per_channel()
 // values per channel. Synchronizes `stream`.
-Result LocalMoments(void* stream, DType dtype, const void* x,
-                    const Geometry& g, double* mean, double* m2);
+Result LocalMoments(void* stream, DType dtype, const void* x, const Geometry& g,
+                    double* mean, double* m2);
 
 // y = relu?((x - mean) * invstd * weight + bias (+ z)); see ForwardArgs.
 Result Forward(void* stream, DType dtype, const Geometry& g,

@@ -3,6 +3,8 @@
 // CUDA-specific contract. Tests that need a GPU skip, printing why, where
 // none is visible (as on CI's machine, where the runtime reports "driver
 // version is insufficient"); the test still links every CUDA kernel there.
+#include "kernels/batch_norm_cuda.h"
+
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -12,7 +14,6 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/batch_norm.h"
-#include "kernels/batch_norm_cuda.h"
 #include "kernels/kernel_check.h"
 #include "kernels/moments.h"
 #include "kernels/public_api_runner.h"
@@ -28,9 +29,9 @@ bool HaveDevice() {
   return false;
 }
 
-#define SKIP_WITHOUT_GPU()                                  \
-  do {                                                      \
-    if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";    \
+#define SKIP_WITHOUT_GPU()                               \
+  do {                                                   \
+    if (!HaveDevice()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
 class CudaRunner : public check::PublicApiRunner {
@@ -84,13 +85,16 @@ TEST(CudaKernelCheck, ReductionsAreBitwiseDeterministic) {
   CudaRunner runner;
   const check::Layout l{{16, 48, 33, 33}, false};
   std::vector<double> values(l.size());
-  for (size_t i = 0; i < values.size(); ++i) values[i] = (i * 7919 % 1000) / 7.0;
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = (i * 7919 % 1000) / 7.0;
   void* x = runner.Upload(check::Encode(DType::kFloat16, values));
   std::vector<double> mean1(l.c()), m21(l.c()), mean2(l.c()), m22(l.c());
   EXPECT_EQ(runner.Moments(DType::kFloat16, x, l.geometry(), mean1.data(),
-                           m21.data()), "");
+                           m21.data()),
+            "");
   EXPECT_EQ(runner.Moments(DType::kFloat16, x, l.geometry(), mean2.data(),
-                           m22.data()), "");
+                           m22.data()),
+            "");
   EXPECT_EQ(mean1, mean2);
   EXPECT_EQ(m21, m22);
   runner.Free(x);

@@ -410,7 +410,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Layout{{3, 1, 1}, true}, Layout{{2, 2, 80, 60}, false},
                     Layout{{5, 3, 300}, true}, Layout{{40, 3, 32, 32}, false},
                     Layout{{16, 40, 40, 5}, true}, Layout{{24, 8, 520}, true},
-                    Layout{{8, 64, 80, 24}, true}, Layout{{2, 30, 30, 300}, true},
+                    Layout{{8, 64, 80, 24}, true},
+                    Layout{{2, 30, 30, 300}, true},
                     Layout{{2, 7, 9, 11, 13}, false}),
     [](const testing::TestParamInfo<Layout>& info) {
       return info.param.Name();

@@ -46,15 +46,16 @@ inline uint16_t EncodeBits(double v) {
     const double q = std::nearbyint(std::ldexp(a, kBias - 1 + kMan));
     return static_cast<uint16_t>(sign | static_cast<uint32_t>(q));
   }
-  double q = std::nearbyint(std::ldexp(a, kMan - e));  // in [2^kMan, 2^(kMan+1)]
+  double q =
+      std::nearbyint(std::ldexp(a, kMan - e));  // in [2^kMan, 2^(kMan+1)]
   if (q == std::ldexp(1.0, kMan + 1)) {
     q = std::ldexp(1.0, kMan);
     ++e;
   }
   if (e + kBias >= (1 << kExp) - 1) return static_cast<uint16_t>(sign | kInf);
   const uint32_t frac = static_cast<uint32_t>(q) - (1u << kMan);
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(e + kBias) << kMan) |
-                               frac);
+  return static_cast<uint16_t>(
+      sign | (static_cast<uint32_t>(e + kBias) << kMan) | frac);
 }
 
 }  // namespace half_internal
@@ -69,7 +70,8 @@ inline double HalfToDouble(Half h) {
   } else if (exp == 31) {
     v = frac == 0 ? HUGE_VAL : std::nan("");
   } else {
-    v = std::ldexp(static_cast<double>(frac | 0x400u), static_cast<int>(exp) - 25);
+    v = std::ldexp(static_cast<double>(frac | 0x400u),
+                   static_cast<int>(exp) - 25);
   }
   return sign ? -v : v;
 }

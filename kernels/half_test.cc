@@ -20,8 +20,8 @@ float BitsToFloat(uint32_t bits) {
 TEST(HalfTest, KnownValues) {
   EXPECT_EQ(DoubleToHalf(1.0).bits, 0x3c00);
   EXPECT_EQ(DoubleToHalf(-2.0).bits, 0xc000);
-  EXPECT_EQ(DoubleToHalf(65504.0).bits, 0x7bff);       // largest finite
-  EXPECT_EQ(DoubleToHalf(65520.0).bits, 0x7c00);       // ties up to inf
+  EXPECT_EQ(DoubleToHalf(65504.0).bits, 0x7bff);  // largest finite
+  EXPECT_EQ(DoubleToHalf(65520.0).bits, 0x7c00);  // ties up to inf
   EXPECT_EQ(DoubleToHalf(65519.99).bits, 0x7bff);
   EXPECT_EQ(DoubleToHalf(std::ldexp(1.0, -24)).bits, 0x0001);  // subnormal
   EXPECT_EQ(DoubleToHalf(std::ldexp(1.0, -25)).bits, 0x0000);  // tie to even

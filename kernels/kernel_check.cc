@@ -53,8 +53,8 @@ std::vector<double> RandomTensor(const Layout& l, DType d, uint64_t seed,
   for (int64_t b = 0; b < l.n(); ++b) {
     for (int64_t ch = 0; ch < l.c(); ++ch) {
       for (int64_t s = 0; s < l.spatial(); ++s) {
-        double v = offset + 0.7 * (ch % 5) - 1.3 +
-                   spread * (0.5 + ch % 3) * unit(rng);
+        double v =
+            offset + 0.7 * (ch % 5) - 1.3 + spread * (0.5 + ch % 3) * unit(rng);
         if (v == 0) v = 0.25;
         t[l.At(b, ch, s)] = v;
       }
@@ -101,8 +101,8 @@ class Case {
  private:
   void Fail(const std::string& what) {
     if (failures_->size() < kMaxFailures) {
-      failures_->push_back(std::string(DTypeName(d_)) + " " + l_.Name() +
-                           ": " + what);
+      failures_->push_back(std::string(DTypeName(d_)) + " " + l_.Name() + ": " +
+                           what);
     }
   }
   bool CheckCall(const std::string& what, const std::string& error) {
@@ -196,7 +196,8 @@ void Case::CheckMoments(const Inputs& in) {
     Tensor tx(r_, Bytes(x));
     std::vector<double> got_mean(l_.c(), std::nan("")),
         got_m2(l_.c(), std::nan(""));
-    const std::string what = offset == 0 ? "LocalMoments" : "LocalMoments(offset)";
+    const std::string what =
+        offset == 0 ? "LocalMoments" : "LocalMoments(offset)";
     if (!CheckCall(what, r_.Moments(d_, tx.get(), l_.geometry(),
                                     got_mean.data(), got_m2.data()))) {
       continue;
@@ -216,8 +217,8 @@ void Case::CheckMoments(const Inputs& in) {
           !(std::fabs(got_m2[c] - m2[c]) <= tol_m2)) {
         std::ostringstream os;
         os << what << " channel " << c << ": mean " << got_mean[c] << " m2 "
-           << got_m2[c] << ", reference " << static_cast<double>(mean[c])
-           << " " << static_cast<double>(m2[c]);
+           << got_m2[c] << ", reference " << static_cast<double>(mean[c]) << " "
+           << static_cast<double>(m2[c]);
         Fail(os.str());
         return;
       }
@@ -229,12 +230,10 @@ void Case::CheckForward(const Inputs& in) {
   struct Options {
     bool z, w, b, relu, in_place;
   };
-  const Options options[] = {{false, false, false, false, false},
-                             {false, true, true, false, false},
-                             {true, true, true, false, false},
-                             {true, true, true, true, false},
-                             {false, false, false, true, false},
-                             {false, true, true, true, true}};
+  const Options options[] = {
+      {false, false, false, false, false}, {false, true, true, false, false},
+      {true, true, true, false, false},    {true, true, true, true, false},
+      {false, false, false, true, false},  {false, true, true, true, true}};
   Tensor tx(r_, Bytes(in.x)), tz(r_, Bytes(in.z));
   for (const Options& o : options) {
     LongVec ref(l_.size());
@@ -303,9 +302,9 @@ void Case::CheckBackwardReduce(const Inputs& in) {
       if (!(std::fabs(got_dy[c] - sum_dy[c]) <= tol_.sums * mag_dy[c]) ||
           !(std::fabs(got_xmu[c] - sum_dy_xmu[c]) <= tol_.sums * mag_xmu[c])) {
         std::ostringstream os;
-        os << name << " channel " << c << ": " << got_dy[c] << " "
-           << got_xmu[c] << ", reference " << static_cast<double>(sum_dy[c])
-           << " " << static_cast<double>(sum_dy_xmu[c]);
+        os << name << " channel " << c << ": " << got_dy[c] << " " << got_xmu[c]
+           << ", reference " << static_cast<double>(sum_dy[c]) << " "
+           << static_cast<double>(sum_dy_xmu[c]);
         Fail(os.str());
         break;
       }
@@ -417,13 +416,11 @@ std::string Layout::Name() const {
 
 std::vector<Layout> StandardLayouts(bool large) {
   std::vector<Layout> v = {
-      {{7, 3}, false},           {{5, 4, 9}, false},
-      {{5, 9, 4}, true},         {{3, 5, 6, 7}, false},
-      {{3, 6, 7, 5}, true},      {{2, 3, 4, 5, 6}, false},
-      {{2, 4, 5, 6, 3}, true},   {{0, 3, 4}, false},
-      {{0, 4, 3}, true},         {{4, 6, 70, 70}, false},
-      {{64, 40, 37}, true},      {{300, 70}, false},
-      {{2, 1100, 3}, false},     {{3, 1, 9, 2}, false},
+      {{7, 3}, false},         {{5, 4, 9}, false},    {{5, 9, 4}, true},
+      {{3, 5, 6, 7}, false},   {{3, 6, 7, 5}, true},  {{2, 3, 4, 5, 6}, false},
+      {{2, 4, 5, 6, 3}, true}, {{0, 3, 4}, false},    {{0, 4, 3}, true},
+      {{4, 6, 70, 70}, false}, {{64, 40, 37}, true},  {{300, 70}, false},
+      {{2, 1100, 3}, false},   {{3, 1, 9, 2}, false},
   };
   if (large) {
     v.push_back({{32, 64, 56, 56}, false});

@@ -98,9 +98,10 @@ GlobalMoments Finalize(const Moments& merged) {
 
 absl::Status ValidateMoments(const Moments& m, int channels) {
   if (m.count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "moments.count is ", m.count, "; it must be >= 0 (0 for an empty "
-        "local batch)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("moments.count is ", m.count,
+                     "; it must be >= 0 (0 for an empty "
+                     "local batch)"));
   }
   absl::Status s = CheckSize(m.mean.size(), channels, "moments.mean");
   if (s.ok()) s = CheckSize(m.m2.size(), channels, "moments.m2");
@@ -109,9 +110,9 @@ absl::Status ValidateMoments(const Moments& m, int channels) {
   if (!s.ok()) return s;
   for (int c = 0; c < channels; ++c) {
     if (m.m2[c] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "moments.m2[", c, "] is ", m.m2[c],
-          "; a sum of squared deviations cannot be negative"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("moments.m2[", c, "] is ", m.m2[c],
+                       "; a sum of squared deviations cannot be negative"));
     }
     if (m.count == 0 && (m.mean[c] != 0 || m.m2[c] != 0)) {
       return absl::InvalidArgumentError(absl::StrCat(

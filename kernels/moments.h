@@ -74,9 +74,9 @@ absl::Status ValidateGradSums(const GradSums& g, int channels);
 // A layer's running-statistics rule.
 struct RunningRule {
   MomentumMode mode = MomentumMode::kTorch;
-  double momentum = 0.1;        // resolved, see DefaultMomentum
-  bool biased_var = false;      // running var from M2/n instead of M2/(n-1)
-  bool track = true;            // false: no running statistics at all
+  double momentum = 0.1;    // resolved, see DefaultMomentum
+  bool biased_var = false;  // running var from M2/n instead of M2/(n-1)
+  bool track = true;        // false: no running statistics at all
 };
 
 // A layer's running statistics.

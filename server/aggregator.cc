@@ -43,8 +43,8 @@ Aggregator::Aggregator(AggregatorOptions options, const Clock* clock)
       clock_(clock),
       observer_(options_.observer != nullptr ? options_.observer
                                              : &default_observer_),
-      own_store_(std::make_unique<KvStateStore>(
-          std::make_unique<MemoryEngine>())),
+      own_store_(
+          std::make_unique<KvStateStore>(std::make_unique<MemoryEngine>())),
       store_(own_store_.get()) {}
 
 JobOptions Aggregator::JobOptionsOf() const {
@@ -147,9 +147,9 @@ absl::StatusOr<JobSnapshot> Aggregator::CreateJob(JobSpec spec) {
     } else {
       if (options_.limits.max_jobs > 0 &&
           jobs_.size() >= static_cast<size_t>(options_.limits.max_jobs)) {
-        return LimitExceeded(absl::StrCat("a new job: ", jobs_.size(),
-                                          " jobs on this server"),
-                             "max_jobs", options_.limits.max_jobs);
+        return LimitExceeded(
+            absl::StrCat("a new job: ", jobs_.size(), " jobs on this server"),
+            "max_jobs", options_.limits.max_jobs);
       }
       if (absl::Status s = CheckJobLimits(*resolved, options_.limits);
           !s.ok()) {

@@ -42,8 +42,8 @@ bool ValidTokenChar(char c) { return c > ' ' && c < 127 && c != ','; }
 // swapped has first.
 bool IsScopeList(absl::string_view text) {
   for (absl::string_view scope : absl::StrSplit(text, ',')) {
-    if (scope != "admin" && !(absl::ConsumePrefix(&scope, "job:") &&
-                              !scope.empty())) {
+    if (scope != "admin" &&
+        !(absl::ConsumePrefix(&scope, "job:") && !scope.empty())) {
       return false;
     }
   }
@@ -97,8 +97,9 @@ absl::StatusOr<std::vector<TokenGrant>> ParseTokens(absl::string_view text) {
                               kMaxTokenLength));
     }
     if (!std::all_of(grant.token.begin(), grant.token.end(), ValidTokenChar)) {
-      return bad("the token has a character other than printable ASCII "
-                 "(spaces and commas excluded)");
+      return bad(
+          "the token has a character other than printable ASCII "
+          "(spaces and commas excluded)");
     }
     std::set<std::string> jobs;
     int index = 0;
@@ -112,7 +113,8 @@ absl::StatusOr<std::vector<TokenGrant>> ParseTokens(absl::string_view text) {
         // Never quoted: a line can be anything, a token in the wrong
         // column included (what an error says reaches the log).
         return bad(absl::StrCat(
-            "scope ", index, " of the second column is neither 'admin' nor "
+            "scope ", index,
+            " of the second column is neither 'admin' nor "
             "'job:<job_id>'",
             IsScopeList(fields[0])
                 ? "; the first column reads as scopes: are the columns "
@@ -140,14 +142,13 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Open(
     return absl::InvalidArgumentError(absl::StrCat(
         "--tokens_file='", path, "': ", grants.status().message()));
   }
-  auto auth = std::unique_ptr<Authenticator>(new Authenticator(
-      std::move(path), *std::move(content),
-      std::make_shared<const Grants>(*std::move(grants))));
+  auto auth = std::unique_ptr<Authenticator>(
+      new Authenticator(std::move(path), *std::move(content),
+                        std::make_shared<const Grants>(*std::move(grants))));
   if (poll_period > absl::ZeroDuration()) {
     Authenticator* self = auth.get();
-    auth->poller_ = std::thread([self, poll_period] {
-      self->PollLoop(poll_period);
-    });
+    auth->poller_ =
+        std::thread([self, poll_period] { self->PollLoop(poll_period); });
   }
   return auth;
 }
@@ -226,8 +227,8 @@ absl::StatusOr<const TokenGrant*> Authenticator::Find(
         "this server requires a bearer token: send the metadata "
         "'authorization: Bearer <token>' (the clients' `token` option)");
   }
-  if (token.size() < 7 || !absl::EqualsIgnoreCase(token.substr(0, 7),
-                                                  "bearer ")) {
+  if (token.size() < 7 ||
+      !absl::EqualsIgnoreCase(token.substr(0, 7), "bearer ")) {
     return absl::UnauthenticatedError(
         "the authorization metadata is not 'Bearer <token>'");
   }

@@ -19,8 +19,7 @@ std::string Bearer(const std::string& token) { return "Bearer " + token; }
 
 TEST(ParseTokensTest, ReadsScopesCommentsAndBlankLines) {
   auto grants = ParseTokens(absl::StrCat(
-      "# the admins\n\n", kAdmin, " admin\n  ", kJobA,
-      "\tjob:a,job:b  \n"));
+      "# the admins\n\n", kAdmin, " admin\n  ", kJobA, "\tjob:a,job:b  \n"));
   ASSERT_TRUE(grants.ok()) << grants.status();
   ASSERT_EQ(grants->size(), 2u);
   EXPECT_TRUE((*grants)[0].admin);
@@ -85,8 +84,8 @@ TEST(ConstantTimeEqualsTest, Compares) {
 }
 
 TEST(AuthenticatorTest, ScopesDecide) {
-  auto grants = ParseTokens(
-      absl::StrCat(kAdmin, " admin\n", kJobA, " job:a\n"));
+  auto grants =
+      ParseTokens(absl::StrCat(kAdmin, " admin\n", kJobA, " job:a\n"));
   ASSERT_TRUE(grants.ok());
   Authenticator auth(*grants);
   EXPECT_TRUE(auth.AuthorizeJob(Bearer(kAdmin), "anything").ok());
@@ -109,9 +108,9 @@ TEST(AuthenticatorTest, ScopesDecide) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(s.message().find("unknown-token"), std::string::npos) << s;
   // A prefix of a valid token is not it.
-  EXPECT_EQ(auth.AuthorizeJob(Bearer(std::string(kJobA).substr(0, 20)), "a")
-                .code(),
-            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(
+      auth.AuthorizeJob(Bearer(std::string(kJobA).substr(0, 20)), "a").code(),
+      absl::StatusCode::kUnauthenticated);
 }
 
 // Authentication alone: any token in force, whatever its scopes.

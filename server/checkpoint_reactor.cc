@@ -23,12 +23,12 @@ CheckpointReactor::CheckpointReactor(Aggregator* aggregator,
   absl::Time deadline = absl::FromChrono(context->deadline());
   const absl::Duration left = deadline - absl::Now();
   deadline -= std::min(absl::Milliseconds(100), left / 4);
-  aggregator->Checkpoint(
-      request.job_id(), request.step(), request.tag(), deadline,
-      [this](const absl::StatusOr<CheckpointMeta>& result) {
-        Answer(result);
-        Unref();
-      });
+  aggregator->Checkpoint(request.job_id(), request.step(), request.tag(),
+                         deadline,
+                         [this](const absl::StatusOr<CheckpointMeta>& result) {
+                           Answer(result);
+                           Unref();
+                         });
 }
 
 void CheckpointReactor::Answer(const absl::StatusOr<CheckpointMeta>& result) {

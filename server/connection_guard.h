@@ -98,7 +98,6 @@ class ConnectionGuard {
   // Connections with a record now.
   int tracked() const ABSL_LOCKS_EXCLUDED(mu_);
 
-
  private:
   // Marks `c` closed and returns true if it crossed a line; what to log.
   bool Judge(Connection& c, bool overloaded, CloseReason& reason) const

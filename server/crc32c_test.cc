@@ -43,8 +43,8 @@ TEST(Crc32cTest, MatchesTheBitwiseReferenceAtEveryLengthAndAlignment) {
   std::string buffer(4096 + 16, '\0');
   for (char& c : buffer) c = static_cast<char>(rng());
   for (size_t offset = 0; offset < 16; ++offset) {
-    for (size_t n : {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 1000,
-                     4096}) {
+    for (size_t n :
+         {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 1000, 4096}) {
       const std::string piece = buffer.substr(offset, n);
       const uint32_t init = static_cast<uint32_t>(rng());
       ASSERT_EQ(rocksdb::crc32c::Extend(init, buffer.data() + offset, n),

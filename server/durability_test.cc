@@ -102,8 +102,9 @@ class DurabilityTest : public ::testing::Test {
                                             const std::string& tag = "") {
     auto got = std::make_shared<absl::StatusOr<CheckpointMeta>>(
         absl::UnknownError("still waiting"));
-    agg_->Checkpoint(job, step, tag, clock_.Now() + absl::Seconds(5),
-                     [got](const absl::StatusOr<CheckpointMeta>& r) { *got = r; });
+    agg_->Checkpoint(
+        job, step, tag, clock_.Now() + absl::Seconds(5),
+        [got](const absl::StatusOr<CheckpointMeta>& r) { *got = r; });
     return *got;
   }
 
@@ -212,8 +213,9 @@ TEST_F(DurabilityTest, CheckpointWaitsForItsStepAndCutsThatStep) {
   ASSERT_TRUE(agg_->CreateJob(Spec("c", 2, 2)).ok());
   Step("c", 2, 0);
   std::optional<absl::StatusOr<CheckpointMeta>> waited;
-  agg_->Checkpoint("c", 1, "", clock_.Now() + absl::Seconds(5),
-                   [&](const absl::StatusOr<CheckpointMeta>& r) { waited = r; });
+  agg_->Checkpoint(
+      "c", 1, "", clock_.Now() + absl::Seconds(5),
+      [&](const absl::StatusOr<CheckpointMeta>& r) { waited = r; });
   EXPECT_FALSE(waited.has_value());
   // Layer 0 runs ahead to step 2 before layer 1 commits step 1.
   Send(Fwd("c", 0, 1, 0, 1.0));

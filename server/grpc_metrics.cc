@@ -32,13 +32,23 @@ const char* TypeName(ServerRpcInfo::Type type) {
 
 // Go's codes.Code.String(), which go-grpc-prometheus puts in grpc_code.
 const char* CodeName(grpc::StatusCode code) {
-  static constexpr const char* kNames[] = {
-      "OK",          "Canceled",          "Unknown",
-      "InvalidArgument", "DeadlineExceeded", "NotFound",
-      "AlreadyExists",   "PermissionDenied", "ResourceExhausted",
-      "FailedPrecondition", "Aborted",      "OutOfRange",
-      "Unimplemented",   "Internal",         "Unavailable",
-      "DataLoss",        "Unauthenticated"};
+  static constexpr const char* kNames[] = {"OK",
+                                           "Canceled",
+                                           "Unknown",
+                                           "InvalidArgument",
+                                           "DeadlineExceeded",
+                                           "NotFound",
+                                           "AlreadyExists",
+                                           "PermissionDenied",
+                                           "ResourceExhausted",
+                                           "FailedPrecondition",
+                                           "Aborted",
+                                           "OutOfRange",
+                                           "Unimplemented",
+                                           "Internal",
+                                           "Unavailable",
+                                           "DataLoss",
+                                           "Unauthenticated"};
   const int i = static_cast<int>(code);
   return i >= 0 && i < 17 ? kNames[i] : "Unknown";
 }
@@ -62,15 +72,14 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
       : metrics_(metrics), outcome_(info), start_(absl::Now()) {
     const absl::string_view full = info->method();  // "/pkg.Service/Method"
     const size_t slash = full.rfind('/');
-    labels_ = {
-        {"grpc_type", TypeName(info->type())},
-        {"grpc_service",
-         std::string(slash == absl::string_view::npos || slash == 0
-                         ? full
-                         : full.substr(1, slash - 1))},
-        {"grpc_method", std::string(slash == absl::string_view::npos
-                                        ? full
-                                        : full.substr(slash + 1))}};
+    labels_ = {{"grpc_type", TypeName(info->type())},
+               {"grpc_service",
+                std::string(slash == absl::string_view::npos || slash == 0
+                                ? full
+                                : full.substr(1, slash - 1))},
+               {"grpc_method", std::string(slash == absl::string_view::npos
+                                               ? full
+                                               : full.substr(slash + 1))}};
     metrics_.started_.Add(labels_).Increment();
     // Looked up once: Family::Add takes the family's lock.
     received_ = &metrics_.msg_received_.Add(labels_);
@@ -83,7 +92,8 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
     if (std::optional<CallOutcome::Result> r = outcome_.Abandon()) Handled(*r);
   }
 
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::POST_RECV_MESSAGE)) {
       received_->Increment();

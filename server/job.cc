@@ -244,9 +244,11 @@ absl::Status Job::ValidateImport(const LayerStatsSnapshot& s) const {
   }
   if (s.stats.mean.size() != static_cast<size_t>(layer.channels) ||
       s.stats.var.size() != static_cast<size_t>(layer.channels)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": expected ", layer.channels, " running_mean and running_var "
-        "values, got ", s.stats.mean.size(), " and ", s.stats.var.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected ", layer.channels,
+                     " running_mean and running_var "
+                     "values, got ",
+                     s.stats.mean.size(), " and ", s.stats.var.size()));
   }
   if (s.stats.num_batches_tracked < 0 ||
       s.stats.num_batches_tracked > kMaxNumBatchesTracked) {

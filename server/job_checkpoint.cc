@@ -120,8 +120,8 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
   }
   const absl::Time start = clock_->Now();
   CheckpointData data;
-  data.meta = CheckpointMeta{spec_.job_id, step, tag,
-                             absl::ToUnixMillis(start)};
+  data.meta =
+      CheckpointMeta{spec_.job_id, step, tag, absl::ToUnixMillis(start)};
   {
     absl::ReaderMutexLock lock(&state_mu_);
     if (deleted_) {
@@ -149,8 +149,7 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
   return data.meta;
 }
 
-void Job::ReportCheckpoint(const CheckpointData& data,
-                           absl::Duration duration,
+void Job::ReportCheckpoint(const CheckpointData& data, absl::Duration duration,
                            const absl::Status& status) const {
   const int layers = static_cast<int>(data.layers.size());
   if (options_.observer != nullptr) {
@@ -192,7 +191,8 @@ absl::StatusOr<RunningStatsSnapshot> Job::CheckpointStats(
   if (absl::Status s = CheckStep(step, "checkpoint_step"); !s.ok()) return s;
   absl::StatusOr<std::vector<int>> wanted = Wanted(layers, group);
   if (!wanted.ok()) return wanted.status();
-  absl::StatusOr<CheckpointData> data = store_->GetCheckpoint(spec_.job_id, step);
+  absl::StatusOr<CheckpointData> data =
+      store_->GetCheckpoint(spec_.job_id, step);
   if (!data.ok()) return data.status();
   RunningStatsSnapshot out;
   out.job_id = spec_.job_id;
@@ -200,8 +200,8 @@ absl::StatusOr<RunningStatsSnapshot> Job::CheckpointStats(
   for (int layer : *wanted) {
     for (const LayerSlot& slot : data->layers) {
       if (slot.layer != layer || slot.group != group) continue;
-      out.layers.push_back(LayerStatsSnapshot{
-          layer, spec_.layers[layer].name, group, slot.state.stats});
+      out.layers.push_back(LayerStatsSnapshot{layer, spec_.layers[layer].name,
+                                              group, slot.state.stats});
     }
   }
   return out;

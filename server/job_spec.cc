@@ -143,18 +143,21 @@ absl::Status CheckQuorum(const JobSpec& spec) {
   }
   const int64_t grace_ms = absl::ToInt64Milliseconds(q.grace);
   if (q.grace < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quorum.grace_ms is ", grace_ms, "; it must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("quorum.grace_ms is ", grace_ms, "; it must be >= 0"));
   }
   if (q.min_ranks == 0 && q.grace != absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quorum.grace_ms is ", grace_ms, " but quorum.min_ranks is 0 (off); "
-        "set min_ranks to use a quorum, or grace_ms to 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("quorum.grace_ms is ", grace_ms,
+                     " but quorum.min_ranks is 0 (off); "
+                     "set min_ranks to use a quorum, or grace_ms to 0"));
   }
   if (q.min_ranks > 0 && q.grace >= spec.round_timeout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quorum.grace_ms is ", grace_ms, "; it must be below the round "
-        "timeout (", absl::ToInt64Milliseconds(spec.round_timeout), " ms)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("quorum.grace_ms is ", grace_ms,
+                     "; it must be below the round "
+                     "timeout (",
+                     absl::ToInt64Milliseconds(spec.round_timeout), " ms)"));
   }
   return absl::OkStatus();
 }
@@ -244,9 +247,8 @@ int SmallestGroupSize(const JobSpec& spec) {
 
 absl::Status CheckStep(int64_t step, absl::string_view field) {
   if (step >= 0 && step <= kMaxStep) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, " is ", step, "; steps are within [0, ", kMaxStep,
-                   "] (2^53-1)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " is ", step, "; steps are within [0, ", kMaxStep, "] (2^53-1)"));
 }
 
 absl::Status CheckNewNames(const JobSpec& spec) {

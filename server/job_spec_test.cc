@@ -249,8 +249,8 @@ TEST(JobSpecTest, BoundsOfTimeoutsAndSteps) {
   EXPECT_TRUE(CheckStep(0, "step").ok());
   EXPECT_TRUE(CheckStep(kMaxStep, "step").ok());
   EXPECT_EQ(kMaxStep, 9007199254740991);
-  for (int64_t bad : {int64_t{-1}, kMaxStep + 1,
-                      std::numeric_limits<int64_t>::max()}) {
+  for (int64_t bad :
+       {int64_t{-1}, kMaxStep + 1, std::numeric_limits<int64_t>::max()}) {
     const absl::Status s = CheckStep(bad, "checkpoint_step");
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(s.message()),

@@ -33,7 +33,8 @@ std::string CheckpointKey(absl::string_view job, int64_t step) {
 }
 
 // Every key of `kind` ("l", "r", "c") of a job: [begin, end).
-void DeleteAllOf(KvBatch& batch, absl::string_view kind, absl::string_view job) {
+void DeleteAllOf(KvBatch& batch, absl::string_view kind,
+                 absl::string_view job) {
   // '0' follows '/' in ASCII, so the range ends right after the prefix.
   batch.DeleteRange(absl::StrCat(kind, "/", job, "/"),
                     absl::StrCat(kind, "/", job, "0"));
@@ -90,16 +91,17 @@ absl::StatusOr<std::vector<StoredJob>> KvStateStore::LoadAll() {
 }
 
 absl::Status KvStateStore::LoadJobs(std::vector<StoredJob>& jobs) {
-  return engine_->Scan("j/", [&](absl::string_view key,
-                                 absl::string_view value) -> absl::Status {
-    absl::StatusOr<JobSpec> spec = DecodeJob(value);
-    if (!spec.ok()) return Corrupt(key, spec.status());
-    if (JobKey(spec->job_id) != key) {
-      return Corrupt(key, absl::DataLossError("it names another job"));
-    }
-    jobs.push_back(StoredJob{*std::move(spec), {}, {}});
-    return absl::OkStatus();
-  });
+  return engine_->Scan(
+      "j/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        absl::StatusOr<JobSpec> spec = DecodeJob(value);
+        if (!spec.ok()) return Corrupt(key, spec.status());
+        if (JobKey(spec->job_id) != key) {
+          return Corrupt(key, absl::DataLossError("it names another job"));
+        }
+        jobs.push_back(StoredJob{*std::move(spec), {}, {}});
+        return absl::OkStatus();
+      });
 }
 
 namespace {
@@ -115,61 +117,65 @@ StoredJob* FindJob(std::vector<StoredJob>& jobs, const std::string& id) {
 
 absl::Status KvStateStore::LoadLayers(std::vector<StoredJob>& jobs,
                                       std::vector<LayerId>& stats_in_round) {
-  return engine_->Scan("l/", [&](absl::string_view key,
-                                 absl::string_view value) -> absl::Status {
-    std::string id;
-    std::vector<int64_t> n;
-    if (!ParseKey(key, 2, id, n)) {
-      return Corrupt(key, absl::DataLossError("malformed key"));
-    }
-    StoredJob* job = FindJob(jobs, id);
-    if (job == nullptr) return absl::OkStatus();  // unreachable leftovers
-    if (n[0] >= job->spec.num_groups() ||
-        n[1] >= static_cast<int64_t>(job->spec.layers.size())) {
-      return Corrupt(key, absl::DataLossError("group or layer out of range"));
-    }
-    bool in_round = false;
-    absl::StatusOr<LayerState> state =
-        DecodeLayer(value, job->spec.layers[n[1]], &in_round);
-    if (!state.ok()) return Corrupt(key, state.status());
-    if (in_round) {
-      stats_in_round.emplace_back(id, static_cast<int>(n[0]),
-                                  static_cast<int>(n[1]));
-    }
-    job->layers.push_back(StoredLayer{
-        LayerSlot{static_cast<int>(n[0]), static_cast<int>(n[1]),
-                  *std::move(state)},
-        {}});
-    return absl::OkStatus();
-  });
+  return engine_->Scan(
+      "l/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        std::string id;
+        std::vector<int64_t> n;
+        if (!ParseKey(key, 2, id, n)) {
+          return Corrupt(key, absl::DataLossError("malformed key"));
+        }
+        StoredJob* job = FindJob(jobs, id);
+        if (job == nullptr) return absl::OkStatus();  // unreachable leftovers
+        if (n[0] >= job->spec.num_groups() ||
+            n[1] >= static_cast<int64_t>(job->spec.layers.size())) {
+          return Corrupt(key,
+                         absl::DataLossError("group or layer out of range"));
+        }
+        bool in_round = false;
+        absl::StatusOr<LayerState> state =
+            DecodeLayer(value, job->spec.layers[n[1]], &in_round);
+        if (!state.ok()) return Corrupt(key, state.status());
+        if (in_round) {
+          stats_in_round.emplace_back(id, static_cast<int>(n[0]),
+                                      static_cast<int>(n[1]));
+        }
+        job->layers.push_back(
+            StoredLayer{LayerSlot{static_cast<int>(n[0]),
+                                  static_cast<int>(n[1]), *std::move(state)},
+                        {}});
+        return absl::OkStatus();
+      });
 }
 
 absl::Status KvStateStore::LoadRounds(std::vector<StoredJob>& jobs) {
-  return engine_->Scan("r/", [&](absl::string_view key,
-                                 absl::string_view value) -> absl::Status {
-    std::string id;
-    std::vector<int64_t> n;
-    if (!ParseKey(key, 4, id, n)) {
-      return Corrupt(key, absl::DataLossError("malformed key"));
-    }
-    StoredJob* job = FindJob(jobs, id);
-    if (job == nullptr) return absl::OkStatus();
-    StoredLayer* layer = nullptr;
-    for (StoredLayer& l : job->layers) {
-      if (l.slot.group == n[0] && l.slot.layer == n[1]) layer = &l;
-    }
-    if (layer == nullptr) {
-      return Corrupt(key, absl::DataLossError("a round without its layer"));
-    }
-    absl::StatusOr<StoredRound> round =
-        DecodeRound(value, job->spec, layer->slot.group, layer->slot.layer);
-    if (!round.ok()) return Corrupt(key, round.status());
-    if (static_cast<int64_t>(round->phase) != n[2] || round->step != n[3]) {
-      return Corrupt(key, absl::DataLossError("the key and value disagree"));
-    }
-    layer->rounds.push_back(*std::move(round));
-    return absl::OkStatus();
-  });
+  return engine_->Scan(
+      "r/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        std::string id;
+        std::vector<int64_t> n;
+        if (!ParseKey(key, 4, id, n)) {
+          return Corrupt(key, absl::DataLossError("malformed key"));
+        }
+        StoredJob* job = FindJob(jobs, id);
+        if (job == nullptr) return absl::OkStatus();
+        StoredLayer* layer = nullptr;
+        for (StoredLayer& l : job->layers) {
+          if (l.slot.group == n[0] && l.slot.layer == n[1]) layer = &l;
+        }
+        if (layer == nullptr) {
+          return Corrupt(key, absl::DataLossError("a round without its layer"));
+        }
+        absl::StatusOr<StoredRound> round =
+            DecodeRound(value, job->spec, layer->slot.group, layer->slot.layer);
+        if (!round.ok()) return Corrupt(key, round.status());
+        if (static_cast<int64_t>(round->phase) != n[2] || round->step != n[3]) {
+          return Corrupt(key,
+                         absl::DataLossError("the key and value disagree"));
+        }
+        layer->rounds.push_back(*std::move(round));
+        return absl::OkStatus();
+      });
 }
 
 absl::Status KvStateStore::TakeStatsFromRounds(
@@ -191,8 +197,8 @@ absl::Status KvStateStore::TakeStatsFromRounds(
       return Corrupt(LayerKey(id, group, index),
                      absl::DataLossError(absl::StrCat(
                          "its statistics are those after the forward round "
-                         "of step ", state.last_applied,
-                         ", whose record is missing")));
+                         "of step ",
+                         state.last_applied, ", whose record is missing")));
     }
     state.stats = *source->stats_after;
   }
@@ -200,23 +206,25 @@ absl::Status KvStateStore::TakeStatsFromRounds(
 }
 
 absl::Status KvStateStore::LoadCheckpoints(std::vector<StoredJob>& jobs) {
-  return engine_->Scan("c/", [&](absl::string_view key,
-                                 absl::string_view value) -> absl::Status {
-    std::string id;
-    std::vector<int64_t> n;
-    if (!ParseKey(key, 1, id, n)) {
-      return Corrupt(key, absl::DataLossError("malformed key"));
-    }
-    StoredJob* job = FindJob(jobs, id);
-    if (job == nullptr) return absl::OkStatus();
-    absl::StatusOr<CheckpointData> c = DecodeCheckpoint(value, job->spec);
-    if (!c.ok()) return Corrupt(key, c.status());
-    if (c->meta.step != n[0] || c->meta.job_id != id) {
-      return Corrupt(key, absl::DataLossError("the key and value disagree"));
-    }
-    job->checkpoints.push_back(std::move(c->meta));
-    return absl::OkStatus();
-  });
+  return engine_->Scan(
+      "c/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        std::string id;
+        std::vector<int64_t> n;
+        if (!ParseKey(key, 1, id, n)) {
+          return Corrupt(key, absl::DataLossError("malformed key"));
+        }
+        StoredJob* job = FindJob(jobs, id);
+        if (job == nullptr) return absl::OkStatus();
+        absl::StatusOr<CheckpointData> c = DecodeCheckpoint(value, job->spec);
+        if (!c.ok()) return Corrupt(key, c.status());
+        if (c->meta.step != n[0] || c->meta.job_id != id) {
+          return Corrupt(key,
+                         absl::DataLossError("the key and value disagree"));
+        }
+        job->checkpoints.push_back(std::move(c->meta));
+        return absl::OkStatus();
+      });
 }
 
 absl::Status KvStateStore::PutJob(const JobSpec& spec) {

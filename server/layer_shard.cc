@@ -40,9 +40,9 @@ void LayerShard::Load(const StoredLayer& stored) {
   for (const StoredRound& r : stored.rounds) {
     PhaseState& phase = group.phases[PhaseIndex(r.phase)];
     if (phase.recent.Find(r.step) != nullptr) continue;
-    RecentRounds::Entry entry{
-        r.step, std::make_shared<const RoundOutcome>(r.outcome),
-        r.fingerprints, nullptr, r.fingerprint_kind};
+    RecentRounds::Entry entry{r.step,
+                              std::make_shared<const RoundOutcome>(r.outcome),
+                              r.fingerprints, nullptr, r.fingerprint_kind};
     if (r.stats_after.has_value()) {
       entry.stats_after = std::make_shared<const RunningStats>(*r.stats_after);
     }
@@ -108,8 +108,8 @@ absl::Status LayerShard::Replaced(const Contribution& c) const {
       "result"));
 }
 
-bool LayerShard::Contribute(Contribution c, RoundCallback done,
-                            absl::Time now, Deliveries& out) {
+bool LayerShard::Contribute(Contribution c, RoundCallback done, absl::Time now,
+                            Deliveries& out) {
   bool applied = false;
   std::vector<RoundReport> reports;
   {
@@ -165,8 +165,8 @@ void LayerShard::ContributeLocked(Contribution c, RoundCallback done,
 }
 
 void LayerShard::AddToRound(const RoundKey& key, Round& round, Contribution c,
-                            RoundCallback done, absl::Time now,
-                            Deliveries& out, bool& applied) {
+                            RoundCallback done, absl::Time now, Deliveries& out,
+                            bool& applied) {
   RoundCallback evicted;
   const Round::AddResult added =
       round.Add(c.rank, std::move(c.payload), std::move(c.update),
@@ -309,9 +309,9 @@ void LayerShard::ApplyForward(const RoundKey& key, Round& round,
   }
   // The round starts from the imported statistics, if it carries them.
   outcome.status = Refused(
-      key, CheckUpdatable(rule, merged->count,
-                          update->imported.has_value() ? *update->imported
-                                                       : next.stats));
+      key, CheckUpdatable(
+               rule, merged->count,
+               update->imported.has_value() ? *update->imported : next.stats));
   if (!outcome.status.ok()) return;
   GlobalMoments global = Finalize(*merged);
   outcome.status = Refused(key, CheckFiniteResult(global));
@@ -471,8 +471,7 @@ LayerState LayerShard::State(int group) const {
   return groups_[group].state;
 }
 
-absl::StatusOr<LayerState> LayerShard::StateAt(int group,
-                                               int64_t step) const {
+absl::StatusOr<LayerState> LayerShard::StateAt(int group, int64_t step) const {
   absl::MutexLock lock(&mu_);
   const GroupState& g = groups_[group];
   if (g.state.last_applied <= step) return g.state;

@@ -202,19 +202,18 @@ absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
   }
   const syncnorm::TlsFiles tls{options.tls_cert, options.tls_key,
                                options.tls_client_ca};
-  if (absl::Status s = syncnorm::CheckTransportSecurity(
-          options.listen, tls, options.allow_insecure);
+  if (absl::Status s = syncnorm::CheckTransportSecurity(options.listen, tls,
+                                                        options.allow_insecure);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = syncnorm::MakeServerCredentials(tls).status();
-      !s.ok()) {
+  if (absl::Status s = syncnorm::MakeServerCredentials(tls).status(); !s.ok()) {
     return s;
   }
   if (!options.tokens_file.empty()) {
-    absl::Status s = syncnorm::Authenticator::Open(options.tokens_file,
-                                                   absl::ZeroDuration())
-                         .status();
+    absl::Status s =
+        syncnorm::Authenticator::Open(options.tokens_file, absl::ZeroDuration())
+            .status();
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -258,11 +257,10 @@ void LogGrpc(gpr_log_func_args* args) {
                                 ? syncnorm::LogLevel::kError
                                 : syncnorm::LogLevel::kInfo)
       .Add("source", absl::StrCat(file, ":", args->line))
-      .Add("message",
-           message.size() > kMaxMessage
-               ? absl::StrCat(message.substr(0, kMaxMessage), "... (",
-                              message.size(), " bytes)")
-               : std::string(message));
+      .Add("message", message.size() > kMaxMessage
+                          ? absl::StrCat(message.substr(0, kMaxMessage),
+                                         "... (", message.size(), " bytes)")
+                          : std::string(message));
 }
 
 void LogError(absl::string_view event, const absl::Status& status) {
@@ -346,8 +344,9 @@ int main(int argc, char** argv) {
   gpr_set_log_function(LogGrpc);
   if (options.data_dir.empty()) {
     syncnorm::LogLine("no_data_dir", syncnorm::LogLevel::kWarn)
-        .Add("note", "--data_dir is empty: state is kept in memory and lost "
-                     "on exit");
+        .Add("note",
+             "--data_dir is empty: state is kept in memory and lost "
+             "on exit");
   }
 
   if (absl::GetFlag(FLAGS_check_config)) {

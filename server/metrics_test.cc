@@ -130,8 +130,7 @@ TEST(MetricsTest, ServesTheLoadAgainstTheLimitsAndTheBuild) {
 TEST(MetricsTest, ABusyPortIsUnavailable) {
   auto first = Metrics::Start("127.0.0.1:0");
   ASSERT_TRUE(first.ok()) << first.status();
-  auto second =
-      Metrics::Start(absl::StrCat("127.0.0.1:", (*first)->port()));
+  auto second = Metrics::Start(absl::StrCat("127.0.0.1:", (*first)->port()));
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(second.status().message().find("--metrics_listen"),
             std::string::npos);

@@ -93,8 +93,7 @@ JobSpec QuorumSpec(const std::string& id, int world, int group, int min_ranks,
   return s;
 }
 
-Contribution Forward(const std::string& job, int64_t step, int rank,
-                     double x) {
+Contribution Forward(const std::string& job, int64_t step, int rank, double x) {
   Contribution c;
   c.job_id = job;
   c.layer = 0;
@@ -112,7 +111,8 @@ Contribution Forward(const std::string& job, int64_t step, int rank,
 class QuorumTest : public ::testing::Test {
  protected:
   QuorumTest()
-      : store_(std::make_unique<MemoryEngine>()), agg_(Options(), &clock_, &store_) {}
+      : store_(std::make_unique<MemoryEngine>()),
+        agg_(Options(), &clock_, &store_) {}
 
   AggregatorOptions Options() {
     AggregatorOptions o;
@@ -178,9 +178,11 @@ TEST_F(QuorumTest, CompletesWithThePresentRanksAfterTheGracePeriod) {
 }
 
 TEST_F(QuorumTest, AllRanksBeforeTheGracePeriodIsAnOrdinaryRound) {
-  ASSERT_TRUE(agg_.CreateJob(QuorumSpec("all", 3, 0, 2, absl::Seconds(1))).ok());
+  ASSERT_TRUE(
+      agg_.CreateJob(QuorumSpec("all", 3, 0, 2, absl::Seconds(1))).ok());
   Outcomes out(3);
-  for (int r = 0; r < 3; ++r) agg_.Contribute(Forward("all", 0, r, r), out.Slot(r));
+  for (int r = 0; r < 3; ++r)
+    agg_.Contribute(Forward("all", 0, r, r), out.Slot(r));
   ASSERT_EQ(out.calls(0), 1);
   EXPECT_TRUE(out.get(0).status.ok());
   EXPECT_THAT(out.get(0).missing_ranks, IsEmpty());
@@ -189,7 +191,8 @@ TEST_F(QuorumTest, AllRanksBeforeTheGracePeriodIsAnOrdinaryRound) {
 }
 
 TEST_F(QuorumTest, TooFewRanksWaitForTheDeadline) {
-  ASSERT_TRUE(agg_.CreateJob(QuorumSpec("few", 4, 2, 2, absl::Seconds(1))).ok());
+  ASSERT_TRUE(
+      agg_.CreateJob(QuorumSpec("few", 4, 2, 2, absl::Seconds(1))).ok());
   Outcomes out(2);
   // Group 1 (ranks 2, 3) has one rank: no quorum, the deadline fails it.
   agg_.Contribute(Forward("few", 0, 2, 1.0), out.Slot(0));
@@ -262,7 +265,8 @@ TEST(StragglerTest, AroundCompletedLateIsReportedWithItsLastRanks) {
   o.observer = &observer;
   o.straggler_threshold = absl::Milliseconds(100);
   Aggregator agg(o, &clock);
-  ASSERT_TRUE(agg.CreateJob(QuorumSpec("s", 3, 0, 0, absl::ZeroDuration())).ok());
+  ASSERT_TRUE(
+      agg.CreateJob(QuorumSpec("s", 3, 0, 0, absl::ZeroDuration())).ok());
   Outcomes out(3);
   agg.Contribute(Forward("s", 1, 0, 1.0), out.Slot(0));
   clock.Advance(absl::Milliseconds(150));

@@ -43,16 +43,16 @@ JobSpec FuzzJob(const std::string& id, int world, int group, int channels,
     s.layers.push_back(layer);
   }
   s.quorum.min_ranks = min_ranks;
-  s.quorum.grace = min_ranks > 0 ? absl::Milliseconds(100) : absl::ZeroDuration();
+  s.quorum.grace =
+      min_ranks > 0 ? absl::Milliseconds(100) : absl::ZeroDuration();
   return s;
 }
 
 struct World {
   World() : aggregator(Options(), &clock) {
-    for (const JobSpec& s :
-         {FuzzJob("a", 2, 0, 2, 0), FuzzJob("b", 4, 2, 3, 1),
-          FuzzJob("c", 1, 0, 1, 0),
-          FuzzJob("d", 5, 0, 2, 1, {{0, 2}, {1, 3, 4}})}) {
+    for (const JobSpec& s : {FuzzJob("a", 2, 0, 2, 0), FuzzJob("b", 4, 2, 3, 1),
+                             FuzzJob("c", 1, 0, 1, 0),
+                             FuzzJob("d", 5, 0, 2, 1, {{0, 2}, {1, 3, 4}})}) {
       if (!aggregator.CreateJob(s).ok()) std::abort();
       specs.push_back(*ResolveJobSpec(s, absl::Seconds(1)));
     }
@@ -95,8 +95,7 @@ void FuzzCreateJob(World& w, const uint8_t* data, size_t size) {
     absl::StatusOr<JobSpec> back = DecodeJob(EncodeJob(*resolved));
     if (!back.ok() || !(*back == *resolved)) std::abort();
     // Created and deleted again, so the job table stays small.
-    if (resolved->job_id.size() > 1 &&
-        w.aggregator.CreateJob(spec).ok()) {
+    if (resolved->job_id.size() > 1 && w.aggregator.CreateJob(spec).ok()) {
       (void)w.aggregator.DeleteJob(resolved->job_id);
     }
   }
@@ -108,7 +107,8 @@ void FuzzDecoders(World& w, uint8_t which, const uint8_t* data, size_t size) {
   switch (which % 4) {
     case 0: {
       absl::StatusOr<JobSpec> job = DecodeJob(value);
-      if (job.ok() && !ResolveJobSpec(*job, absl::Seconds(1)).ok()) std::abort();
+      if (job.ok() && !ResolveJobSpec(*job, absl::Seconds(1)).ok())
+        std::abort();
       break;
     }
     case 1:

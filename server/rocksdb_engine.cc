@@ -31,8 +31,9 @@ absl::Status FromRocks(const rocksdb::Status& s, const std::string& dir,
   }
   if (s.IsCorruption()) {
     return absl::DataLossError(absl::StrCat(
-        message, "; the state is corrupt: restore the folder from a backup, "
-                 "or move it away to start empty"));
+        message,
+        "; the state is corrupt: restore the folder from a backup, "
+        "or move it away to start empty"));
   }
   if (s.IsIOError()) return absl::UnavailableError(message);
   return absl::InternalError(message);
@@ -46,16 +47,16 @@ absl::Status MakeDirs(const std::string& dir) {
     path = dir.substr(0, i);
     if (path.empty()) continue;
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot create data_dir '", dir, "' (at '", path,
-          "'): ", std::strerror(errno),
-          "; choose a folder this process can create and write"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create data_dir '", dir, "' (at '", path,
+                       "'): ", std::strerror(errno),
+                       "; choose a folder this process can create and write"));
     }
   }
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "data_dir '", dir, "' is not a folder; choose a folder"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("data_dir '", dir, "' is not a folder; choose a folder"));
   }
   return absl::OkStatus();
 }
@@ -90,8 +91,10 @@ absl::Status CheckGuard(const std::string& dir, uint64_t sequence) {
   uint64_t seen = 0;
   if (!(in >> seen) || seen <= sequence) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
-      "the state in data_dir '", dir, "' went back in time: it had reached "
-      "update ", seen, " but now ends at update ", sequence,
+      "the state in data_dir '", dir,
+      "' went back in time: it had reached "
+      "update ",
+      seen, " but now ends at update ", sequence,
       "; its MANIFEST or write-ahead log was truncated or replaced. Restore "
       "the folder from a backup, or move it away to start empty"));
 }
@@ -110,8 +113,8 @@ absl::StatusOr<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(
   if (::statvfs(dir.c_str(), &fs) == 0 &&
       static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < kFreeSpaceReserve) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the disk of data_dir '", dir, "' is full: ",
-        (static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) >> 20,
+        "the disk of data_dir '", dir,
+        "' is full: ", (static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) >> 20,
         " MiB free, and the state store needs ", kFreeSpaceReserve >> 20,
         " MiB to start; free space and start again (the state is intact)"));
   }
@@ -134,14 +137,14 @@ absl::StatusOr<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(
   rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
   if (!s.ok()) {
     if (s.IsIOError() && absl::StrContains(s.ToString(), "lock")) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot lock data_dir '", dir, "': ", s.ToString(),
-          "; is another syncnorm-aggregator using it?"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot lock data_dir '", dir, "': ", s.ToString(),
+                       "; is another syncnorm-aggregator using it?"));
     }
     if (s.IsIOError() && !s.IsNoSpace()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot open the state store in data_dir '", dir, "': ",
-          s.ToString(), "; check that the folder is writable"));
+          "cannot open the state store in data_dir '", dir, "': ", s.ToString(),
+          "; check that the folder is writable"));
     }
     return FromRocks(s, dir, "cannot open the state store");
   }
@@ -288,9 +291,9 @@ absl::Status RocksDbEngine::Scan(
     if (!s.ok()) return s;
   }
   if (!it->status().ok()) {
-    return FromRocks(it->status(), dir_,
-                     absl::StrCat("cannot read the records under '", prefix,
-                                  "'"));
+    return FromRocks(
+        it->status(), dir_,
+        absl::StrCat("cannot read the records under '", prefix, "'"));
   }
   return absl::OkStatus();
 }

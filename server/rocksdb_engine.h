@@ -32,7 +32,8 @@ class RocksDbEngine final : public KvEngine {
   static constexpr size_t kWriteBufferSize = 8 << 20;
   // Free space below which writes are refused: room for two memtable
   // flushes and the log.
-  static constexpr uint64_t kFreeSpaceReserve = 2 * kWriteBufferSize + (1 << 20);
+  static constexpr uint64_t kFreeSpaceReserve =
+      2 * kWriteBufferSize + (1 << 20);
 
   // Opens (creating if needed, parents included) the database in `dir`.
   // FAILED_PRECONDITION when the folder cannot be created, written or

@@ -122,9 +122,8 @@ absl::StatusOr<Moments> Round::MergedMoments(int channels) const {
     if (!payloads_[i].has_value()) continue;  // not counted (a quorum round)
     const Moments& m = std::get<Moments>(*payloads_[i]);
     if (absl::Status s = CheckMergeable(acc, m); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", ranks_[i],
-                       "'s count does not fit: ", s.message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", ranks_[i], "'s count does not fit: ", s.message()));
     }
     MergeMoments(acc, m);
   }

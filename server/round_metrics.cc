@@ -29,8 +29,9 @@ constexpr const char* kOutcomeNames[] = {"ok", "quorum", "failed", "deadline"};
 RoundMetrics::RoundMetrics(prometheus::Registry& registry) {
   auto& latency = prometheus::BuildHistogram()
                       .Name("syncnorm_round_latency_seconds")
-                      .Help("Time from a round's first contribution to its "
-                            "end, by phase and outcome.")
+                      .Help(
+                          "Time from a round's first contribution to its "
+                          "end, by phase and outcome.")
                       .Register(registry);
   auto& contributors = prometheus::BuildHistogram()
                            .Name("syncnorm_round_contributors")
@@ -38,26 +39,29 @@ RoundMetrics::RoundMetrics(prometheus::Registry& registry) {
                            .Register(registry);
   auto& stragglers = prometheus::BuildCounter()
                          .Name("syncnorm_stragglers_total")
-                         .Help("Contributions that arrived later than the "
-                               "straggler threshold after their round's "
-                               "first one.")
+                         .Help(
+                             "Contributions that arrived later than the "
+                             "straggler threshold after their round's "
+                             "first one.")
                          .Register(registry);
   auto& deadlines = prometheus::BuildCounter()
                         .Name("syncnorm_deadline_failures_total")
-                        .Help("Rounds failed with DEADLINE_EXCEEDED because "
-                              "ranks were missing at their deadline.")
+                        .Help(
+                            "Rounds failed with DEADLINE_EXCEEDED because "
+                            "ranks were missing at their deadline.")
                         .Register(registry);
   auto& quorum = prometheus::BuildCounter()
                      .Name("syncnorm_quorum_rounds_total")
-                     .Help("Rounds completed by the job's quorum policy "
-                           "without every rank.")
+                     .Help(
+                         "Rounds completed by the job's quorum policy "
+                         "without every rank.")
                      .Register(registry);
   for (Phase phase : {Phase::kForward, Phase::kBackward}) {
     const std::string name = phase == Phase::kForward ? "FORWARD" : "BACKWARD";
     PerPhase& p = Of(phase);
     for (int o = 0; o < kNumOutcomes; ++o) {
-      p.latency[o] = &latency.Add({{"phase", name}, {"outcome", kOutcomeNames[o]}},
-                                  LatencyBuckets());
+      p.latency[o] = &latency.Add(
+          {{"phase", name}, {"outcome", kOutcomeNames[o]}}, LatencyBuckets());
     }
     p.contributors = &contributors.Add({{"phase", name}}, ContributorBuckets());
     p.stragglers = &stragglers.Add({{"phase", name}});
@@ -66,14 +70,16 @@ RoundMetrics::RoundMetrics(prometheus::Registry& registry) {
   }
   versions_ = &prometheus::BuildCounter()
                    .Name("syncnorm_state_versions_total")
-                   .Help("Running-statistics versions applied: forward rounds "
-                         "that completed and updated a layer's statistics.")
+                   .Help(
+                       "Running-statistics versions applied: forward rounds "
+                       "that completed and updated a layer's statistics.")
                    .Register(registry)
                    .Add({});
   auto& checkpoints = prometheus::BuildHistogram()
                           .Name("syncnorm_checkpoint_duration_seconds")
-                          .Help("Time to cut a checkpoint (the layers' "
-                                "statistics as of its step) and store it.")
+                          .Help(
+                              "Time to cut a checkpoint (the layers' "
+                              "statistics as of its step) and store it.")
                           .Register(registry);
   checkpoint_ok_ = &checkpoints.Add({{"outcome", "ok"}}, LatencyBuckets());
   checkpoint_failed_ =
@@ -98,9 +104,7 @@ void RoundMetrics::Record(const RoundReport& report, Outcome outcome) {
 }
 
 void RoundMetrics::OnRoundCompleted(const RoundReport& report) {
-  Record(report, !report.status.ok() ? kFailed
-                 : report.quorum     ? kQuorum
-                                     : kOk);
+  Record(report, !report.status.ok() ? kFailed : report.quorum ? kQuorum : kOk);
 }
 
 void RoundMetrics::OnDeadline(const RoundReport& report) {

@@ -120,8 +120,7 @@ TEST(RoundTest, PartialMergeSkipsAbsentRanksAndTimesArrivals) {
   EXPECT_EQ(round.first_arrival(), t0);
   EXPECT_EQ(round.PresentRanks(), (std::vector<int>{0, 1, 3}));
   EXPECT_EQ(round.MissingRanks(), (std::vector<int>{2}));
-  EXPECT_EQ(round.Stragglers(absl::Milliseconds(50)),
-            (std::vector<int>{3, 0}));
+  EXPECT_EQ(round.Stragglers(absl::Milliseconds(50)), (std::vector<int>{3, 0}));
   EXPECT_EQ(round.Stragglers(absl::Seconds(1)), (std::vector<int>{3}));
   EXPECT_EQ(round.LastArrival(), absl::Seconds(2));
   Moments expected = Moments::Zero(1);

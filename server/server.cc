@@ -109,15 +109,15 @@ absl::Status Server::Start() {
     return absl::InvalidArgumentError(
         "keep_checkpoints must be >= 0 (0 keeps all)");
   }
-  if (absl::Status s = CheckTransportBytes(options_.max_transport_bytes,
-                                           options_.limits);
+  if (absl::Status s =
+          CheckTransportBytes(options_.max_transport_bytes, options_.limits);
       !s.ok()) {
     return s;
   }
   const TlsFiles tls{options_.tls_cert, options_.tls_key,
                      options_.tls_client_ca};
-  if (absl::Status s = CheckTransportSecurity(options_.listen, tls,
-                                              options_.allow_insecure);
+  if (absl::Status s =
+          CheckTransportSecurity(options_.listen, tls, options_.allow_insecure);
       !s.ok()) {
     return s;
   }
@@ -151,8 +151,8 @@ absl::Status Server::Start() {
   }
   observers_ = std::make_unique<FanoutRoundObserver>(std::move(observers));
   aggregator_options.observer = observers_.get();
-  auto aggregator = std::make_unique<Aggregator>(
-      std::move(aggregator_options), clock_.get(), store->get());
+  auto aggregator = std::make_unique<Aggregator>(std::move(aggregator_options),
+                                                 clock_.get(), store->get());
   if (absl::Status s = aggregator->Load(); !s.ok()) return s;
   if (!options_.backup_dir.empty()) {
     absl::StatusOr<std::unique_ptr<BackupRoot>> backups =
@@ -177,8 +177,8 @@ absl::Status Server::Start() {
   service_options.backups = backups_.get();
   service_options.stream_idle_timeout = options_.stream_idle_timeout;
   service_options.clock = clock_.get();
-  service_ = std::make_unique<AggregatorService>(aggregator_.get(),
-                                                 service_options);
+  service_ =
+      std::make_unique<AggregatorService>(aggregator_.get(), service_options);
   if (metrics_ != nullptr) {
     // Cleared in ~Server before the aggregator and the service go.
     metrics_->SetLoadSource([aggregator = aggregator_.get(),

@@ -24,8 +24,8 @@ struct ShardAssignment {
   bool sharded() const { return num_shards > 0; }
   // Whether this shard holds `layer`.
   bool owns(int layer) const {
-    return !sharded() || std::binary_search(owned_layers.begin(),
-                                            owned_layers.end(), layer);
+    return !sharded() ||
+           std::binary_search(owned_layers.begin(), owned_layers.end(), layer);
   }
 };
 

@@ -63,7 +63,8 @@ absl::Status Round(Aggregator& agg, int layer, int64_t step) {
 TEST(ShardAssignmentTest, Validation) {
   EXPECT_TRUE(CheckShardAssignment(ShardAssignment{}, 4).ok());
   EXPECT_TRUE(CheckShardAssignment(ShardAssignment{2, 3, {}}, 4).ok());
-  EXPECT_TRUE(CheckShardAssignment(ShardAssignment{0, 1, {0, 1, 2, 3}}, 4).ok());
+  EXPECT_TRUE(
+      CheckShardAssignment(ShardAssignment{0, 1, {0, 1, 2, 3}}, 4).ok());
   for (const ShardAssignment& bad :
        {ShardAssignment{1, 0, {}}, ShardAssignment{0, 0, {1}},
         ShardAssignment{3, 3, {}}, ShardAssignment{-1, 3, {}},
@@ -184,8 +185,9 @@ TEST(ShardedJobTest, TheAssignmentIsStoredWithTheSpec) {
     ASSERT_TRUE(Round(agg, 3, 0).ok());
     absl::StatusOr<CheckpointMeta> cut = absl::UnknownError("no answer");
     ASSERT_TRUE(Round(agg, 1, 0).ok());
-    agg.Checkpoint("j", 0, "", clock.Now() + absl::Seconds(1),
-                   [&cut](const absl::StatusOr<CheckpointMeta>& c) { cut = c; });
+    agg.Checkpoint(
+        "j", 0, "", clock.Now() + absl::Seconds(1),
+        [&cut](const absl::StatusOr<CheckpointMeta>& c) { cut = c; });
     ASSERT_TRUE(cut.ok()) << cut.status();
   }
   Aggregator again(AggregatorOptions(), &clock, &store);

@@ -70,8 +70,7 @@ void StateToProto(const LayerState& s, pb::LayerState* out) {
 }
 
 // Without `with_stats` the statistics must be absent and stay empty.
-absl::StatusOr<LayerState> StateFromProto(const pb::LayerState& p,
-                                          int channels,
+absl::StatusOr<LayerState> StateFromProto(const pb::LayerState& p, int channels,
                                           bool with_stats = true) {
   RunningStats stats;
   if (with_stats) {
@@ -177,7 +176,8 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
   // as its timeout, unsharded, rather than stopping the start.
   spec.round_timeout =
       std::min(absl::Milliseconds(p.round_timeout_ms()), kMaxRoundTimeout);
-  for (const pb::Layer& l : p.layers()) spec.layers.push_back(LayerFromProto(l));
+  for (const pb::Layer& l : p.layers())
+    spec.layers.push_back(LayerFromProto(l));
   spec.quorum.min_ranks = p.quorum_min_ranks();
   spec.quorum.grace = absl::Milliseconds(p.quorum_grace_ms());
   spec.shard.shard = p.shard();

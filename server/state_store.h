@@ -72,7 +72,7 @@ struct CheckpointData {
 
 // A job as found at startup.
 struct StoredJob {
-  JobSpec spec;  // resolved
+  JobSpec spec;                     // resolved
   std::vector<StoredLayer> layers;  // only (group, layer)s written so far
   std::vector<CheckpointMeta> checkpoints;  // by step
 };

@@ -32,8 +32,8 @@ absl::Status StreamSet::Add(ReduceReactor* stream) {
         "the server is shutting down; open the stream on a running server");
   }
   if (max_streams_ > 0 && open_.size() >= static_cast<size_t>(max_streams_)) {
-    return LimitExceeded("a new Reduce stream: the open streams",
-                         "max_streams", max_streams_);
+    return LimitExceeded("a new Reduce stream: the open streams", "max_streams",
+                         max_streams_);
   }
   open_.insert(stream);
   return absl::OkStatus();

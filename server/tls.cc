@@ -26,11 +26,10 @@ absl::StatusOr<std::string> ReadPem(const std::string& path,
         absl::StrCat("--", flag, "='", path, "' cannot be read"));
   }
   std::string pem = s.str();
-  if (!absl::StrContains(pem, "-----BEGIN ") ||
-      !absl::StrContains(pem, kind)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--", flag, "='", path, "' is not a PEM file with a ", kind,
-        " (-----BEGIN ", kind, "-----)"));
+  if (!absl::StrContains(pem, "-----BEGIN ") || !absl::StrContains(pem, kind)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--", flag, "='", path, "' is not a PEM file with a ",
+                     kind, " (-----BEGIN ", kind, "-----)"));
   }
   return pem;
 }
@@ -91,7 +90,8 @@ absl::Status CheckTransportSecurity(absl::string_view listen,
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsFiles& tls) {
   if (tls.cert.empty()) return grpc::InsecureServerCredentials();
-  absl::StatusOr<std::string> cert = ReadPem(tls.cert, "tls_cert", "CERTIFICATE");
+  absl::StatusOr<std::string> cert =
+      ReadPem(tls.cert, "tls_cert", "CERTIFICATE");
   if (!cert.ok()) return cert.status();
   absl::StatusOr<std::string> key = ReadPem(tls.key, "tls_key", "PRIVATE KEY");
   if (!key.ok()) return key.status();

@@ -12,9 +12,8 @@ TEST(TlsTest, LoopbackAddresses) {
                         "LOCALHOST:1", "[::1]:50051", "unix:/tmp/s"}) {
     EXPECT_TRUE(IsLoopbackListen(a)) << a;
   }
-  for (const char* a : {"0.0.0.0:50051", "[::]:50051", ":50051",
-                        "10.0.0.1:1", "example.com:1", "128.0.0.1:1",
-                        "[::2]:1"}) {
+  for (const char* a : {"0.0.0.0:50051", "[::]:50051", ":50051", "10.0.0.1:1",
+                        "example.com:1", "128.0.0.1:1", "[::2]:1"}) {
     EXPECT_FALSE(IsLoopbackListen(a)) << a;
   }
 }
@@ -30,9 +29,12 @@ TEST(TlsTest, PlaintextOnlyOnLoopbackUnlessAllowed) {
 }
 
 TEST(TlsTest, FlagsGoTogether) {
-  EXPECT_FALSE(CheckTransportSecurity("127.0.0.1:1", {"c", "", ""}, false).ok());
-  EXPECT_FALSE(CheckTransportSecurity("127.0.0.1:1", {"", "k", ""}, false).ok());
-  EXPECT_FALSE(CheckTransportSecurity("127.0.0.1:1", {"", "", "ca"}, false).ok());
+  EXPECT_FALSE(
+      CheckTransportSecurity("127.0.0.1:1", {"c", "", ""}, false).ok());
+  EXPECT_FALSE(
+      CheckTransportSecurity("127.0.0.1:1", {"", "k", ""}, false).ok());
+  EXPECT_FALSE(
+      CheckTransportSecurity("127.0.0.1:1", {"", "", "ca"}, false).ok());
 }
 
 TEST(TlsTest, UnreadableFilesNameTheFlag) {

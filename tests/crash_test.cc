@@ -112,12 +112,12 @@ TEST(CrashTest, KillNineAtRandomMomentsChangesNothing) {
   std::unique_ptr<LocalAggregator> agg = Start(dir);
   ASSERT_NE(agg, nullptr);
   const std::string address = agg->address();
-  ASSERT_TRUE(
-      Client(Options(address)).CreateJob(JobRequest(config, "run", 20000)).ok());
+  ASSERT_TRUE(Client(Options(address))
+                  .CreateJob(JobRequest(config, "run", 20000))
+                  .ok());
   w.address = address;
   w.dir = dir;
-  absl::StatusOr<std::vector<RankOutput>> got =
-      absl::InternalError("not run");
+  absl::StatusOr<std::vector<RankOutput>> got = absl::InternalError("not run");
   absl::Notification finished;
   std::thread workers([&] {
     got = RunWorkers(config, w);
@@ -128,9 +128,8 @@ TEST(CrashTest, KillNineAtRandomMomentsChangesNothing) {
   std::uniform_int_distribution<int> pause_ms(
       50, std::max<int>(200, absl::ToInt64Milliseconds(ref_took) / 6));
   int kills = 0;
-  while (kills < 4 &&
-         !finished.WaitForNotificationWithTimeout(
-             absl::Milliseconds(pause_ms(rng)))) {
+  while (kills < 4 && !finished.WaitForNotificationWithTimeout(
+                          absl::Milliseconds(pause_ms(rng)))) {
     agg->process().Signal(SIGKILL);
     auto code = agg->process().Wait(absl::Seconds(10));
     ASSERT_TRUE(code.ok()) << code.status();
@@ -140,11 +139,11 @@ TEST(CrashTest, KillNineAtRandomMomentsChangesNothing) {
     ASSERT_NE(agg, nullptr) << "restart " << kills;
   }
   workers.join();
-  std::fprintf(stderr,
-               "seed %llu: %d kills; reference run %s, interrupted run %s\n",
-               static_cast<unsigned long long>(seed), kills,
-               absl::FormatDuration(ref_took).c_str(),
-               absl::FormatDuration(absl::Now() - ref_start - ref_took).c_str());
+  std::fprintf(
+      stderr, "seed %llu: %d kills; reference run %s, interrupted run %s\n",
+      static_cast<unsigned long long>(seed), kills,
+      absl::FormatDuration(ref_took).c_str(),
+      absl::FormatDuration(absl::Now() - ref_start - ref_took).c_str());
   ASSERT_TRUE(got.ok()) << got.status() << " (seed " << seed << ")";
   EXPECT_GE(kills, 3) << "the run ended before three kills; lengthen it";
 

@@ -62,7 +62,8 @@ class CtlTest : public ::testing::Test {
         m.count = 4;
         m.mean = {0.1 * step, -0.3 * layer, 1.0 / 3.0};
         m.m2 = {1.5, 2.0 + step, 0.7};
-        std::thread other([&] { ASSERT_TRUE(c1->ReduceForward(layer, step, m).ok()); });
+        std::thread other(
+            [&] { ASSERT_TRUE(c1->ReduceForward(layer, step, m).ok()); });
         ASSERT_TRUE(c0->ReduceForward(layer, step, m).ok());
         other.join();
       }

@@ -40,12 +40,14 @@ int main(int argc, char** argv) {
   config.steps = absl::GetFlag(FLAGS_steps);
   config.global_batch = absl::GetFlag(FLAGS_batch);
   config.channels.clear();
-  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_channels), ',')) {
+  for (absl::string_view c :
+       absl::StrSplit(absl::GetFlag(FLAGS_channels), ',')) {
     int v = 0;
     if (absl::SimpleAtoi(c, &v)) config.channels.push_back(v);
   }
   config.spatial.clear();
-  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_spatial), ',')) {
+  for (absl::string_view d :
+       absl::StrSplit(absl::GetFlag(FLAGS_spatial), ',')) {
     int64_t v = 0;
     if (absl::SimpleAtoi(d, &v)) config.spatial.push_back(v);
   }
@@ -73,8 +75,9 @@ int main(int argc, char** argv) {
   auto outputs = RunWorkers(config, workers);
   if (!outputs.ok()) return Fail(outputs.status());
 
-  std::fprintf(stderr, "computing the float64 reference on the concatenated "
-                       "batch...\n");
+  std::fprintf(stderr,
+               "computing the float64 reference on the concatenated "
+               "batch...\n");
   const ReferenceResult reference = RunReference(config);
   const Comparison cmp = Compare(config, reference, *outputs);
   auto stopped = (*aggregator)->Stop();

@@ -19,9 +19,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "gtest/gtest.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/subprocess.h"
@@ -148,7 +148,8 @@ TEST(DiskTest, AFullDiskFailsRoundsClearlyAndLosesNothingAcknowledged) {
   grpc::Status failed = stub.Forward(5, &r);
   const std::string log = root + "/aggregator.log";
   EXPECT_EQ(failed.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << failed.error_message() << "\n" << ReadAll(log);
+      << failed.error_message() << "\n"
+      << ReadAll(log);
   EXPECT_TRUE(absl::StrContains(failed.error_message(), "not applied"))
       << failed.error_message();
   EXPECT_TRUE(absl::StrContains(failed.error_message(), "is full"))
@@ -161,15 +162,16 @@ TEST(DiskTest, AFullDiskFailsRoundsClearlyAndLosesNothingAcknowledged) {
   (*agg)->process().Signal(SIGKILL);
   ASSERT_TRUE((*agg)->process().Wait(absl::Seconds(10)).ok());
   const std::string refused = root + "/refused.log";
-  auto p = Subprocess::Spawn(
-      {Runfile("server/syncnorm-aggregator"), "--listen=" + address,
-       "--data_dir=" + mnt + "/data"},
-      refused);
+  auto p =
+      Subprocess::Spawn({Runfile("server/syncnorm-aggregator"),
+                         "--listen=" + address, "--data_dir=" + mnt + "/data"},
+                        refused);
   ASSERT_TRUE(p.ok());
   auto code = (*p)->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1) << ReadAll(refused);
-  EXPECT_TRUE(absl::StrContains(ReadAll(refused), "is full")) << ReadAll(refused);
+  EXPECT_TRUE(absl::StrContains(ReadAll(refused), "is full"))
+      << ReadAll(refused);
   EXPECT_TRUE(absl::StrContains(ReadAll(refused), mnt)) << ReadAll(refused);
   // With room again, all is there and the round goes through.
   ASSERT_EQ(std::remove((mnt + "/filler").c_str()), 0);
@@ -191,10 +193,10 @@ TEST(DiskTest, AReadOnlyDataDirIsAClearStartupError) {
   const std::string why = MountTmpfs(mnt, 1, /*read_only=*/true);
   if (!why.empty()) GTEST_SKIP() << "no read-only tmpfs (" << why << ")";
   const std::string log = root + "/ro.log";
-  auto p = Subprocess::Spawn({Runfile("server/syncnorm-aggregator"),
-                              "--listen=127.0.0.1:0",
-                              "--data_dir=" + mnt + "/data"},
-                             log);
+  auto p =
+      Subprocess::Spawn({Runfile("server/syncnorm-aggregator"),
+                         "--listen=127.0.0.1:0", "--data_dir=" + mnt + "/data"},
+                        log);
   ASSERT_TRUE(p.ok());
   auto code = (*p)->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());

@@ -7,8 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
-#include <sstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,13 +55,14 @@ bool WaitFor(F done, absl::Duration timeout) {
 class Stub {
  public:
   explicit Stub(const std::string& address)
-      : channel_(grpc::CreateChannel(address,
-                                     grpc::InsecureChannelCredentials())),
+      : channel_(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
         stub_(v1::Aggregator::NewStub(channel_)) {}
 
   grpc::Status CreateJob(const v1::CreateJobRequest& r, v1::JobInfo* info) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
     return stub_->CreateJob(&ctx, r, info);
   }
   grpc::Status ReduceOnce(const v1::Contribution& c, v1::RoundResult* out,
@@ -76,7 +77,8 @@ class Stub {
     v1::GetRunningStatsRequest r;
     r.set_job_id(job);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
     return stub_->GetRunningStats(&ctx, r, out);
   }
   const std::shared_ptr<grpc::Channel>& channel() { return channel_; }
@@ -121,11 +123,12 @@ class Bystander {
       grpc::Status s1;
       std::thread other([&] {
         v1::RoundResult r;
-        s1 = stub_.ReduceOnce(RoundContribution("bystander", 0, step, 1, 4), &r, 5);
+        s1 = stub_.ReduceOnce(RoundContribution("bystander", 0, step, 1, 4), &r,
+                              5);
       });
       v1::RoundResult r;
-      grpc::Status s0 =
-          stub_.ReduceOnce(RoundContribution("bystander", 0, step, 0, 4), &r, 5);
+      grpc::Status s0 = stub_.ReduceOnce(
+          RoundContribution("bystander", 0, step, 0, 4), &r, 5);
       other.join();
       slowest_ = std::max(slowest_, absl::Now() - start);
       failures_ += !s0.ok() || !s1.ok();
@@ -224,8 +227,8 @@ TEST(FaultTest, QuorumCompletesWithThePresentRanksAndNamesTheMissing) {
   std::vector<std::thread> ranks;
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back([&, r] {
-      statuses[r] = stub.ReduceOnce(RoundContribution("quorum", 0, 0, r, 4),
-                                    &results[r]);
+      statuses[r] =
+          stub.ReduceOnce(RoundContribution("quorum", 0, 0, r, 4), &results[r]);
     });
   }
   for (std::thread& t : ranks) t.join();
@@ -242,20 +245,23 @@ TEST(FaultTest, QuorumCompletesWithThePresentRanksAndNamesTheMissing) {
   }
   // The late rank gets the same answer, naming itself as not counted.
   v1::RoundResult late;
-  ASSERT_TRUE(stub.ReduceOnce(RoundContribution("quorum", 0, 0, 3, 4), &late).ok());
+  ASSERT_TRUE(
+      stub.ReduceOnce(RoundContribution("quorum", 0, 0, 3, 4), &late).ok());
   EXPECT_EQ(late.SerializeAsString(), results[0].SerializeAsString());
   // Applied once, from the three ranks present.
   v1::RunningStats stats;
   ASSERT_TRUE(stub.Stats("quorum", &stats).ok());
   EXPECT_EQ(stats.layers(0).num_batches_tracked(), 1);
-  EXPECT_NEAR(stats.layers(0).running_mean(0), 0.1 * (double)want.mean[0], 1e-12);
+  EXPECT_NEAR(stats.layers(0).running_mean(0), 0.1 * (double)want.mean[0],
+              1e-12);
   // With fewer than min_ranks the round waits for its deadline as usual.
   v1::CreateJobRequest strict = Job("quorum-short", 4, 1, 1000);
   strict.mutable_quorum()->set_min_ranks(3);
   strict.mutable_quorum()->set_grace_ms(100);
   ASSERT_TRUE(stub.CreateJob(strict, &info).ok());
   v1::RoundResult r;
-  grpc::Status s = stub.ReduceOnce(RoundContribution("quorum-short", 0, 0, 0, 4), &r);
+  grpc::Status s =
+      stub.ReduceOnce(RoundContribution("quorum-short", 0, 0, 0, 4), &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_NE(s.error_message().find("[1, 2, 3]"), std::string::npos)
       << s.error_message();
@@ -271,8 +277,8 @@ TEST(FaultTest, QuorumCompletesWithThePresentRanksAndNamesTheMissing) {
     if (retried.error_code() != grpc::StatusCode::UNAVAILABLE) break;
     absl::SleepFor(absl::Milliseconds(100));
   }
-  ASSERT_TRUE(retried.ok()) << retried.error_code() << " "
-                            << retried.error_message();
+  ASSERT_TRUE(retried.ok())
+      << retried.error_code() << " " << retried.error_message();
   EXPECT_EQ(again.SerializeAsString(), results[0].SerializeAsString());
   // The log names the quorum round.
   std::ifstream log(dir + "/aggregator.log");
@@ -310,7 +316,8 @@ TEST(FaultTest, ClientThatVanishesFreesWhatItHeld) {
     absl::SleepFor(absl::Milliseconds(1500 + 300));
     for (const std::string& job : jobs) {
       v1::RoundResult r;
-      grpc::Status s = stub.ReduceOnce(RoundContribution(job, 7, cycle, 1, 4), &r, 5);
+      grpc::Status s =
+          stub.ReduceOnce(RoundContribution(job, 7, cycle, 1, 4), &r, 5);
       EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
           << job << " cycle " << cycle << ": " << s.error_message();
     }

@@ -58,10 +58,14 @@ int FreePort() {
 // ("9"), once the query has one; "" if none came within the deadline.
 std::string Query(int port, const std::string& promql, absl::Time deadline) {
   const std::string path = absl::StrCat(
-      "/api/v1/query?query=",
-      absl::StrReplaceAll(promql, {{"{", "%7B"}, {"}", "%7D"}, {"\"", "%22"},
-                                   {"=", "%3D"}, {",", "%2C"}, {" ", "%20"},
-                                   {"(", "%28"}, {")", "%29"}}));
+      "/api/v1/query?query=", absl::StrReplaceAll(promql, {{"{", "%7B"},
+                                                           {"}", "%7D"},
+                                                           {"\"", "%22"},
+                                                           {"=", "%3D"},
+                                                           {",", "%2C"},
+                                                           {" ", "%20"},
+                                                           {"(", "%28"},
+                                                           {")", "%29"}}));
   std::string body;
   while (absl::Now() < deadline) {
     body = HttpGet(port, path);
@@ -111,8 +115,7 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
   ASSERT_TRUE(client.Checkpoint("metrics", config.steps - 1).ok());
   // The exposition itself, before Prometheus reads it.
   const std::string text = HttpGet(metrics_port, "/metrics");
-  EXPECT_NE(text.find("grpc_server_started_total{"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("grpc_server_started_total{"), std::string::npos) << text;
 
   const int web_port = FreePort();
   ASSERT_GT(web_port, 0);

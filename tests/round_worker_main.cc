@@ -94,7 +94,8 @@ void RunJob(Client& client, const std::string& job, int rank, Log& log,
       const absl::Duration took = absl::Now() - start;
       const std::string key = absl::StrCat(job, " ", layer, " ", step);
       if (took > bound) {
-        log.Write(absl::StrCat("H ", key, " ", absl::ToInt64Milliseconds(took)));
+        log.Write(
+            absl::StrCat("H ", key, " ", absl::ToInt64Milliseconds(took)));
       }
       if (!r.ok()) {
         std::string msg(r.status().message());
@@ -115,15 +116,14 @@ void RunJob(Client& client, const std::string& job, int rank, Log& log,
       const std::string bad = CheckGlobal(
           r->moments(), ReferenceMerge(job, layer, step, counted, channels));
       if (!bad.empty()) log.Write(absl::StrCat("B ", key, " ", bad));
-      if (last_version[layer] >= 0 &&
-          r->version() != last_version[layer] + 1) {
-        log.Write(absl::StrCat("B ", key, " version ", r->version(),
-                               " after ", last_version[layer]));
+      if (last_version[layer] >= 0 && r->version() != last_version[layer] + 1) {
+        log.Write(absl::StrCat("B ", key, " version ", r->version(), " after ",
+                               last_version[layer]));
       }
       last_version[layer] = r->version();
-      const std::string missing =
-          r->missing_ranks().empty() ? "-"
-                                     : absl::StrJoin(r->missing_ranks(), ",");
+      const std::string missing = r->missing_ranks().empty()
+                                      ? "-"
+                                      : absl::StrJoin(r->missing_ranks(), ",");
       log.Write(absl::StrCat("O ", key, " ", r->version(), " ", missing));
     }
   }
@@ -170,9 +170,8 @@ int main(int argc, char** argv) {
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (const std::string& job : jobs) {
-    threads.emplace_back([&, job] {
-      syncnorm::testing::RunJob(client, job, rank, log, stop);
-    });
+    threads.emplace_back(
+        [&, job] { syncnorm::testing::RunJob(client, job, rank, log, stop); });
   }
   const std::string stop_file = absl::GetFlag(FLAGS_stop_file);
   while (!syncnorm::testing::Exists(stop_file)) {

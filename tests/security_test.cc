@@ -59,16 +59,15 @@ void OpenSsl(const std::string& dir, std::vector<std::string> args) {
   auto p = Subprocess::Spawn(args, dir + "/openssl.log");
   ASSERT_TRUE(p.ok()) << p.status();
   absl::StatusOr<int> code = (*p)->Wait(absl::Seconds(30));
-  ASSERT_TRUE(code.ok() && *code == 0)
-      << absl::StrJoin(args, " ") << "\n" << ReadFile(dir + "/openssl.log");
+  ASSERT_TRUE(code.ok() && *code == 0) << absl::StrJoin(args, " ") << "\n"
+                                       << ReadFile(dir + "/openssl.log");
 }
 
 // A CA, a server certificate for localhost/127.0.0.1, a client certificate
 // and an unrelated CA, each key P-256, under `dir`.
 void MakeCertificates(const std::string& dir) {
-  const std::vector<std::string> ec = {"-newkey", "ec", "-pkeyopt",
-                                       "ec_paramgen_curve:prime256v1",
-                                       "-nodes"};
+  const std::vector<std::string> ec = {
+      "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"};
   auto with = [&](std::vector<std::string> a) {
     a.insert(a.begin() + 1, ec.begin(), ec.end());
     return a;
@@ -89,9 +88,9 @@ void MakeCertificates(const std::string& dir) {
                        dir + "/" + who + ".csr", "-subj",
                        who == "server" ? "/CN=localhost" : "/CN=trainer"}));
     OpenSsl(dir, {"x509", "-req", "-in", dir + "/" + who + ".csr", "-CA",
-                  dir + "/ca.crt", "-CAkey", dir + "/ca.key",
-                  "-CAcreateserial", "-out", dir + "/" + who + ".crt", "-days",
-                  "2", "-extfile", dir + "/" + who + ".ext"});
+                  dir + "/ca.crt", "-CAkey", dir + "/ca.key", "-CAcreateserial",
+                  "-out", dir + "/" + who + ".crt", "-days", "2", "-extfile",
+                  dir + "/" + who + ".ext"});
   }
 }
 
@@ -149,9 +148,9 @@ class SecurityTest : public ::testing::Test {
 
 TEST_F(SecurityTest, TlsServesEncryptedAndRefusesPlaintextClients) {
   MakeCertificates(dir_);
-  auto server = LocalAggregator::Start(
-      dir_, {"--tls_cert=" + dir_ + "/server.crt",
-             "--tls_key=" + dir_ + "/server.key"});
+  auto server =
+      LocalAggregator::Start(dir_, {"--tls_cert=" + dir_ + "/server.crt",
+                                    "--tls_key=" + dir_ + "/server.key"});
   ASSERT_TRUE(server.ok()) << server.status();
 
   ClientOptions tls = Options((*server)->address());
@@ -172,10 +171,10 @@ TEST_F(SecurityTest, TlsServesEncryptedAndRefusesPlaintextClients) {
 
 TEST_F(SecurityTest, MutualTlsRejectsAClientWithoutACertificate) {
   MakeCertificates(dir_);
-  auto server = LocalAggregator::Start(
-      dir_, {"--tls_cert=" + dir_ + "/server.crt",
-             "--tls_key=" + dir_ + "/server.key",
-             "--tls_client_ca=" + dir_ + "/ca.crt"});
+  auto server =
+      LocalAggregator::Start(dir_, {"--tls_cert=" + dir_ + "/server.crt",
+                                    "--tls_key=" + dir_ + "/server.key",
+                                    "--tls_client_ca=" + dir_ + "/ca.crt"});
   ASSERT_TRUE(server.ok()) << server.status();
 
   ClientOptions no_cert = Options((*server)->address());
@@ -213,8 +212,8 @@ CtlRun Ctl(const std::string& dir, const std::vector<std::string>& args) {
 TEST_F(SecurityTest, SyncnormctlTakesMutualTlsAndATokenFile) {
   MakeCertificates(dir_);
   const std::string tokens = dir_ + "/tokens";
-  WriteAtomically(tokens, absl::StrCat(kAdminToken, " admin\n", kJobAToken,
-                                       " job:a\n"));
+  WriteAtomically(
+      tokens, absl::StrCat(kAdminToken, " admin\n", kJobAToken, " job:a\n"));
   std::ofstream(dir_ + "/admin.token") << kAdminToken << "\n";
   std::ofstream(dir_ + "/a.token") << kJobAToken;
   auto server = LocalAggregator::Start(
@@ -239,19 +238,19 @@ TEST_F(SecurityTest, SyncnormctlTakesMutualTlsAndATokenFile) {
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   };
-  CtlRun jobs = Ctl(dir_, with({"--token_file=" + dir_ + "/admin.token",
-                                "jobs"}));
+  CtlRun jobs =
+      Ctl(dir_, with({"--token_file=" + dir_ + "/admin.token", "jobs"}));
   EXPECT_EQ(jobs.code, 0) << jobs.err;
   EXPECT_TRUE(absl::StrContains(jobs.out, "a") &&
               absl::StrContains(jobs.out, "b"))
       << jobs.out;
   // A job's token reaches its job and no other.
-  CtlRun own = Ctl(dir_, with({"--token_file=" + dir_ + "/a.token",
-                               "layers", "a"}));
+  CtlRun own =
+      Ctl(dir_, with({"--token_file=" + dir_ + "/a.token", "layers", "a"}));
   EXPECT_EQ(own.code, 0) << own.err;
   EXPECT_TRUE(absl::StrContains(own.out, "bn0")) << own.out;
-  CtlRun other = Ctl(dir_, with({"--token_file=" + dir_ + "/a.token",
-                                 "layers", "b"}));
+  CtlRun other =
+      Ctl(dir_, with({"--token_file=" + dir_ + "/a.token", "layers", "b"}));
   EXPECT_NE(other.code, 0);
   EXPECT_TRUE(absl::StrContains(other.err, "does not grant job 'b'"))
       << other.err;
@@ -468,8 +467,8 @@ TEST_F(TokensTest, TheFileIsReloadedWhenItChanges) {
   auto get_a = [&] { return late.GetJob("a").status().code(); };
 
   // Added: works within about a second.
-  WriteAtomically(tokens_, absl::StrCat(kAdminToken, " admin\n", kLateToken,
-                                        " job:a\n"));
+  WriteAtomically(
+      tokens_, absl::StrCat(kAdminToken, " admin\n", kLateToken, " job:a\n"));
   EXPECT_EQ(Await(get_a, absl::StatusCode::kOk), absl::StatusCode::kOk);
   // An open stream follows the file as well.
   std::unique_ptr<Contributor> stream = late.NewContributor("a", 0);
@@ -478,9 +477,9 @@ TEST_F(TokensTest, TheFileIsReloadedWhenItChanges) {
   // A broken file keeps the tokens in force, and the log says so, naming
   // the line: here a line with its columns swapped, `job:<id> <token>`,
   // which must not put the token in the log (ExpectNoTokenInLog below).
-  WriteAtomically(tokens_, absl::StrCat(kLateToken, " job:a\n",
-                                        "job:resnet50-run7 ", kAdminToken,
-                                        "\n"));
+  WriteAtomically(tokens_,
+                  absl::StrCat(kLateToken, " job:a\n", "job:resnet50-run7 ",
+                               kAdminToken, "\n"));
   absl::SleepFor(absl::Milliseconds(2500));
   EXPECT_TRUE(late.GetJob("a").ok());
   const std::string log = ReadFile(dir_ + "/aggregator.log");
@@ -515,8 +514,8 @@ TEST_F(SecurityTest, PlaintextOnlyOnLoopbackUnlessAllowed) {
         << ReadFile(log);
   }
   // Flags later on the command line win, so this listens on every address.
-  auto server = LocalAggregator::Start(
-      dir_, {"--listen=0.0.0.0:0", "--allow_insecure"});
+  auto server =
+      LocalAggregator::Start(dir_, {"--listen=0.0.0.0:0", "--allow_insecure"});
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_TRUE(Client(Options((*server)->address())).CreateJob(Job("x")).ok());
 }
@@ -606,7 +605,8 @@ TEST_F(LimitsTest, RoundsInFlight) {
   auto stream = stub_->Reduce(&context);
   // Rank 0 of steps 1 and 2 wait for rank 1; step 3 would be a third round.
   for (int64_t step : {1, 2}) ASSERT_TRUE(stream->Write(Forward("p", step, 0)));
-  absl::SleepFor(absl::Milliseconds(300));  // the server may take them in any order
+  absl::SleepFor(
+      absl::Milliseconds(300));  // the server may take them in any order
   ASSERT_TRUE(stream->Write(Forward("p", 3, 0)));
   v1::RoundResult result;
   ASSERT_TRUE(stream->Read(&result));

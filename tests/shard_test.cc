@@ -79,9 +79,11 @@ bool SameOutputs(const std::vector<RankOutput>& got,
       const RankOutput& a = got[i];
       const RankOutput& b = want[i];
       if (a.rank != b.rank || !same(a.y[l], b.y[l]) ||
-          !same(a.dx[l], b.dx[l]) || !same(a.running[l].mean, b.running[l].mean) ||
+          !same(a.dx[l], b.dx[l]) ||
+          !same(a.running[l].mean, b.running[l].mean) ||
           !same(a.running[l].var, b.running[l].var) ||
-          a.running[l].num_batches_tracked != b.running[l].num_batches_tracked) {
+          a.running[l].num_batches_tracked !=
+              b.running[l].num_batches_tracked) {
         ADD_FAILURE() << "rank " << a.rank << " layer " << l << " differs";
         return false;
       }
@@ -181,7 +183,8 @@ TEST_F(ShardTest, LayersSpreadOverShardsGiveTheSingleServersResult) {
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(info->shard().shard(), s);
     EXPECT_EQ(info->shard().num_shards(), kShards);
-    const std::vector<int> want = OwnedLayers(kJob, config.layers(), s, kShards);
+    const std::vector<int> want =
+        OwnedLayers(kJob, config.layers(), s, kShards);
     EXPECT_EQ(std::vector<int>(info->shard().owned_layers().begin(),
                                info->shard().owned_layers().end()),
               want);
@@ -210,8 +213,8 @@ TEST_F(ShardTest, LayersSpreadOverShardsGiveTheSingleServersResult) {
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_EQ((*listed)[0].tag(), "end");
   for (int s = 0; s < kShards; ++s) {
-    auto on_shard = Client(Options(shards.servers[s]->address()))
-                        .ListCheckpoints(kJob);
+    auto on_shard =
+        Client(Options(shards.servers[s]->address())).ListCheckpoints(kJob);
     ASSERT_TRUE(on_shard.ok()) << on_shard.status();
     EXPECT_EQ(on_shard->size(), 1u) << "shard " << s;
   }
@@ -235,8 +238,8 @@ TEST_F(ShardTest, LayersSpreadOverShardsGiveTheSingleServersResult) {
   m.count = 2;
   m.mean.assign(config.channels[foreign], 0.5);
   m.m2.assign(config.channels[foreign], 1.0);
-  auto refused = shard0.NewContributor(kJob, 0)->ReduceForward(
-      foreign, config.steps, m);
+  auto refused =
+      shard0.NewContributor(kJob, 0)->ReduceForward(foreign, config.steps, m);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("owned by another shard"),
             std::string::npos)

@@ -65,7 +65,8 @@ TEST(SoakTest, ChaosChangesNoResult) {
   const std::string dir = MakeScratchDir("soak");
   std::unique_ptr<LocalAggregator> agg = StartAggregator(dir);
   ASSERT_NE(agg, nullptr);
-  const int port = std::stoi(agg->address().substr(agg->address().rfind(':') + 1));
+  const int port =
+      std::stoi(agg->address().substr(agg->address().rfind(':') + 1));
   auto proxy = TcpProxy::Start(port);
   ASSERT_TRUE(proxy.ok()) << proxy.status();
   RoundClusterOptions o;
@@ -90,8 +91,8 @@ TEST(SoakTest, ChaosChangesNoResult) {
   absl::Time warm_at = absl::InfiniteFuture();
   std::uniform_int_distribution<int> pause_ms(1500, 3500);
   std::uniform_int_distribution<int> pick(0, 9);
-  auto channel = grpc::CreateChannel(agg->address(),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials());
   int unhealthy = 0;
   while (absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(pause_ms(rng)));
@@ -129,8 +130,10 @@ TEST(SoakTest, ChaosChangesNoResult) {
     auto health = CheckHealth(channel);
     unhealthy += !health.ok() || *health != 1;
   }
-  ASSERT_TRUE(cluster.StopAll(absl::Milliseconds(kRoundTimeoutMs) * 4 +
-                              absl::Seconds(20)).ok())
+  ASSERT_TRUE(
+      cluster
+          .StopAll(absl::Milliseconds(kRoundTimeoutMs) * 4 + absl::Seconds(20))
+          .ok())
       << "a worker hung";
   absl::SleepFor(absl::Milliseconds(2 * kRoundTimeoutMs));  // rounds expire
   const int64_t rss_end = RssKb(*agg);
@@ -143,7 +146,8 @@ TEST(SoakTest, ChaosChangesNoResult) {
                completed, worker_kills, drops, server_kills, unhealthy,
                static_cast<long long>(rss_warm),
                static_cast<long long>(rss_end));
-  absl::Status checked = cluster.Check(agg->address(), /*min_rounds_per_job=*/8);
+  absl::Status checked =
+      cluster.Check(agg->address(), /*min_rounds_per_job=*/8);
   EXPECT_TRUE(checked.ok()) << checked << " (seed " << seed << ")";
   if (rss_warm > 0) {
     EXPECT_LE(rss_end, rss_warm * 13 / 10 + 30 * 1024)

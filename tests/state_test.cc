@@ -55,7 +55,8 @@ class Trainer {
     *r.add_layers() = *ToLayerSpec(options_, "bn");
     EXPECT_TRUE(client.CreateJob(r).ok());
     group_ = std::make_unique<SoloNodeGroup>(client.NewContributor(job, 0));
-    layer_ = std::make_unique<SyncBatchNorm>(0, options_, group_.get(), nullptr);
+    layer_ =
+        std::make_unique<SyncBatchNorm>(0, options_, group_.get(), nullptr);
   }
 
   // One training forward on the data of `step` (a pure function of it).
@@ -64,8 +65,8 @@ class Trainer {
     std::normal_distribution<float> value(1.0f * step, 2.0f);
     std::vector<float> x(4 * 3 * 5), y(x.size());
     for (float& v : x) v = value(rng);
-    ASSERT_TRUE(layer_->Forward({x.data(), {4, 3, 5}}, {y.data(), {4, 3, 5}})
-                    .ok());
+    ASSERT_TRUE(
+        layer_->Forward({x.data(), {4, 3, 5}}, {y.data(), {4, 3, 5}}).ok());
   }
 
   SyncBatchNorm& layer() { return *layer_; }
@@ -126,10 +127,10 @@ TEST(StateTest, CheckpointGoOnRestoreAndResumeThroughTheLayer) {
 // (not a signal) and a message that names the folder.
 void ExpectRefusal(const std::string& data_dir, const std::string& log,
                    const std::string& why) {
-  auto p = Subprocess::Spawn({Runfile("server/syncnorm-aggregator"),
-                              "--listen=127.0.0.1:0",
-                              absl::StrCat("--data_dir=", data_dir)},
-                             log);
+  auto p = Subprocess::Spawn(
+      {Runfile("server/syncnorm-aggregator"), "--listen=127.0.0.1:0",
+       absl::StrCat("--data_dir=", data_dir)},
+      log);
   ASSERT_TRUE(p.ok());
   auto code = (*p)->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok()) << why << ": the server did not exit";

@@ -221,9 +221,8 @@ TEST_F(ProtocolTest, RetriesGetTheSameResultAndConflictsAreRejected) {
   ASSERT_TRUE(CreateJob("retry", 2, 1, 5000).ok());
   v1::RoundResult r0, r1;
   grpc::Status s1;
-  std::thread t([&] {
-    s1 = ReduceOnce(Forward("retry", 0, 1, {3.0}, {2.0}, 4), &r1);
-  });
+  std::thread t(
+      [&] { s1 = ReduceOnce(Forward("retry", 0, 1, {3.0}, {2.0}, 4), &r1); });
   ASSERT_TRUE(ReduceOnce(Forward("retry", 0, 0, {1.0}, {4.0}, 2), &r0).ok());
   t.join();
   ASSERT_TRUE(s1.ok()) << s1.error_message();
@@ -238,7 +237,8 @@ TEST_F(ProtocolTest, RetriesGetTheSameResultAndConflictsAreRejected) {
   EXPECT_EQ(again.SerializeAsString(), r0.SerializeAsString());
   EXPECT_EQ(again.version(), 1);
   v1::RoundResult conflict;
-  grpc::Status s = ReduceOnce(Forward("retry", 0, 0, {1.5}, {4.0}, 2), &conflict);
+  grpc::Status s =
+      ReduceOnce(Forward("retry", 0, 0, {1.5}, {4.0}, 2), &conflict);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
   EXPECT_NE(s.error_message().find("different"), std::string::npos)
       << s.error_message();
@@ -272,12 +272,14 @@ TEST_F(ProtocolTest, BadRequestsGetPreciseStatusesAndTheServerServesOn) {
   };
   const JobCase job_cases[] = {
       {"empty job id", grpc::INVALID_ARGUMENT, "", 2, 2, 0, 0.1, 1},
-      {"bad job id characters", grpc::INVALID_ARGUMENT, "a b/c", 2, 2, 0, 0.1, 1},
+      {"bad job id characters", grpc::INVALID_ARGUMENT, "a b/c", 2, 2, 0, 0.1,
+       1},
       {"world_size 0", grpc::INVALID_ARGUMENT, "j1", 0, 2, 0, 0.1, 1},
       {"world_size negative", grpc::INVALID_ARGUMENT, "j2", -3, 2, 0, 0.1, 1},
       {"num_features 0", grpc::INVALID_ARGUMENT, "j3", 2, 0, 0, 0.1, 1},
       {"num_features negative", grpc::INVALID_ARGUMENT, "j4", 2, -1, 0, 0.1, 1},
-      {"group_size not dividing", grpc::INVALID_ARGUMENT, "j5", 4, 2, 3, 0.1, 1},
+      {"group_size not dividing", grpc::INVALID_ARGUMENT, "j5", 4, 2, 3, 0.1,
+       1},
       {"group_size negative", grpc::INVALID_ARGUMENT, "j6", 4, 2, -2, 0.1, 1},
       {"momentum above 1", grpc::INVALID_ARGUMENT, "j7", 2, 2, 0, 1.5, 1},
       {"momentum NaN", grpc::INVALID_ARGUMENT, "j8", 2, 2, 0, NAN, 1},
@@ -310,8 +312,10 @@ TEST_F(ProtocolTest, BadRequestsGetPreciseStatusesAndTheServerServesOn) {
     cases.push_back({what, code, c});
   };
   add("unknown job", grpc::NOT_FOUND, [](auto& c) { c.set_job_id("nope"); });
-  add("layer out of range", grpc::INVALID_ARGUMENT, [](auto& c) { c.set_layer(1); });
-  add("negative layer", grpc::INVALID_ARGUMENT, [](auto& c) { c.set_layer(-1); });
+  add("layer out of range", grpc::INVALID_ARGUMENT,
+      [](auto& c) { c.set_layer(1); });
+  add("negative layer", grpc::INVALID_ARGUMENT,
+      [](auto& c) { c.set_layer(-1); });
   add("rank = world", grpc::INVALID_ARGUMENT, [](auto& c) { c.set_rank(2); });
   add("negative rank", grpc::INVALID_ARGUMENT, [](auto& c) { c.set_rank(-1); });
   add("negative step", grpc::INVALID_ARGUMENT, [](auto& c) { c.set_step(-4); });
@@ -361,10 +365,12 @@ TEST_F(ProtocolTest, BadRequestsGetPreciseStatusesAndTheServerServesOn) {
   // A step long superseded.
   for (int64_t step = 0; step < 64; ++step) {
     v1::RoundResult r;
-    ASSERT_TRUE(ReduceOnce(Forward("single", step + 1, 0, {1, 2}, {1, 1}, 2), &r).ok());
+    ASSERT_TRUE(
+        ReduceOnce(Forward("single", step + 1, 0, {1, 2}, {1, 1}, 2), &r).ok());
   }
   v1::RoundResult r;
-  grpc::Status stale = ReduceOnce(Forward("single", 1, 0, {5, 5}, {1, 1}, 2), &r);
+  grpc::Status stale =
+      ReduceOnce(Forward("single", 1, 0, {5, 5}, {1, 1}, 2), &r);
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
       << stale.error_message();
   // Unknown job in the other calls.
@@ -379,7 +385,8 @@ TEST_F(ProtocolTest, BadRequestsGetPreciseStatusesAndTheServerServesOn) {
   EXPECT_EQ(*health, 1) << "SERVING";
   ASSERT_TRUE(CreateJob("after-bad", 1, 2, 5000).ok());
   v1::RoundResult ok;
-  EXPECT_TRUE(ReduceOnce(Forward("after-bad", 0, 0, {1, 2}, {1, 1}, 2), &ok).ok());
+  EXPECT_TRUE(
+      ReduceOnce(Forward("after-bad", 0, 0, {1, 2}, {1, 1}, 2), &ok).ok());
 }
 
 }  // namespace

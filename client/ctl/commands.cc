@@ -34,8 +34,8 @@ absl::Status Need(const Args& args, size_t n, absl::string_view shape) {
 }
 
 // The statistics request of --group and --step (a checkpoint) for a job.
-absl::StatusOr<v1::GetRunningStatsRequest> StatsRequest(const Args& args,
-                                                        const std::string& job) {
+absl::StatusOr<v1::GetRunningStatsRequest> StatsRequest(
+    const Args& args, const std::string& job) {
   v1::GetRunningStatsRequest r;
   r.set_job_id(job);
   auto group = args.Int("group");
@@ -189,8 +189,7 @@ absl::Status Stats(Client& client, const Args& args, std::ostream& out) {
 }
 
 absl::Status Export(Client& client, const Args& args, std::ostream& out) {
-  if (absl::Status s =
-          Need(args, 1, "JOB [--group=G] [--step=S] [--out=FILE]");
+  if (absl::Status s = Need(args, 1, "JOB [--group=G] [--step=S] [--out=FILE]");
       !s.ok()) {
     return s;
   }
@@ -234,8 +233,8 @@ absl::Status Import(Client& client, const Args& args, std::ostream& out) {
   auto request =
       ImportStateDict(*job, text.str(), static_cast<int>(group->value_or(-1)));
   if (!request.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        args.positional[1], ": ", request.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(args.positional[1], ": ", request.status().message()));
   }
   auto json = args.Json();
   if (!json.ok()) return json.status();
@@ -277,8 +276,8 @@ absl::Status TakeCheckpoint(Client& client, const Args& args,
   if (absl::Status s = Need(args, 2, "JOB STEP [--tag=T]"); !s.ok()) return s;
   int64_t step = 0;
   if (!absl::SimpleAtoi(args.positional[1], &step)) {
-    return Usage(absl::StrCat("STEP '", args.positional[1],
-                              "' is not an integer"));
+    return Usage(
+        absl::StrCat("STEP '", args.positional[1], "' is not an integer"));
   }
   auto json = args.Json();
   if (!json.ok()) return json.status();
@@ -300,8 +299,8 @@ absl::Status Restore(Client& client, const Args& args, std::ostream& out) {
   if (absl::Status s = Need(args, 2, "JOB STEP"); !s.ok()) return s;
   int64_t step = 0;
   if (!absl::SimpleAtoi(args.positional[1], &step)) {
-    return Usage(absl::StrCat("STEP '", args.positional[1],
-                              "' is not an integer"));
+    return Usage(
+        absl::StrCat("STEP '", args.positional[1], "' is not an integer"));
   }
   auto json = args.Json();
   if (!json.ok()) return json.status();
@@ -334,8 +333,8 @@ absl::Status Delete(Client& client, const Args& args, std::ostream& out) {
 }  // namespace
 
 absl::Status Run(Client& client, const Args& args, std::ostream& out) {
-  using Command = std::function<absl::Status(Client&, const Args&,
-                                             std::ostream&)>;
+  using Command =
+      std::function<absl::Status(Client&, const Args&, std::ostream&)>;
   static const auto* commands = new std::map<std::string, Command>{
       {"jobs", Jobs},
       {"layers", Layers},

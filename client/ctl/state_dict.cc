@@ -33,7 +33,8 @@ absl::StatusOr<std::vector<double>> Numbers(const Json& value,
   std::vector<double> out;
   for (const Json& v : value) {
     if (!v.is_number()) {
-      return Bad(absl::StrCat("'", key, "' holds a value that is not a number"));
+      return Bad(
+          absl::StrCat("'", key, "' holds a value that is not a number"));
     }
     out.push_back(v.get<double>());
   }
@@ -61,8 +62,8 @@ absl::StatusOr<v1::LayerStats> LayerEntry(const Json& dict,
   if (dict.contains(count_key)) {
     const Json& n = dict[count_key];
     if (!n.is_number_integer() || n.get<int64_t>() < 0) {
-      return Bad(absl::StrCat("'", count_key,
-                              "' must be a non-negative integer"));
+      return Bad(
+          absl::StrCat("'", count_key, "' must be a non-negative integer"));
     }
     out.set_num_batches_tracked(n.get<int64_t>());
   }
@@ -80,8 +81,8 @@ std::string ExportStateDict(const v1::JobInfo& job,
   Json dict = Json::object();
   for (const v1::LayerStats& l : stats.layers()) {
     const std::string prefix = LayerPrefix(job.layers(l.layer()), l.layer());
-    dict[prefix + kMean] = std::vector<double>(l.running_mean().begin(),
-                                               l.running_mean().end());
+    dict[prefix + kMean] =
+        std::vector<double>(l.running_mean().begin(), l.running_mean().end());
     dict[prefix + kVar] =
         std::vector<double>(l.running_var().begin(), l.running_var().end());
     dict[prefix + kCount] = l.num_batches_tracked();
@@ -107,16 +108,17 @@ absl::StatusOr<v1::SetRunningStatsRequest> ImportStateDict(
   std::set<int> present;
   for (const auto& [key, value] : dict.items()) {
     const size_t dot = key.rfind('.');
-    const std::string prefix = dot == std::string::npos ? key : key.substr(0, dot);
+    const std::string prefix =
+        dot == std::string::npos ? key : key.substr(0, dot);
     const std::string suffix = dot == std::string::npos ? "" : key.substr(dot);
     auto it = layer_of.find(prefix);
     if (it == layer_of.end() ||
         (suffix != kMean && suffix != kVar && suffix != kCount)) {
       std::vector<std::string> names;
       for (const auto& [name, index] : layer_of) names.push_back(name);
-      return Bad(absl::StrCat("key '", key, "' matches no layer of job '",
-                              job.job_id(), "' (its layers: ",
-                              absl::StrJoin(names, ", "), ")"));
+      return Bad(absl::StrCat(
+          "key '", key, "' matches no layer of job '", job.job_id(),
+          "' (its layers: ", absl::StrJoin(names, ", "), ")"));
     }
     present.insert(it->second);
   }

@@ -98,8 +98,8 @@ absl::StatusOr<std::vector<RankOutput>> RunWorkers(const StackConfig& config,
     const std::string log = absl::StrCat(opts.dir, "/worker", p, ".log");
     if (!code.ok() || *code != 0) {
       return absl::InternalError(absl::StrCat(
-          "worker ", p, " failed (", code.ok() ? absl::StrCat("exit ", *code)
-                                              : code.status().ToString(),
+          "worker ", p, " failed (",
+          code.ok() ? absl::StrCat("exit ", *code) : code.status().ToString(),
           "); its log:\n", ReadFile(log)));
     }
     auto outputs = ReadOutputs(absl::StrCat(opts.dir, "/worker", p, ".out"));

@@ -40,11 +40,11 @@ v1::CreateJobRequest JobRequest(const StackConfig& config,
                                 int64_t round_timeout_ms, int local_size = 1);
 
 struct WorkersOptions {
-  std::string address;     // the aggregator, or its shards "a:1,b:2,..."
+  std::string address;  // the aggregator, or its shards "a:1,b:2,..."
   std::string job_id;
-  std::string dir;         // scratch folder for outputs and logs
-  int local_size = 1;      // data ranks per worker process
-  bool progress = false;   // the first worker prints a line per step
+  std::string dir;        // scratch folder for outputs and logs
+  int local_size = 1;     // data ranks per worker process
+  bool progress = false;  // the first worker prints a line per step
   absl::Duration timeout = absl::Minutes(5);
 };
 

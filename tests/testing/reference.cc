@@ -12,7 +12,9 @@ struct Canon {
   int channels = 0;
   int64_t p = 0;
   std::vector<double> v;
-  double& at(int64_t s, int c, int64_t q) { return v[(s * channels + c) * p + q]; }
+  double& at(int64_t s, int c, int64_t q) {
+    return v[(s * channels + c) * p + q];
+  }
 };
 
 double Round(double x) { return static_cast<double>(static_cast<float>(x)); }
@@ -67,7 +69,8 @@ LayerTape ForwardLayer(const StackConfig& config, int layer, Canon x,
     const double mean = sum / count;
     double m2 = 0;
     for (int64_t s = 0; s < x.n; ++s)
-      for (int64_t q = 0; q < x.p; ++q) m2 += (x.at(s, c, q) - mean) * (x.at(s, c, q) - mean);
+      for (int64_t q = 0; q < x.p; ++q)
+        m2 += (x.at(s, c, q) - mean) * (x.at(s, c, q) - mean);
     t.mean[c] = mean;
     var[c] = m2 / count;
     t.invstd[c] = 1.0 / std::sqrt(var[c] + config.eps);
@@ -103,27 +106,30 @@ Canon BackwardLayer(const StackConfig& config, int layer, const LayerTape& t,
     for (int64_t s = 0; s < dy.n; ++s) {
       for (int64_t q = 0; q < dy.p; ++q) {
         sum_dy += masked(s, q);
-        sum_dy_xmu += masked(s, q) * (t.x.v[(s * C + c) * dy.p + q] - t.mean[c]);
+        sum_dy_xmu +=
+            masked(s, q) * (t.x.v[(s * C + c) * dy.p + q] - t.mean[c]);
       }
     }
     const double k = Gamma(config, layer, c) * t.invstd[c];
     for (int64_t s = 0; s < dy.n; ++s) {
       for (int64_t q = 0; q < dy.p; ++q) {
         const double xmu = t.x.v[(s * C + c) * dy.p + q] - t.mean[c];
-        dx.at(s, c, q) = Round(k * (masked(s, q) - sum_dy / count -
-                                    xmu * t.invstd[c] * t.invstd[c] *
-                                        sum_dy_xmu / count));
+        dx.at(s, c, q) =
+            Round(k * (masked(s, q) - sum_dy / count -
+                       xmu * t.invstd[c] * t.invstd[c] * sum_dy_xmu / count));
       }
     }
   }
   return dx;
 }
 
-Canon Mix(const StackConfig& config, int layer, const Canon& in, bool transpose) {
+Canon Mix(const StackConfig& config, int layer, const Canon& in,
+          bool transpose) {
   Canon out;
   out.n = in.n;
   out.p = in.p;
-  out.channels = transpose ? config.channels[layer] : config.channels[layer + 1];
+  out.channels =
+      transpose ? config.channels[layer] : config.channels[layer + 1];
   out.v.assign(out.n * out.channels * out.p, 0.0);
   std::vector<double> w(out.channels * in.channels);
   for (int o = 0; o < out.channels; ++o)
@@ -135,7 +141,8 @@ Canon Mix(const StackConfig& config, int layer, const Canon& in, bool transpose)
       for (int o = 0; o < out.channels; ++o) {
         double acc = 0;
         for (int i = 0; i < in.channels; ++i) {
-          acc += w[o * in.channels + i] * in.v[(s * in.channels + i) * in.p + q];
+          acc +=
+              w[o * in.channels + i] * in.v[(s * in.channels + i) * in.p + q];
         }
         out.at(s, o, q) = Round(acc);
       }

@@ -29,7 +29,8 @@ struct ReferenceResult {
 ReferenceResult RunReference(const StackConfig& config);
 
 // max |a - b| / max |b| over the values (0 when b is all zero and a == b).
-double RelativeError(const std::vector<double>& a, const std::vector<double>& b);
+double RelativeError(const std::vector<double>& a,
+                     const std::vector<double>& b);
 
 }  // namespace syncnorm::testing
 

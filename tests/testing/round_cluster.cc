@@ -66,7 +66,8 @@ std::vector<std::string> RoundCluster::LogPaths() const {
 absl::Status RoundCluster::StartWorker(int rank) {
   workers_[rank].reset();  // kills and reaps a predecessor
   auto p = Subprocess::Spawn(
-      {Runfile("tests/round-worker"), absl::StrCat("--server=", options_.address),
+      {Runfile("tests/round-worker"),
+       absl::StrCat("--server=", options_.address),
        absl::StrCat("--jobs=", absl::StrJoin(options_.jobs, ",")),
        absl::StrCat("--rank=", rank),
        absl::StrCat("--world_size=", options_.world_size),
@@ -104,8 +105,8 @@ absl::Status RoundCluster::StopAll(absl::Duration timeout) {
     absl::StatusOr<int> code =
         workers_[r]->Wait(std::max(deadline - absl::Now(), absl::Seconds(1)));
     if (!code.ok()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("worker ", r, " did not stop: ", code.status().message()));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "worker ", r, " did not stop: ", code.status().message()));
     }
     if (*code != 0) {
       return absl::InternalError(absl::StrCat("worker ", r, " exited with ",
@@ -130,12 +131,13 @@ absl::Status RoundCluster::Check(const std::string& server,
   for (const RoundLogEntry& e : entries) {
     if (e.kind == 'B') return absl::InternalError(e.text);
     if (e.kind == 'H') {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "a round of job ", e.job, " layer ", e.layer, " step ", e.step,
-          " took ", e.elapsed_ms, " ms (a hang)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("a round of job ", e.job, " layer ", e.layer, " step ",
+                       e.step, " took ", e.elapsed_ms, " ms (a hang)"));
     }
   }
-  absl::StatusOr<std::map<std::string, JobRounds>> jobs = CollectRounds(entries);
+  absl::StatusOr<std::map<std::string, JobRounds>> jobs =
+      CollectRounds(entries);
   if (!jobs.ok()) return jobs.status();
   Client client(Options(server));
   for (const std::string& job : options_.jobs) {
@@ -161,11 +163,11 @@ absl::Status RoundCluster::Check(const std::string& server,
       for (int c = 0; c < options_.channels; ++c) {
         if (!Near(l.running_mean(c), want.mean[c], 1e-9L) ||
             !Near(l.running_var(c), want.var[c], 1e-9L)) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "job ", job, " layer ", l.layer(), " channel ", c,
-              ": running mean/var ", l.running_mean(c), "/", l.running_var(c),
-              " differ from the reference ", (double)want.mean[c], "/",
-              (double)want.var[c]));
+          return absl::FailedPreconditionError(
+              absl::StrCat("job ", job, " layer ", l.layer(), " channel ", c,
+                           ": running mean/var ", l.running_mean(c), "/",
+                           l.running_var(c), " differ from the reference ",
+                           (double)want.mean[c], "/", (double)want.var[c]));
         }
       }
     }
@@ -185,8 +187,8 @@ absl::StatusOr<ProcStats> ReadProcStats(pid_t pid) {
   while (std::getline(status, line)) {
     absl::string_view v = line;
     if (absl::ConsumePrefix(&v, "VmRSS:")) {
-      (void)absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(v), " kB"),
-                             &s.rss_kb);
+      (void)absl::SimpleAtoi(
+          absl::StripSuffix(absl::StripAsciiWhitespace(v), " kB"), &s.rss_kb);
     } else if (absl::ConsumePrefix(&v, "Threads:")) {
       (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &s.threads);
     }

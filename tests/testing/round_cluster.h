@@ -19,10 +19,10 @@
 namespace syncnorm::testing {
 
 struct RoundClusterOptions {
-  std::string address;     // where the workers connect (the proxy, say)
-  std::string dir;         // logs and the stop file
+  std::string address;  // where the workers connect (the proxy, say)
+  std::string dir;      // logs and the stop file
   std::vector<std::string> jobs;
-  int world_size = 4;      // one worker process per rank
+  int world_size = 4;  // one worker process per rank
   int layers = 8;
   int channels = 4;
   int64_t round_timeout_ms = 2000;  // the jobs' (server side)

@@ -45,9 +45,8 @@ v1::Contribution RoundContribution(const std::string& job, int layer,
   return c;
 }
 
-ReferenceMoments ReferenceMerge(const std::string& job, int layer,
-                                int64_t step, const std::vector<int>& ranks,
-                                int channels) {
+ReferenceMoments ReferenceMerge(const std::string& job, int layer, int64_t step,
+                                const std::vector<int>& ranks, int channels) {
   std::vector<Moments> parts;
   ReferenceMoments r;
   for (int rank : ranks) {
@@ -93,8 +92,8 @@ std::string CheckGlobal(const v1::GlobalMoments& got,
     const long double var = want.count > 0 ? want.m2[c] / want.count : 0;
     if (!Near(got.mean(c), want.mean[c]) || !Near(got.var(c), var)) {
       return absl::StrCat("channel ", c, ": mean ", got.mean(c), " var ",
-                          got.var(c), ", reference ", (double)want.mean[c],
-                          " ", (double)var);
+                          got.var(c), ", reference ", (double)want.mean[c], " ",
+                          (double)var);
     }
   }
   return "";

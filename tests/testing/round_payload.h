@@ -32,9 +32,8 @@ struct ReferenceMoments {
   int64_t count = 0;
   std::vector<long double> mean, m2;
 };
-ReferenceMoments ReferenceMerge(const std::string& job, int layer,
-                                int64_t step, const std::vector<int>& ranks,
-                                int channels);
+ReferenceMoments ReferenceMerge(const std::string& job, int layer, int64_t step,
+                                const std::vector<int>& ranks, int channels);
 
 // "" when `got` (count, mean, biased var) matches `want` within 1e-12
 // relative; else what differs.
@@ -51,11 +50,11 @@ struct RoundLogEntry {
   std::string job;
   int layer = 0;
   int64_t step = 0;
-  int64_t version = 0;           // O
-  std::vector<int> missing;      // O
-  int code = 0;                  // F
-  int64_t elapsed_ms = 0;        // F, H
-  std::string text;              // F message, B what
+  int64_t version = 0;       // O
+  std::vector<int> missing;  // O
+  int code = 0;              // F
+  int64_t elapsed_ms = 0;    // F, H
+  std::string text;          // F message, B what
 };
 
 // Every entry of the log files; a torn last line (a killed writer) is

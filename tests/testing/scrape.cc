@@ -42,8 +42,8 @@ std::string HttpGet(int port, const std::string& path) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string response;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat(
-        "GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    const std::string request =
+        absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
     (void)!::write(fd, request.data(), request.size());
     char buffer[4096];
     for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) > 0;) {

@@ -64,8 +64,8 @@ std::vector<int> ShardSizes(const StackConfig& config, int64_t step) {
     int given = 0;
     for (int i = 0; i < k; ++i) {
       const int w = 1 + static_cast<int>((i + step) % k);
-      const int n = (i == k - 1) ? per_group - given
-                                 : per_group * w / total_weight;
+      const int n =
+          (i == k - 1) ? per_group - given : per_group * w / total_weight;
       sizes[g * k + i] = n;
       given += n;
     }
@@ -84,8 +84,8 @@ int ShardOffset(const StackConfig& config, int64_t step, int rank) {
   return offset;
 }
 
-float InputValue(const StackConfig& config, int64_t step, int64_t sample,
-                 int c, int64_t pos) {
+float InputValue(const StackConfig& config, int64_t step, int64_t sample, int c,
+                 int64_t pos) {
   const double noise = Normal(Hash(config.seed, 1, step, sample, c, pos));
   // Channel means far from zero and unequal scales: the moments must be
   // computed stably.
@@ -112,11 +112,11 @@ float Gamma(const StackConfig& config, int layer, int c) {
 }
 
 float Beta(const StackConfig& config, int layer, int c) {
-  return static_cast<float>(0.2 * Uniform(Hash(config.seed, 5, layer, c, 0, 0)));
+  return static_cast<float>(0.2 *
+                            Uniform(Hash(config.seed, 5, layer, c, 0, 0)));
 }
 
-std::vector<int64_t> Shape(const StackConfig& config, int64_t n,
-                           int channels) {
+std::vector<int64_t> Shape(const StackConfig& config, int64_t n, int channels) {
   std::vector<int64_t> shape = {n};
   if (!config.channels_last) shape.push_back(channels);
   shape.insert(shape.end(), config.spatial.begin(), config.spatial.end());
@@ -163,8 +163,8 @@ std::vector<float> Apply(const StackConfig& config, int64_t n, int cin,
 
 std::vector<float> MixForward(const StackConfig& config, int layer, int64_t n,
                               const std::vector<float>& y) {
-  return Apply(config, n, config.channels[layer], config.channels[layer + 1],
-               y, MixMatrix(config, layer), false);
+  return Apply(config, n, config.channels[layer], config.channels[layer + 1], y,
+               MixMatrix(config, layer), false);
 }
 
 std::vector<float> MixBackward(const StackConfig& config, int layer, int64_t n,

@@ -19,9 +19,9 @@
 namespace syncnorm::testing {
 
 struct StackConfig {
-  int world_size = 4;       // ranks (workers) of the job
-  int group_size = 0;       // 0: one group of world_size
-  int global_batch = 32;    // samples per step over all ranks
+  int world_size = 4;     // ranks (workers) of the job
+  int group_size = 0;     // 0: one group of world_size
+  int global_batch = 32;  // samples per step over all ranks
   std::vector<int> channels = {16, 16, 32};
   std::vector<int64_t> spatial = {6, 6};  // 0 to 3 dimensions
   bool channels_last = false;
@@ -46,8 +46,8 @@ std::vector<int> ShardSizes(const StackConfig& config, int64_t step);
 int ShardOffset(const StackConfig& config, int64_t step, int rank);
 
 // The layer-0 input value of (global sample, channel, position).
-float InputValue(const StackConfig& config, int64_t step, int64_t sample,
-                 int c, int64_t pos);
+float InputValue(const StackConfig& config, int64_t step, int64_t sample, int c,
+                 int64_t pos);
 // dL/dy of the last layer at (global sample, channel, position).
 float LossGrad(const StackConfig& config, int64_t step, int64_t sample, int c,
                int64_t pos);

@@ -130,9 +130,10 @@ absl::Status CheckAgainstServer(Client& client, const StackConfig& config,
              server.running_var(c) == local.var[c];
     }
     if (!same) {
-      return absl::InternalError(absl::StrCat(
-          "layer ", l, ": the aggregator's running statistics differ from the "
-          "worker's mirror"));
+      return absl::InternalError(
+          absl::StrCat("layer ", l,
+                       ": the aggregator's running statistics differ from the "
+                       "worker's mirror"));
     }
   }
   return absl::OkStatus();
@@ -229,8 +230,8 @@ absl::Status WriteOutputs(const std::string& path,
                           const std::vector<RankOutput>& outputs) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   for (const RankOutput& o : outputs) {
-    PutVector(out, {static_cast<double>(o.rank),
-                    static_cast<double>(o.y.size())});
+    PutVector(out,
+              {static_cast<double>(o.rank), static_cast<double>(o.y.size())});
     for (size_t l = 0; l < o.y.size(); ++l) {
       PutVector(out, o.y[l]);
       PutVector(out, o.dx[l]);

@@ -20,7 +20,8 @@ namespace syncnorm::testing {
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
     const std::vector<std::string>& argv, const std::string& log_path) {
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -57,8 +58,7 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
     const pid_t r = ::waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       reaped_ = true;
-      return WIFEXITED(status) ? WEXITSTATUS(status)
-                               : 128 + WTERMSIG(status);
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     if (r < 0) return absl::InternalError(std::strerror(errno));
     if (absl::Now() >= deadline) {
@@ -90,8 +90,8 @@ std::string Runfile(const std::string& path) {
 
 std::string MakeScratchDir(const std::string& prefix) {
   const char* base = std::getenv("TEST_TMPDIR");
-  std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/",
-                                   prefix, "-XXXXXX");
+  std::string templ =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, "-XXXXXX");
   if (::mkdtemp(templ.data()) == nullptr) return "";
   return templ;
 }
