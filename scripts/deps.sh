@@ -51,9 +51,11 @@ if ((!build_only)); then
   PACKAGES+=(openssl)
 fi
 
-# The fuzz test (tests/fuzz/run_fuzz.sh): Debian's clang with libFuzzer.
+# Debian's clang 14: the fuzz test (tests/fuzz/run_fuzz.sh, libFuzzer),
+# the build that checks the locking annotations (--config=thread-safety)
+# and the format check (scripts/check_format.sh, clang-format-14).
 if ((!build_only)); then
-  PACKAGES+=(clang libclang-rt-14-dev)
+  PACKAGES+=(clang libclang-rt-14-dev clang-format)
 fi
 
 missing=()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds everything and runs the whole test suite, step by step: the quick
-# tests (`bazel test //...`), the long ones (soak and fuzz, tagged "long"),
+# Builds everything and runs the whole test suite, step by step: the format
+# check (scripts/check_format.sh: clang-format-14 would change nothing), the
+# quick tests (`bazel test //...`), the long ones (soak and fuzz, tagged "long"),
 # the system tests again under AddressSanitizer and ThreadSanitizer
 # (scripts/sanitizers.sh), the clang build with -Wthread-safety that checks
 # the locking annotations, examples/bazel_consumer (a workspace that depends
@@ -42,6 +43,7 @@ count() {
   grep -cE "^((asan|tsan|consumer) )?//[^ ]+ +(\\(cached\\) )?${kind}" "$log"
 }
 
+step format bash scripts/check_format.sh
 step tests bazel test --config=ci //... "$@"
 step long-tests bazel test --config=ci --config=long //...
 step sanitizers bash scripts/sanitizers.sh --config=ci
