@@ -61,10 +61,13 @@ for m in Health/Check Health/Watch; do
   expected_methods+="grpc.health.v1.$m"$'\n'
 done
 expected_methods+="grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"$'\n'
-for m in Checkpoint CreateJob DeleteJob GetJob GetRunningStats ListCheckpoints \
-  ListJobs Reduce ReduceOnce RestoreCheckpoint SetRunningStats; do
+# The contract's methods, read from its .proto (not from the server).
+for m in $(sed -n 's/^ *rpc \([A-Za-z0-9_]*\)(.*/\1/p' \
+  proto/syncnorm/v1/aggregator.proto | LC_ALL=C sort); do
   expected_methods+="syncnorm.v1.Aggregator/$m"$'\n'
 done
+[ "$(grep -c 'syncnorm.v1.Aggregator/' <<<"$expected_methods")" -ge 10 ] ||
+  fail "read too few methods from aggregator.proto: $expected_methods"
 [ "$listed" = "${expected_methods%$'\n'}" ] ||
   fail "methods: got '$listed', want '${expected_methods%$'\n'}'"
 
