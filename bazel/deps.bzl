@@ -1,6 +1,6 @@
 """The repositories that syncnorm needs, for its own and any other workspace.
 
-In a workspace that depends on syncnorm (see README.md, "Using syncnorm
+In a workspace that depends on syncnorm (see docs/bazel.md, "Using syncnorm
 from your Bazel workspace"):
 
     local_repository(name = "syncnorm", path = "...")

@@ -45,7 +45,7 @@ def _pkg_config(ctx, modules):
     res = ctx.execute(["pkg-config", "--libs"] + modules)
     if res.return_code != 0:
         fail("pkg-config --libs %s failed: %s\nInstall the Debian -dev packages " %
-             (" ".join(modules), res.stderr) + "listed in README.md.")
+             (" ".join(modules), res.stderr) + "that scripts/deps.sh --build-only installs.")
     seen = []
     for flag in res.stdout.strip().split(" "):
         # pkg-config repeats absl libraries; keep the last occurrence order-safe.

@@ -34,7 +34,7 @@ struct ClientOptions {
   absl::Duration reconnect_backoff_initial = absl::Milliseconds(20);
   absl::Duration reconnect_backoff_max = absl::Seconds(1);
 
-  // ---- Credentials (see README.md, "Security") ----
+  // ---- Credentials (see docs/operations.md, "Security") ----
   // TLS: on when `tls` is set or any PEM below is given. tls_root_ca: the
   // CA that signed the server's certificate (PEM text; empty: the system's
   // roots). tls_client_cert / tls_client_key: this client's certificate

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and tests examples/bazel_consumer, a workspace of its own that
-# depends on this checkout as the README's "Using syncnorm from your Bazel
-# workspace" says (local_repository + syncnorm_dependencies(), CPU only).
+# depends on this checkout as docs/bazel.md, "Using syncnorm from your Bazel
+# workspace", says (local_repository + syncnorm_dependencies(), CPU only).
 # Its "//target STATUS" lines are printed prefixed with "consumer ";
 # scripts/test.sh runs this after the main suite and counts them. Its Bazel
 # server is stopped afterwards (it holds a JVM's memory). Extra arguments

@@ -40,8 +40,10 @@ fi
 if ((!build_only)); then
   PACKAGES+=(python3-dev pybind11-dev python3-pip python3-venv)
 fi
-# The metrics test (tests/metrics_test.sh) scrapes the aggregator with a
-# real Prometheus server and asks its HTTP API with curl.
+# The metrics test (tests/metrics_test.cc) scrapes the aggregator with a
+# real Prometheus server and reads the answers from its HTTP API; the
+# reflection test (tests/interop/reflection_test.sh) fetches /metrics with
+# curl.
 if ((!build_only)); then
   PACKAGES+=(prometheus curl)
 fi

@@ -5,7 +5,8 @@
 # (--config=asan), then under ThreadSanitizer (--config=tsan, which links
 # tests/tsan's annotations of Debian's uninstrumented Abseil and gRPC into
 # every test through TSAN_DEPS, and fails a test on any report of it or of a
-# process it starts; docs say why that is sound). The TSan run also checks
+# process it starts; docs/developer.md, "ThreadSanitizer", says why that is
+# sound). The TSan run also checks
 # the annotations themselves (//tests/tsan:annotations_test). Each run's
 # "//target STATUS" lines are printed prefixed with "asan " or "tsan ";
 # scripts/test.sh counts them. Both runs happen even if the first fails;

@@ -2,7 +2,8 @@
 # Builds everything and runs the whole test suite, step by step: the format
 # check (scripts/check_format.sh: clang-format-14 would change nothing), the
 # quick tests (`bazel test //...`), the long ones (soak and fuzz, tagged "long"),
-# the system tests again under AddressSanitizer and ThreadSanitizer
+# every C++ unit test and the system tests again under AddressSanitizer with
+# UndefinedBehaviorSanitizer and LeakSanitizer, and under ThreadSanitizer
 # (scripts/sanitizers.sh), the clang build with -Wthread-safety that checks
 # the locking annotations, examples/bazel_consumer (a workspace that depends
 # on this checkout: scripts/consumer_test.sh), and the Python wheel built
@@ -11,6 +12,7 @@
 # counted from Bazel's test summaries of every step plus the wheel test; a
 # step that fails without a failed test (a build error) counts as one.
 # Extra arguments go to the main `bazel test` (e.g. --test_output=all).
+# docs/developer.md ("What CI runs") describes each step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1

@@ -127,7 +127,8 @@ namespace {
 constexpr char kUsage[] =
     "Usage: syncnorm-aggregator [--flag=value ...]\n"
     "Serves syncnorm's aggregator (synchronized batch normalization) over "
-    "gRPC until\nSIGTERM or SIGINT. See README.md, \"The aggregator\".";
+    "gRPC until\nSIGTERM or SIGINT. See docs/operations.md, "
+    "\"The aggregator\".";
 
 // OK when `dir` is a writable folder, or does not exist yet and its nearest
 // existing ancestor is one (so the server can create it), or is empty (state

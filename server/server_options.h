@@ -52,7 +52,7 @@ struct ServerOptions {
   // MemoryTrimmer). Zero or less: never. Default 5 s.
   absl::Duration memory_trim_period = absl::Seconds(5);
 
-  // ---- Security (see README.md, "Security") ----
+  // ---- Security (see docs/operations.md, "Security") ----
   // TLS: the server's certificate chain and private key (PEM files); both
   // or neither. With tls_client_ca, clients must present a certificate
   // signed by that CA (mutual TLS).

@@ -1,6 +1,6 @@
 // LocalAggregator: a syncnorm aggregator inside a test's own process, for the
 // tests of code that uses syncnorm (@syncnorm//testing:local_aggregator; see
-// README.md, "Using syncnorm from your Bazel workspace").
+// docs/bazel.md, "Using syncnorm from your Bazel workspace").
 //
 //   absl::StatusOr<std::unique_ptr<syncnorm::testing::LocalAggregator>>
 //       aggregator = syncnorm::testing::LocalAggregator::Start();

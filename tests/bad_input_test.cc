@@ -372,7 +372,8 @@ std::vector<Case> ContributionCases() {
       "message over --max_message_bytes", grpc::RESOURCE_EXHAUSTED,
       [](auto& c) { Inflate(c, kMaxMessageBytes + 4096); }, kSaysMessageLimit);
   // Beyond twice the limit gRPC's transport cuts the message off first,
-  // with its own RESOURCE_EXHAUSTED (the stream ends; see README, Limits).
+  // with its own RESOURCE_EXHAUSTED (the stream ends; see docs/operations.md,
+  // "Limits").
   add(
       "message over twice --max_message_bytes", grpc::RESOURCE_EXHAUSTED,
       [](auto& c) { Inflate(c, 2 * kMaxMessageBytes + 4096); },

@@ -20,8 +20,8 @@ aggregator and syncnormctl programs, built with `bazel build
 packages of the shared libraries they link (Requires-External). Environment:
 SYNCNORM_BAZEL (the bazel command; default bazel), SYNCNORM_BAZEL_FLAGS
 (more `bazel build` flags, shell-quoted), SYNCNORM_CUDA (0: a CPU-only
-build even where the CUDA toolkit is; README "Using syncnorm from your
-Bazel workspace").
+build even where the CUDA toolkit is; docs/bazel.md, "Using syncnorm from
+your Bazel workspace").
 """
 
 import base64

@@ -24,7 +24,8 @@ def _load_extension():
             packages = []
         hint = ("apt-get install " + " ".join(p for p in packages
                                               if " " not in p)
-                if packages else "see README.md, \"Python / PyTorch\"")
+                if packages
+                else "see docs/python.md, \"Installing the package\"")
         raise ImportError(
             "syncnorm's extension links Debian 12's shared libraries and "
             "one is missing (%s); install the packages it needs: %s" %

@@ -117,7 +117,7 @@ class Client:
     the job's round_timeout_ms so the server's DEADLINE_EXCEEDED naming the
     missing ranks arrives first.
 
-    Credentials (README.md, "Security"): token, the bearer token sent on
+    Credentials (docs/operations.md, "Security"): token, the bearer token sent on
     every call (rounds included); root_ca, the CA of the server's TLS
     certificate; client_cert and client_key, this client's certificate for
     mutual TLS. Each PEM is a path or the PEM text (str or bytes); any of

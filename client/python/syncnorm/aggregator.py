@@ -3,7 +3,7 @@
     syncnorm-aggregator --listen=127.0.0.1:50051 --data_dir=./syncnorm-data
     python -m syncnorm.aggregator --help
 
-run the same binary (README.md, "The aggregator"). ``BINARY`` is its path,
+run the same binary (docs/operations.md, "The aggregator"). ``BINARY`` is its path,
 for launchers that start it themselves.
 """
 

@@ -3,7 +3,7 @@
     syncnormctl --server=127.0.0.1:50051 jobs
     python -m syncnorm.ctl --server=127.0.0.1:50051 jobs
 
-run the same binary (README.md, "syncnormctl"). ``BINARY`` is its path.
+run the same binary (docs/cli.md, "syncnormctl"). ``BINARY`` is its path.
 """
 
 from . import _programs
