@@ -31,7 +31,6 @@ _LIBS = {
     "grpc": (["grpc++", "protobuf"], []),
     "gtest": (["gtest", "gmock"], ["-lpthread"]),
     "gtest_main": (["gtest_main"], []),
-    "benchmark": (["benchmark"], []),
     # The aggregator's state store (librocksdb-dev).
     "rocksdb": (["rocksdb"], ["-lpthread"]),
     # The aggregator's metrics (prometheus-cpp-dev): the registry and the
