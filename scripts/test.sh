@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything and runs the whole test suite, step by step: the format
 # check (scripts/check_format.sh: clang-format-14 would change nothing), the
-# quick tests (`bazel test //...`), the long ones (soak and fuzz, tagged "long"),
+# quick tests (`bazel test //...`), the slow ones (soak and fuzz, tagged "slow"),
 # every C++ unit test and the system tests again under AddressSanitizer with
 # UndefinedBehaviorSanitizer and LeakSanitizer, and under ThreadSanitizer
 # (scripts/sanitizers.sh), the clang build with -Wthread-safety that checks
@@ -47,7 +47,7 @@ count() {
 
 step format bash scripts/check_format.sh
 step tests bazel test --config=ci //... "$@"
-step long-tests bazel test --config=ci --config=long //...
+step slow-tests bazel test --config=ci --config=slow //...
 step sanitizers bash scripts/sanitizers.sh --config=ci
 step thread-safety bazel build --config=ci --config=thread-safety \
   //kernels/... //client/... //server/...

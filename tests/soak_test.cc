@@ -7,9 +7,9 @@
 // must be flat at the end.
 //
 // --soak_seconds (default 90; the CI bound) runs it longer, e.g.
-//   bazel test --config=long //tests:soak_test --test_arg=--soak_seconds=1800
+//   bazel test --config=slow //tests:soak_test --test_arg=--soak_seconds=1800
 //       --test_timeout=3600
-// (it is tagged "long": without --config=long, no test runs).
+// (it is tagged "slow": without --config=slow, no test runs).
 #include <signal.h>
 
 #include <cstdio>
