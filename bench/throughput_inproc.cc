@@ -16,10 +16,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/moments.h"
-#include "server/aggregator.h"
-#include "server/clock.h"
-#include "server/contribution.h"
-#include "server/job_spec.h"
+#include "server/domain/aggregator.h"
+#include "server/domain/clock.h"
+#include "server/domain/contribution.h"
+#include "server/domain/job_spec.h"
 
 ABSL_FLAG(int, jobs, 8, "concurrent jobs");
 ABSL_FLAG(int, world, 4, "ranks per job");

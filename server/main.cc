@@ -24,14 +24,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpc/support/log.h"
-#include "server/auth.h"
+#include "server/domain/job_spec.h"
+#include "server/domain/log.h"
 #include "server/flags_help.h"
-#include "server/job_spec.h"
-#include "server/log.h"
-#include "server/rocksdb_engine.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/tls.h"
 #include "server/server.h"
 #include "server/server_options.h"
-#include "server/tls.h"
+#include "server/store/rocksdb_engine.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "HOST:PORT to serve on; port 0 picks a free port");

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "server/limits.h"
+#include "server/domain/limits.h"
 
 namespace syncnorm {
 

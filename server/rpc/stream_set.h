@@ -1,0 +1,68 @@
+// The open Reduce streams of a service: their number (--max_streams), the
+// closing of idle ones (--stream_idle_timeout_ms) and of all at shutdown.
+#ifndef SYNCNORM_SERVER_RPC_STREAM_SET_H_
+#define SYNCNORM_SERVER_RPC_STREAM_SET_H_
+
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/domain/clock.h"
+
+namespace syncnorm {
+
+class ReduceReactor;
+
+// Thread-safe.
+class StreamSet {
+ public:
+  // max_streams <= 0: no limit. With a positive idle_timeout a thread ends,
+  // every idle_timeout / 4 (between 10 ms and 1 s), each stream that has
+  // been idle that long by `clock` (see ReduceReactor::CloseIfIdle);
+  // otherwise idle streams stay open. `clock` must outlive the set.
+  StreamSet(int max_streams, absl::Duration idle_timeout, const Clock* clock);
+  // Stops the thread. REQUIRES: no stream is open.
+  ~StreamSet();
+
+  StreamSet(const StreamSet&) = delete;
+  StreamSet& operator=(const StreamSet&) = delete;
+
+  // Registers an opening stream: OK, RESOURCE_EXHAUSTED at the limit
+  // (naming --max_streams), UNAVAILABLE once CloseAll was called.
+  absl::Status Add(ReduceReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // REQUIRES: `stream` was added, and is not removed yet.
+  void Remove(ReduceReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Asks every open stream to end (UNAVAILABLE, "shutting down") once it
+  // has answered every contribution it read; refuses new ones.
+  void CloseAll() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends the streams idle for idle_timeout or longer now (what the thread
+  // does); returns how many.
+  int CloseIdle() ABSL_LOCKS_EXCLUDED(mu_);
+
+  int size() const ABSL_LOCKS_EXCLUDED(mu_);
+  const Clock& clock() const { return *clock_; }
+  absl::Duration idle_timeout() const { return idle_timeout_; }
+
+ private:
+  void SweepLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Constant after construction.
+  const int max_streams_;
+  const absl::Duration idle_timeout_;
+  const Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<ReduceReactor*> open_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_;  // last: started once the rest is built
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_RPC_STREAM_SET_H_
