@@ -45,8 +45,8 @@ struct ServerOptions {
   // round. Must be >= 0. Default 10 s.
   absl::Duration log_interval = absl::Seconds(10);
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics; see
-  // server/metrics.h); port 0 picks a free one (Server::metrics_port()).
-  // Empty: no metrics endpoint. Default empty.
+  // server/metrics/metrics.h); port 0 picks a free one
+  // (Server::metrics_port()). Empty: no metrics endpoint. Default empty.
   std::string metrics_listen;
   // How often the heap freed since is given back to the kernel (see
   // MemoryTrimmer). Zero or less: never. Default 5 s.
@@ -62,7 +62,7 @@ struct ServerOptions {
   // Without TLS, Start() refuses a listen address that is not loopback
   // unless this is set. Default false.
   bool allow_insecure = false;
-  // Bearer tokens and their scopes (format in server/auth.h), re-read every
+  // Bearer tokens and their scopes (format in server/rpc/auth.h), re-read every
   // tokens_poll_period when it changes. Empty: no authentication.
   std::string tokens_file;
   absl::Duration tokens_poll_period = absl::Seconds(1);

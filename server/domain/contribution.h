@@ -75,8 +75,9 @@ using RoundCallback = std::function<void(const RoundOutcome&)>;
 bool SamePayload(const Payload& a, const Payload& b);
 
 // How a payload fingerprint was computed. Stored with every finished round
-// (server/state.proto RoundRecord.fingerprint_kind), so that rounds written
-// by an older build still tell a retry from a conflict after an upgrade.
+// (server/store/state.proto RoundRecord.fingerprint_kind), so that rounds
+// written by an older build still tell a retry from a conflict after an
+// upgrade.
 enum class FingerprintKind : int {
   // Byte-wise FNV-1a: eight dependent multiplies per double. Written by
   // builds before the word-lane hash; only read back now.

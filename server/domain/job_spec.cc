@@ -18,7 +18,7 @@ constexpr size_t kMaxJobIdLength = 128;
 static_assert(kMaxJobIdLength <= kBoundedTextBytes);
 // Absolute bounds, whatever the server's (tighter, configurable) limits:
 // a spec beyond them would make resolution or the first round allocate
-// gigabytes (found by server/request_fuzz.cc).
+// gigabytes (found by server/rpc/request_fuzz.cc).
 constexpr int kMaxWorldSize = 1 << 20;
 constexpr int kMaxChannels = 1 << 24;
 constexpr size_t kMaxLayers = 1 << 16;

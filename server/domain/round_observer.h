@@ -99,7 +99,7 @@ class NoopRoundObserver final : public RoundObserver {
 };
 
 // Writes the rounds that did not go as they should as log lines
-// (server/log.h), and nothing for rounds that completed in time:
+// (server/domain/log.h), and nothing for rounds that completed in time:
 // - a round that failed (event=round_failed, level=warn) or missed its
 //   deadline (event=deadline, level=error): a line each, e.g.
 //     ... level=error event=deadline job=j1 group=0 layer=3 step=17

@@ -2,7 +2,7 @@
 // request validation (a Contribution or CreateJobRequest parsed from the
 // input, through the proto conversion, into an in-memory Aggregator with a
 // few jobs, quorum and explicit groups included) and the state decoder
-// (every record kind of server/state_codec.h). The first input byte picks
+// (every record kind of server/store/state_codec.h). The first input byte picks
 // the path. Any crash, sanitizer report or broken promise (a callback not
 // called exactly once) is a finding.
 //

@@ -1,6 +1,6 @@
-// The CRC32C that RocksDB computes in this process (server/rocksdb_crc32c.cc
-// when linked in) against an independent bitwise implementation, and the
-// check that RocksDB's calls reach it.
+// The CRC32C that RocksDB computes in this process
+// (server/store/rocksdb_crc32c.cc when linked in) against an independent
+// bitwise implementation, and the check that RocksDB's calls reach it.
 #include <dlfcn.h>
 
 #include <cstdint>

@@ -18,7 +18,7 @@ namespace syncnorm {
 //   l/<job>/<group>/<layer>                   LayerRecord
 //   r/<job>/<group>/<layer>/<phase>/<step>    RoundRecord
 //   c/<job>/<step>                            CheckpointRecord
-// Values are server/state.proto messages. Thread-safe.
+// Values are server/store/state.proto messages. Thread-safe.
 class KvStateStore final : public StateStore {
  public:
   explicit KvStateStore(std::unique_ptr<KvEngine> engine);

@@ -1,4 +1,4 @@
-// Encoding of the state store's values (server/state.proto) and their
+// Encoding of the state store's values (server/store/state.proto) and their
 // checks on the way back in.
 #ifndef SYNCNORM_SERVER_STORE_STATE_CODEC_H_
 #define SYNCNORM_SERVER_STORE_STATE_CODEC_H_
