@@ -69,7 +69,7 @@ struct JobRestore {
 // statistics, and fails rounds that miss their deadline.
 //
 // Thread-safe. The job table is read-locked on the hot path; each (job,
-// layer) has its own mutex (LayerShard). The contributor that completes a
+// layer) has its own mutex (LayerRendezvous). The contributor that completes a
 // round merges it (in rank order) on its own thread and stores its result
 // (StateStore) before anyone gets it.
 class Aggregator {

@@ -30,9 +30,9 @@ Job::Job(JobSpec spec, JobOptions options, StateStore* store,
       options_(options),
       store_(store),
       clock_(clock) {
-  shards_.reserve(spec_.layers.size());
+  rendezvous_.reserve(spec_.layers.size());
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
-    shards_.push_back(std::make_unique<LayerShard>(
+    rendezvous_.push_back(std::make_unique<LayerRendezvous>(
         spec_, layout_, static_cast<int>(i), options_.recent_rounds, store_,
         options_.observer, options_.straggler_threshold));
   }
@@ -40,7 +40,7 @@ Job::Job(JobSpec spec, JobOptions options, StateStore* store,
 
 void Job::Load(const StoredJob& stored) {
   for (const StoredLayer& layer : stored.layers) {
-    shards_[layer.slot.layer]->Load(layer);
+    rendezvous_[layer.slot.layer]->Load(layer);
   }
   absl::MutexLock lock(&admin_mu_);
   for (const CheckpointMeta& c : stored.checkpoints) checkpoints_[c.step] = c;
@@ -104,16 +104,16 @@ absl::Status Job::ValidatePayload(const Contribution& c) const {
 }
 
 void Job::Contribute(Contribution c, RoundCallback done, absl::Time now) {
-  LayerShard& shard = *shards_[c.layer];
+  LayerRendezvous& rendezvous = *rendezvous_[c.layer];
   bool applied = false;
   bool deleted = false;
-  LayerShard::Deliveries out;
+  LayerRendezvous::Deliveries out;
   {
     absl::ReaderMutexLock lock(&state_mu_);
     // A deleted job's rounds must not store anything any more.
     deleted = deleted_;
     if (!deleted) {
-      applied = shard.Contribute(std::move(c), std::move(done), now, out);
+      applied = rendezvous.Contribute(std::move(c), std::move(done), now, out);
     }
   }
   if (deleted) {
@@ -124,7 +124,7 @@ void Job::Contribute(Contribution c, RoundCallback done, absl::Time now) {
     done(outcome);
     return;
   }
-  LayerShard::Deliver(out);
+  LayerRendezvous::Deliver(out);
   if (applied && has_pending_.load()) ServeReady();
 }
 
@@ -138,7 +138,7 @@ void Job::Abort(const absl::Status& status) {
     pending_.clear();
     has_pending_.store(false);
   }
-  for (const auto& shard : shards_) shard->Abort(status);
+  for (const auto& layer : rendezvous_) layer->Abort(status);
   Answer(answers);
 }
 
@@ -159,7 +159,7 @@ bool Job::SameSpec(const JobSpec& other) const {
   JobSpec theirs = other;
   if (theirs.layers.size() == spec_.layers.size()) {
     for (size_t i = 0; i < spec_.layers.size(); ++i) {
-      if (spec_.shard.owns(static_cast<int>(i)) && shards_[i]->Pristine()) {
+      if (spec_.shard.owns(static_cast<int>(i)) && rendezvous_[i]->Pristine()) {
         continue;
       }
       theirs.layers[i].initial_running_mean =
@@ -173,10 +173,10 @@ bool Job::SameSpec(const JobSpec& other) const {
 
 int64_t Job::CommittedStep() const {
   int64_t committed = INT64_MAX;
-  for (size_t l = 0; l < shards_.size(); ++l) {
+  for (size_t l = 0; l < rendezvous_.size(); ++l) {
     if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (int g = 0; g < spec_.num_groups(); ++g) {
-      committed = std::min(committed, shards_[l]->LastAppliedStep(g));
+      committed = std::min(committed, rendezvous_[l]->LastAppliedStep(g));
     }
   }
   return committed;
@@ -225,8 +225,9 @@ absl::StatusOr<RunningStatsSnapshot> Job::Stats(absl::Span<const int> layers,
   out.job_id = spec_.job_id;
   out.committed_step = ReportedCommittedStep();
   for (int layer : *wanted) {
-    out.layers.push_back(LayerStatsSnapshot{
-        layer, spec_.layers[layer].name, group, shards_[layer]->Stats(group)});
+    out.layers.push_back(LayerStatsSnapshot{layer, spec_.layers[layer].name,
+                                            group,
+                                            rendezvous_[layer]->Stats(group)});
   }
   return out;
 }
@@ -287,7 +288,7 @@ absl::StatusOr<std::vector<LayerStatsSnapshot>> Job::SetStats(
   }
   std::vector<LayerSlot> slots;
   for (const LayerStatsSnapshot& s : layers) {
-    LayerState state = shards_[s.layer]->State(s.group);
+    LayerState state = rendezvous_[s.layer]->State(s.group);
     state.stats = s.stats;
     slots.push_back(LayerSlot{s.group, s.layer, std::move(state)});
   }
@@ -296,7 +297,7 @@ absl::StatusOr<std::vector<LayerStatsSnapshot>> Job::SetStats(
     return st;
   }
   for (const LayerStatsSnapshot& s : layers) {
-    shards_[s.layer]->SetStats(s.group, s.stats);
+    rendezvous_[s.layer]->SetStats(s.group, s.stats);
   }
   return layers;
 }

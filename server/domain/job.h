@@ -1,4 +1,4 @@
-// One job of the aggregator: its resolved spec, one LayerShard per layer,
+// One job of the aggregator: its resolved spec, one LayerRendezvous per layer,
 // and its checkpoints.
 #ifndef SYNCNORM_SERVER_DOMAIN_JOB_H_
 #define SYNCNORM_SERVER_DOMAIN_JOB_H_
@@ -22,7 +22,7 @@
 #include "server/domain/contribution.h"
 #include "server/domain/group_layout.h"
 #include "server/domain/job_spec.h"
-#include "server/domain/layer_shard.h"
+#include "server/domain/layer_rendezvous.h"
 #include "server/domain/round_observer.h"
 #include "server/store/state_store.h"
 
@@ -68,11 +68,11 @@ struct JobOptions {
   absl::Duration straggler_threshold = absl::Seconds(1);
 };
 
-// Thread-safe; each layer locks on its own (see LayerShard).
+// Thread-safe; each layer locks on its own (see LayerRendezvous).
 //
 // Lock order: admin_mu_ (checkpoints), then state_mu_ (held shared by
 // every contribution, exclusively by restore, import and delete, so those
-// see no round half-stored), then a shard's mutex.
+// see no round half-stored), then a layer's mutex (LayerRendezvous).
 class Job {
  public:
   // `store` and `clock` must outlive the job.
@@ -89,7 +89,7 @@ class Job {
   // Whether `other` (resolved) is this job's spec, for an idempotent
   // CreateJob: every field equal, except the initial running statistics of
   // a layer that has moved from them in some group (see
-  // LayerShard::Pristine) or that another shard owns.
+  // LayerRendezvous::Pristine) or that another shard owns.
   bool SameSpec(const JobSpec& other) const;
 
   // Installs what the store held for this job. REQUIRES: before any other
@@ -102,11 +102,11 @@ class Job {
   // FAILED_PRECONDITION for a layer another shard owns (spec().shard).
   absl::Status Validate(const Contribution& c) const;
 
-  // See LayerShard::Contribute. REQUIRES: Validate(c).ok().
+  // See LayerRendezvous::Contribute. REQUIRES: Validate(c).ok().
   void Contribute(Contribution c, RoundCallback done, absl::Time now)
       ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
 
-  // Fails the overdue rounds of every layer (LayerShard::Expire) and the
+  // Fails the overdue rounds of every layer (LayerRendezvous::Expire) and the
   // checkpoints still waiting at their deadline.
   void Expire(absl::Time now) ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
 
@@ -201,13 +201,13 @@ class Job {
       ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
   static void Answer(Answers& answers);
 
-  // Constant after construction; shards_[i] serves spec_.layers[i].
+  // Constant after construction; rendezvous_[i] serves spec_.layers[i].
   const JobSpec spec_;
   const GroupLayout layout_;  // of spec_
   const JobOptions options_;
   StateStore* const store_;
   const Clock* const clock_;
-  std::vector<std::unique_ptr<LayerShard>> shards_;
+  std::vector<std::unique_ptr<LayerRendezvous>> rendezvous_;
 
   mutable absl::Mutex admin_mu_ ABSL_ACQUIRED_BEFORE(state_mu_);
   std::map<int64_t, CheckpointMeta> checkpoints_ ABSL_GUARDED_BY(admin_mu_);

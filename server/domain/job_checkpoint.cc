@@ -54,15 +54,15 @@ void Job::ServeReadyLocked(Answers& out) {
 }
 
 void Job::Expire(absl::Time now) {
-  LayerShard::Deliveries out;
+  LayerRendezvous::Deliveries out;
   {
     // Shared, like a contribution: a quorum round completed here is stored.
     absl::ReaderMutexLock lock(&state_mu_);
     if (!deleted_) {
-      for (const auto& shard : shards_) shard->Expire(now, out);
+      for (const auto& layer : rendezvous_) layer->Expire(now, out);
     }
   }
-  LayerShard::Deliver(out);
+  LayerRendezvous::Deliver(out);
   if (!has_pending_.load()) return;
   Answers answers;
   {
@@ -91,10 +91,10 @@ void Job::Expire(absl::Time now) {
 std::string Job::Lagging(int64_t step) const {
   std::vector<std::string> lag;
   int more = 0;
-  for (size_t l = 0; l < shards_.size(); ++l) {
+  for (size_t l = 0; l < rendezvous_.size(); ++l) {
     if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (int g = 0; g < spec_.num_groups(); ++g) {
-      const int64_t applied = shards_[l]->LastAppliedStep(g);
+      const int64_t applied = rendezvous_[l]->LastAppliedStep(g);
       if (applied >= step) continue;
       if (lag.size() == 8) {
         ++more;
@@ -132,9 +132,9 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
     // them one by one while rounds go on still gives one consistent step.
     // A shard of a sharded job cuts the layers it owns.
     for (int g = 0; g < spec_.num_groups(); ++g) {
-      for (size_t l = 0; l < shards_.size(); ++l) {
+      for (size_t l = 0; l < rendezvous_.size(); ++l) {
         if (!spec_.shard.owns(static_cast<int>(l))) continue;
-        absl::StatusOr<LayerState> s = shards_[l]->StateAt(g, step);
+        absl::StatusOr<LayerState> s = rendezvous_[l]->StateAt(g, step);
         if (!s.ok()) return s.status();
         data.layers.push_back(LayerSlot{g, static_cast<int>(l), *std::move(s)});
       }
@@ -234,7 +234,7 @@ absl::Status Job::RestoreLocked(int64_t step,
   if (!data.ok()) return data.status();
   // per_layer[l][g]: the state every (group, layer) resumes from.
   std::vector<std::vector<LayerState>> per_layer(
-      shards_.size(), std::vector<LayerState>(spec_.num_groups()));
+      rendezvous_.size(), std::vector<LayerState>(spec_.num_groups()));
   for (LayerSlot& slot : data->layers) {
     slot.state.last_applied = step;
     slot.state.latest_completed = {step, step};
@@ -247,9 +247,9 @@ absl::Status Job::RestoreLocked(int64_t step,
   }
   absl::Status s = store_->PutLayers(spec_.job_id, data->layers, true);
   if (!s.ok()) return s;
-  for (size_t l = 0; l < shards_.size(); ++l) {
+  for (size_t l = 0; l < rendezvous_.size(); ++l) {
     if (!spec_.shard.owns(static_cast<int>(l))) continue;
-    for (RoundCallback& done : shards_[l]->Reset(per_layer[l])) {
+    for (RoundCallback& done : rendezvous_[l]->Reset(per_layer[l])) {
       dropped.push_back(std::move(done));
     }
   }

@@ -1,4 +1,4 @@
-#include "server/domain/layer_shard.h"
+#include "server/domain/layer_rendezvous.h"
 
 #include <algorithm>
 #include <utility>
@@ -9,16 +9,16 @@
 
 namespace syncnorm {
 
-LayerShard::GroupState::GroupState(const LayerConfig& layer, int capacity)
+LayerRendezvous::GroupState::GroupState(const LayerConfig& layer, int capacity)
     : phases{PhaseState(capacity), PhaseState(capacity)} {
   state.stats.mean = layer.initial_running_mean;
   state.stats.var = layer.initial_running_var;
 }
 
-LayerShard::LayerShard(const JobSpec& spec, const GroupLayout& groups,
-                       int layer, int recent_capacity, StateStore* store,
-                       RoundObserver* observer,
-                       absl::Duration straggler_threshold)
+LayerRendezvous::LayerRendezvous(const JobSpec& spec, const GroupLayout& groups,
+                                 int layer, int recent_capacity,
+                                 StateStore* store, RoundObserver* observer,
+                                 absl::Duration straggler_threshold)
     : spec_(spec),
       layout_(groups),
       layer_(layer),
@@ -33,7 +33,7 @@ LayerShard::LayerShard(const JobSpec& spec, const GroupLayout& groups,
   }
 }
 
-void LayerShard::Load(const StoredLayer& stored) {
+void LayerRendezvous::Load(const StoredLayer& stored) {
   absl::MutexLock lock(&mu_);
   GroupState& group = groups_[stored.slot.group];
   group.state = stored.slot.state;
@@ -51,18 +51,18 @@ void LayerShard::Load(const StoredLayer& stored) {
   }
 }
 
-void LayerShard::Deliver(Deliveries& deliveries) {
+void LayerRendezvous::Deliver(Deliveries& deliveries) {
   for (Delivery& d : deliveries) d.done(*d.outcome);
 }
 
-LayerShard::Delivery LayerShard::Failure(RoundCallback done,
-                                         absl::Status status) {
+LayerRendezvous::Delivery LayerRendezvous::Failure(RoundCallback done,
+                                                   absl::Status status) {
   auto outcome = std::make_shared<RoundOutcome>();
   outcome->status = std::move(status);
   return Delivery{std::move(done), std::move(outcome)};
 }
 
-std::string LayerShard::RoundLabel(const RoundKey& key) const {
+std::string LayerRendezvous::RoundLabel(const RoundKey& key) const {
   const std::string group =
       spec_.num_groups() > 1 ? absl::StrCat(", group ", std::get<0>(key)) : "";
   return absl::StrCat("round (job ", BoundedText(spec_.job_id), group,
@@ -70,19 +70,20 @@ std::string LayerShard::RoundLabel(const RoundKey& key) const {
                       PhaseName(std::get<2>(key)), ")");
 }
 
-LayerShard::PhaseState& LayerShard::StateOf(const RoundKey& key) {
+LayerRendezvous::PhaseState& LayerRendezvous::StateOf(const RoundKey& key) {
   return groups_[std::get<0>(key)].phases[PhaseIndex(std::get<2>(key))];
 }
 
-absl::Status LayerShard::Superseded(const RoundKey& key, int64_t latest) const {
+absl::Status LayerRendezvous::Superseded(const RoundKey& key,
+                                         int64_t latest) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "step ", std::get<1>(key), " of layer ", layer_, " (",
       PhaseName(std::get<2>(key)), ") is superseded: the layer has already ",
       "applied step ", latest, "; steps must increase"));
 }
 
-absl::Status LayerShard::BeforeForward(const RoundKey& key,
-                                       int64_t forward) const {
+absl::Status LayerRendezvous::BeforeForward(const RoundKey& key,
+                                            int64_t forward) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "step ", std::get<1>(key), " of layer ", layer_,
       " (BACKWARD) has no completed FORWARD round: the layer's forward "
@@ -90,7 +91,7 @@ absl::Status LayerShard::BeforeForward(const RoundKey& key,
       forward, "; send a step's backward after its forward"));
 }
 
-absl::Status LayerShard::Conflict(const Contribution& c) const {
+absl::Status LayerRendezvous::Conflict(const Contribution& c) const {
   return absl::AbortedError(
       absl::StrCat("a different payload was already received for (job ",
                    BoundedText(c.job_id), ", layer ", c.layer, ", step ",
@@ -98,7 +99,7 @@ absl::Status LayerShard::Conflict(const Contribution& c) const {
                    "); a retry must resend the identical contribution"));
 }
 
-absl::Status LayerShard::Replaced(const Contribution& c) const {
+absl::Status LayerRendezvous::Replaced(const Contribution& c) const {
   return absl::AbortedError(absl::StrCat(
       "a newer retry of this contribution (job ", BoundedText(c.job_id),
       ", layer ", c.layer, ", step ", c.step, ", ", PhaseName(c.phase),
@@ -108,8 +109,8 @@ absl::Status LayerShard::Replaced(const Contribution& c) const {
       "result"));
 }
 
-bool LayerShard::Contribute(Contribution c, RoundCallback done, absl::Time now,
-                            Deliveries& out) {
+bool LayerRendezvous::Contribute(Contribution c, RoundCallback done,
+                                 absl::Time now, Deliveries& out) {
   bool applied = false;
   std::vector<RoundReport> reports;
   {
@@ -121,9 +122,9 @@ bool LayerShard::Contribute(Contribution c, RoundCallback done, absl::Time now,
   return applied;
 }
 
-void LayerShard::ContributeLocked(Contribution c, RoundCallback done,
-                                  absl::Time now, Deliveries& out,
-                                  bool& applied) {
+void LayerRendezvous::ContributeLocked(Contribution c, RoundCallback done,
+                                       absl::Time now, Deliveries& out,
+                                       bool& applied) {
   if (aborted_.has_value()) {
     out.push_back(Failure(std::move(done), *aborted_));
     return;
@@ -164,9 +165,10 @@ void LayerShard::ContributeLocked(Contribution c, RoundCallback done,
   AddToRound(key, r, std::move(c), std::move(done), now, out, applied);
 }
 
-void LayerShard::AddToRound(const RoundKey& key, Round& round, Contribution c,
-                            RoundCallback done, absl::Time now, Deliveries& out,
-                            bool& applied) {
+void LayerRendezvous::AddToRound(const RoundKey& key, Round& round,
+                                 Contribution c, RoundCallback done,
+                                 absl::Time now, Deliveries& out,
+                                 bool& applied) {
   RoundCallback evicted;
   const Round::AddResult added =
       round.Add(c.rank, std::move(c.payload), std::move(c.update),
@@ -185,14 +187,14 @@ void LayerShard::AddToRound(const RoundKey& key, Round& round, Contribution c,
   }
 }
 
-bool LayerShard::QuorumReached(const Round& round, absl::Time now) const {
+bool LayerRendezvous::QuorumReached(const Round& round, absl::Time now) const {
   const QuorumPolicy& q = spec_.quorum;
   return q.enabled() && round.received() >= q.min_ranks &&
          now >= round.first_arrival() + q.grace;
 }
 
-void LayerShard::Report(const RoundKey& key, const Round& round,
-                        const RoundOutcome& outcome, absl::Time now) {
+void LayerRendezvous::Report(const RoundKey& key, const Round& round,
+                             const RoundOutcome& outcome, absl::Time now) {
   if (observer_ == nullptr) return;
   RoundReport r;
   r.job_id = spec_.job_id;
@@ -211,7 +213,7 @@ void LayerShard::Report(const RoundKey& key, const Round& round,
   reports_.push_back(std::move(r));
 }
 
-void LayerShard::Notify(const std::vector<RoundReport>& reports) const {
+void LayerRendezvous::Notify(const std::vector<RoundReport>& reports) const {
   for (const RoundReport& r : reports) {
     if (r.status.code() == absl::StatusCode::kDeadlineExceeded) {
       observer_->OnDeadline(r);
@@ -221,9 +223,9 @@ void LayerShard::Notify(const std::vector<RoundReport>& reports) const {
   }
 }
 
-void LayerShard::AnswerRetry(const RecentRounds::Entry& entry,
-                             const Contribution& c, RoundCallback done,
-                             Deliveries& out) const {
+void LayerRendezvous::AnswerRetry(const RecentRounds::Entry& entry,
+                                  const Contribution& c, RoundCallback done,
+                                  Deliveries& out) const {
   const std::optional<uint64_t>& sent =
       entry.fingerprints[layout_.IndexInGroup(c.rank)];
   if (sent.has_value() &&
@@ -235,8 +237,8 @@ void LayerShard::AnswerRetry(const RecentRounds::Entry& entry,
   out.push_back(Delivery{std::move(done), entry.outcome});
 }
 
-void LayerShard::Complete(const RoundKey& key, Round& round, absl::Time now,
-                          Deliveries& out, bool& applied) {
+void LayerRendezvous::Complete(const RoundKey& key, Round& round,
+                               absl::Time now, Deliveries& out, bool& applied) {
   GroupState& group = groups_[std::get<0>(key)];
   const Phase phase = std::get<2>(key);
   // The next state is built aside and installed only once it is stored.
@@ -285,8 +287,8 @@ void LayerShard::Complete(const RoundKey& key, Round& round, absl::Time now,
   applied = phase == Phase::kForward;
 }
 
-void LayerShard::ApplyForward(const RoundKey& key, Round& round,
-                              LayerState& next, RoundOutcome& outcome) {
+void LayerRendezvous::ApplyForward(const RoundKey& key, Round& round,
+                                   LayerState& next, RoundOutcome& outcome) {
   const absl::StatusOr<RoundUpdate> update = round.AgreedUpdate();
   if (!update.ok()) {
     outcome.status = absl::InvalidArgumentError(
@@ -324,15 +326,15 @@ void LayerShard::ApplyForward(const RoundKey& key, Round& round,
   outcome.version = next.stats.num_batches_tracked;
 }
 
-absl::Status LayerShard::Refused(const RoundKey& key,
-                                 const absl::Status& why) const {
+absl::Status LayerRendezvous::Refused(const RoundKey& key,
+                                      const absl::Status& why) const {
   if (why.ok()) return why;
   return absl::Status(why.code(),
                       absl::StrCat(RoundLabel(key), ": ", why.message(),
                                    "; the round was not applied"));
 }
 
-absl::Status LayerShard::Persist(
+absl::Status LayerRendezvous::Persist(
     const RoundKey& key, const LayerState& next, const RoundOutcome& outcome,
     const Round& round, const std::shared_ptr<const RunningStats>& after) {
   PhaseState& phase = StateOf(key);
@@ -357,7 +359,8 @@ absl::Status LayerShard::Persist(
   return absl::OkStatus();
 }
 
-void LayerShard::FailSuperseded(const RoundKey& completed, Deliveries& out) {
+void LayerRendezvous::FailSuperseded(const RoundKey& completed,
+                                     Deliveries& out) {
   // A later step of the same (group, phase) completed first: the earlier
   // round could only be applied out of order, so it fails instead.
   for (auto it = rounds_.begin(); it != rounds_.end();) {
@@ -376,9 +379,9 @@ void LayerShard::FailSuperseded(const RoundKey& completed, Deliveries& out) {
   }
 }
 
-void LayerShard::Finish(const RoundKey& key, RoundOutcome outcome,
-                        std::shared_ptr<const RunningStats> after,
-                        Deliveries& out) {
+void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
+                             std::shared_ptr<const RunningStats> after,
+                             Deliveries& out) {
   auto it = rounds_.find(key);
   Round& round = *it->second;
   auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
@@ -390,8 +393,8 @@ void LayerShard::Finish(const RoundKey& key, RoundOutcome outcome,
   rounds_.erase(it);
 }
 
-void LayerShard::Drop(const RoundKey& key, const absl::Status& status,
-                      Deliveries& out) {
+void LayerRendezvous::Drop(const RoundKey& key, const absl::Status& status,
+                           Deliveries& out) {
   auto it = rounds_.find(key);
   for (RoundCallback& done : it->second->TakeWaiters()) {
     out.push_back(Failure(std::move(done), status));
@@ -399,7 +402,7 @@ void LayerShard::Drop(const RoundKey& key, const absl::Status& status,
   rounds_.erase(it);
 }
 
-bool LayerShard::Expire(absl::Time now, Deliveries& out) {
+bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
   bool applied = false;
   std::vector<RoundReport> reports;
   {
@@ -441,7 +444,7 @@ bool LayerShard::Expire(absl::Time now, Deliveries& out) {
   return applied;
 }
 
-void LayerShard::Abort(const absl::Status& status) {
+void LayerRendezvous::Abort(const absl::Status& status) {
   Deliveries out;
   {
     absl::MutexLock lock(&mu_);
@@ -456,22 +459,23 @@ void LayerShard::Abort(const absl::Status& status) {
   Deliver(out);
 }
 
-RunningStats LayerShard::Stats(int group) const {
+RunningStats LayerRendezvous::Stats(int group) const {
   absl::MutexLock lock(&mu_);
   return groups_[group].state.stats;
 }
 
-int64_t LayerShard::LastAppliedStep(int group) const {
+int64_t LayerRendezvous::LastAppliedStep(int group) const {
   absl::MutexLock lock(&mu_);
   return groups_[group].state.last_applied;
 }
 
-LayerState LayerShard::State(int group) const {
+LayerState LayerRendezvous::State(int group) const {
   absl::MutexLock lock(&mu_);
   return groups_[group].state;
 }
 
-absl::StatusOr<LayerState> LayerShard::StateAt(int group, int64_t step) const {
+absl::StatusOr<LayerState> LayerRendezvous::StateAt(int group,
+                                                    int64_t step) const {
   absl::MutexLock lock(&mu_);
   const GroupState& g = groups_[group];
   if (g.state.last_applied <= step) return g.state;
@@ -500,7 +504,7 @@ absl::StatusOr<LayerState> LayerShard::StateAt(int group, int64_t step) const {
   return s;
 }
 
-std::vector<RoundCallback> LayerShard::Reset(
+std::vector<RoundCallback> LayerRendezvous::Reset(
     absl::Span<const LayerState> per_group) {
   std::vector<RoundCallback> dropped;
   absl::MutexLock lock(&mu_);
@@ -520,7 +524,7 @@ std::vector<RoundCallback> LayerShard::Reset(
   return dropped;
 }
 
-bool LayerShard::Pristine() const {
+bool LayerRendezvous::Pristine() const {
   absl::MutexLock lock(&mu_);
   for (const GroupState& g : groups_) {
     const RunningStats& s = g.state.stats;
@@ -533,7 +537,7 @@ bool LayerShard::Pristine() const {
   return true;
 }
 
-void LayerShard::SetStats(int group, const RunningStats& stats) {
+void LayerRendezvous::SetStats(int group, const RunningStats& stats) {
   absl::MutexLock lock(&mu_);
   groups_[group].state.stats = stats;
 }

@@ -1,7 +1,7 @@
 // The rendezvous of one layer of one job: its pending rounds, running
 // statistics and recent outcomes, for every group, behind one mutex.
-#ifndef SYNCNORM_SERVER_DOMAIN_LAYER_SHARD_H_
-#define SYNCNORM_SERVER_DOMAIN_LAYER_SHARD_H_
+#ifndef SYNCNORM_SERVER_DOMAIN_LAYER_RENDEZVOUS_H_
+#define SYNCNORM_SERVER_DOMAIN_LAYER_RENDEZVOUS_H_
 
 #include <array>
 #include <cstdint>
@@ -37,21 +37,21 @@ namespace syncnorm {
 // Durability: a completed round's new layer state and outcome are written
 // to the store (one atomic write) before any contributor gets the result;
 // if that write fails, the round fails for all and nothing is applied.
-class LayerShard {
+class LayerRendezvous {
  public:
   // `spec` (resolved), `groups` (its layout), `store` and `observer` (if
-  // not null) must outlive the shard. `recent_capacity` finished rounds are
-  // kept per (group, phase) for retries. `observer` hears of every round
+  // not null) must outlive the rendezvous. `recent_capacity` finished rounds
+  // are kept per (group, phase) for retries. `observer` hears of every round
   // that ends, with its contributors that arrived more than
   // `straggler_threshold` after the first.
   // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
-  LayerShard(const JobSpec& spec, const GroupLayout& groups, int layer,
-             int recent_capacity, StateStore* store,
-             RoundObserver* observer = nullptr,
-             absl::Duration straggler_threshold = absl::Seconds(1));
+  LayerRendezvous(const JobSpec& spec, const GroupLayout& groups, int layer,
+                  int recent_capacity, StateStore* store,
+                  RoundObserver* observer = nullptr,
+                  absl::Duration straggler_threshold = absl::Seconds(1));
 
-  LayerShard(const LayerShard&) = delete;
-  LayerShard& operator=(const LayerShard&) = delete;
+  LayerRendezvous(const LayerRendezvous&) = delete;
+  LayerRendezvous& operator=(const LayerRendezvous&) = delete;
 
   // Installs a (group, layer)'s stored state and rounds, found at startup.
   // REQUIRES: before any other call; stored.slot.layer is this layer and
@@ -216,4 +216,4 @@ class LayerShard {
 
 }  // namespace syncnorm
 
-#endif  // SYNCNORM_SERVER_DOMAIN_LAYER_SHARD_H_
+#endif  // SYNCNORM_SERVER_DOMAIN_LAYER_RENDEZVOUS_H_
