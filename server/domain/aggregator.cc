@@ -7,8 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "server/domain/bounded_text.h"
 #include "server/domain/log.h"
-#include "server/store/kv_state_store.h"
-#include "server/store/memory_engine.h"
 
 namespace syncnorm {
 namespace {
@@ -37,15 +35,6 @@ Aggregator::Aggregator(AggregatorOptions options, const Clock* clock,
       observer_(options_.observer != nullptr ? options_.observer
                                              : &default_observer_),
       store_(store) {}
-
-Aggregator::Aggregator(AggregatorOptions options, const Clock* clock)
-    : options_(std::move(options)),
-      clock_(clock),
-      observer_(options_.observer != nullptr ? options_.observer
-                                             : &default_observer_),
-      own_store_(
-          std::make_unique<KvStateStore>(std::make_unique<MemoryEngine>())),
-      store_(own_store_.get()) {}
 
 JobOptions Aggregator::JobOptionsOf() const {
   JobOptions o;

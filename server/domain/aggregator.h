@@ -77,8 +77,6 @@ class Aggregator {
   // `clock` and `store` must outlive the aggregator. The reaper is not
   // started; call Load() before serving.
   Aggregator(AggregatorOptions options, const Clock* clock, StateStore* store);
-  // The same with a private in-memory store: nothing is durable.
-  Aggregator(AggregatorOptions options, const Clock* clock);
   // Stops the reaper; rounds still waiting fail UNAVAILABLE.
   ~Aggregator();
 
@@ -205,8 +203,6 @@ class Aggregator {
   // Used when options_.observer is null.
   LoggingRoundObserver default_observer_;
   RoundObserver* const observer_;
-  // The store of the two-argument constructor; null otherwise.
-  const std::unique_ptr<StateStore> own_store_;
   StateStore* const store_;
 
   mutable absl::Mutex jobs_mu_;

@@ -22,6 +22,8 @@
 #include "server/domain/clock.h"
 #include "server/domain/fake_clock.h"
 #include "server/domain/job_spec.h"
+#include "server/store/kv_state_store.h"
+#include "server/store/memory_engine.h"
 
 namespace syncnorm {
 namespace {
@@ -185,7 +187,7 @@ Moments OneValue(double x) {
 
 class AggregatorTest : public ::testing::Test {
  protected:
-  AggregatorTest() : agg_(AggregatorOptions(), &clock_) {}
+  AggregatorTest() : agg_(AggregatorOptions(), &clock_, &store_) {}
 
   void Create(const JobSpec& spec) {
     absl::StatusOr<JobSnapshot> s = agg_.CreateJob(spec);
@@ -208,6 +210,7 @@ class AggregatorTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  KvStateStore store_{std::make_unique<MemoryEngine>()};
   Aggregator agg_;
 };
 
@@ -712,7 +715,8 @@ TEST(AggregatorReaperTest, ReaperExpiresRoundsOnTheRealClock) {
   RealClock clock;
   AggregatorOptions options;
   options.reaper_period = absl::Milliseconds(10);
-  Aggregator agg(options, &clock);
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  Aggregator agg(options, &clock, &store);
   agg.StartReaper();
   JobSpec spec = Spec("reaped", 2, {Layer(1)});
   spec.round_timeout = absl::Milliseconds(50);
@@ -735,8 +739,9 @@ TEST(AggregatorShutdownTest, DestructionAnswersWaitingRounds) {
   FakeClock clock;
   int calls = 0;
   absl::StatusCode code = absl::StatusCode::kOk;
+  KvStateStore store(std::make_unique<MemoryEngine>());
   {
-    Aggregator agg(AggregatorOptions(), &clock);
+    Aggregator agg(AggregatorOptions(), &clock, &store);
     ASSERT_TRUE(agg.CreateJob(Spec("bye", 2, {Layer(1)})).ok());
     agg.Contribute(Forward("bye", 0, 0, 0, OneValue(1)),
                    [&](const RoundOutcome& o) {

@@ -17,6 +17,8 @@
 #include "server/domain/aggregator.h"
 #include "server/domain/fake_clock.h"
 #include "server/domain/job_spec.h"
+#include "server/store/kv_state_store.h"
+#include "server/store/memory_engine.h"
 
 namespace syncnorm {
 namespace {
@@ -66,7 +68,7 @@ void ExpectLimit(const absl::Status& s, const std::string& flag) {
 
 class LimitsTest : public ::testing::Test {
  protected:
-  LimitsTest() : agg_(Options(), &clock_) {}
+  LimitsTest() : agg_(Options(), &clock_, &store_) {}
   static AggregatorOptions Options() {
     AggregatorOptions o;
     o.limits = Small();
@@ -80,6 +82,7 @@ class LimitsTest : public ::testing::Test {
     return *got;
   }
   FakeClock clock_;
+  KvStateStore store_{std::make_unique<MemoryEngine>()};
   Aggregator agg_;
 };
 

@@ -264,7 +264,8 @@ TEST(StragglerTest, AroundCompletedLateIsReportedWithItsLastRanks) {
   AggregatorOptions o;
   o.observer = &observer;
   o.straggler_threshold = absl::Milliseconds(100);
-  Aggregator agg(o, &clock);
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  Aggregator agg(o, &clock, &store);
   ASSERT_TRUE(
       agg.CreateJob(QuorumSpec("s", 3, 0, 0, absl::ZeroDuration())).ok());
   Outcomes out(3);

@@ -80,7 +80,8 @@ TEST(ShardAssignmentTest, Validation) {
 
 TEST(ShardedJobTest, CreateIsIdempotentOnlyWithTheSameAssignment) {
   FakeClock clock;
-  Aggregator agg(AggregatorOptions(), &clock);
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  Aggregator agg(AggregatorOptions(), &clock, &store);
   ASSERT_TRUE(agg.CreateJob(ShardSpec()).ok());
   EXPECT_TRUE(agg.CreateJob(ShardSpec()).ok());
   EXPECT_EQ(agg.CreateJob(ShardSpec({1})).status().code(),
@@ -93,7 +94,8 @@ TEST(ShardedJobTest, CreateIsIdempotentOnlyWithTheSameAssignment) {
 
 TEST(ShardedJobTest, ServesOnlyItsLayers) {
   FakeClock clock;
-  Aggregator agg(AggregatorOptions(), &clock);
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  Aggregator agg(AggregatorOptions(), &clock, &store);
   ASSERT_TRUE(agg.CreateJob(ShardSpec()).ok());
   // Another shard's layer: refused, saying whose it is and what to check.
   RoundOutcome refused;
@@ -143,7 +145,8 @@ TEST(ShardedJobTest, ServesOnlyItsLayers) {
 
 TEST(ShardedJobTest, AShardWithoutLayersCheckpointsAtOnce) {
   FakeClock clock;
-  Aggregator agg(AggregatorOptions(), &clock);
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  Aggregator agg(AggregatorOptions(), &clock, &store);
   ASSERT_TRUE(agg.CreateJob(ShardSpec({})).ok());
   EXPECT_EQ(agg.GetJob("j")->committed_step, -1);
   absl::StatusOr<CheckpointMeta> cut = absl::UnknownError("no answer");

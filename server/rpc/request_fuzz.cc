@@ -22,6 +22,8 @@
 #include "server/domain/fake_clock.h"
 #include "server/domain/job_spec.h"
 #include "server/rpc/proto_convert.h"
+#include "server/store/kv_state_store.h"
+#include "server/store/memory_engine.h"
 #include "server/store/state_codec.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
@@ -49,7 +51,7 @@ JobSpec FuzzJob(const std::string& id, int world, int group, int channels,
 }
 
 struct World {
-  World() : aggregator(Options(), &clock) {
+  World() : aggregator(Options(), &clock, &store) {
     for (const JobSpec& s : {FuzzJob("a", 2, 0, 2, 0), FuzzJob("b", 4, 2, 3, 1),
                              FuzzJob("c", 1, 0, 1, 0),
                              FuzzJob("d", 5, 0, 2, 1, {{0, 2}, {1, 3, 4}})}) {
@@ -64,6 +66,7 @@ struct World {
   }
   static inline NoopRoundObserver observer;
   FakeClock clock;
+  KvStateStore store{std::make_unique<MemoryEngine>()};
   Aggregator aggregator;
   std::vector<JobSpec> specs;
 };
