@@ -75,29 +75,17 @@ Aggregator::~Aggregator() {
 void Aggregator::StartReaper() {
   absl::MutexLock lock(&reaper_mu_);
   if (reaper_ != nullptr) return;
-  reaper_stop_ = false;
-  reaper_ = std::make_unique<std::thread>([this] { ReaperLoop(); });
+  reaper_ = std::make_unique<PeriodicThread>(
+      options_.reaper_period, [this] { ExpireRounds(clock_->Now()); });
 }
 
 void Aggregator::StopReaper() {
-  std::unique_ptr<std::thread> thread;
+  std::unique_ptr<PeriodicThread> reaper;
   {
     absl::MutexLock lock(&reaper_mu_);
-    reaper_stop_ = true;
-    thread = std::move(reaper_);
+    reaper = std::move(reaper_);
   }
-  if (thread != nullptr) thread->join();
-}
-
-void Aggregator::ReaperLoop() {
-  reaper_mu_.Lock();
-  while (!reaper_mu_.AwaitWithTimeout(absl::Condition(&reaper_stop_),
-                                      options_.reaper_period)) {
-    reaper_mu_.Unlock();
-    ExpireRounds(clock_->Now());
-    reaper_mu_.Lock();
-  }
-  reaper_mu_.Unlock();
+  reaper.reset();  // joins, outside reaper_mu_
 }
 
 absl::Status Aggregator::NotFound(absl::string_view job_id) {

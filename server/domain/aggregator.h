@@ -6,7 +6,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -22,6 +21,7 @@
 #include "server/domain/job.h"
 #include "server/domain/job_spec.h"
 #include "server/domain/limits.h"
+#include "server/domain/periodic_thread.h"
 #include "server/domain/round_observer.h"
 #include "server/store/state_store.h"
 
@@ -186,7 +186,6 @@ class Aggregator {
   std::shared_ptr<Job> FindJob(absl::string_view job_id) const
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
   static absl::Status NotFound(absl::string_view job_id);
-  void ReaperLoop() ABSL_LOCKS_EXCLUDED(reaper_mu_);
 
   JobOptions JobOptionsOf() const;
   // RestoreJobs under jobs_mu_; the jobs it replaced go to `replaced`, to
@@ -212,8 +211,7 @@ class Aggregator {
       ABSL_GUARDED_BY(jobs_mu_);
 
   absl::Mutex reaper_mu_;
-  bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
-  std::unique_ptr<std::thread> reaper_ ABSL_GUARDED_BY(reaper_mu_);
+  std::unique_ptr<PeriodicThread> reaper_ ABSL_GUARDED_BY(reaper_mu_);
 
   // The rounds in flight (max_pending_rounds, draining).
   RoundAdmission admission_{options_.limits.max_pending_rounds};

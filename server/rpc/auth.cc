@@ -147,8 +147,10 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Open(
                         std::make_shared<const Grants>(*std::move(grants))));
   if (poll_period > absl::ZeroDuration()) {
     Authenticator* self = auth.get();
-    auth->poller_ =
-        std::thread([self, poll_period] { self->PollLoop(poll_period); });
+    auth->poller_ = std::make_unique<PeriodicThread>(
+        poll_period, [self, last_error = std::string()]() mutable {
+          self->Poll(last_error);
+        });
   }
   return auth;
 }
@@ -162,31 +164,17 @@ Authenticator::Authenticator(std::string path, std::string content,
       grants_(std::move(grants)),
       content_(std::move(content)) {}
 
-Authenticator::~Authenticator() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (poller_.joinable()) poller_.join();
-}
+Authenticator::~Authenticator() = default;
 
-void Authenticator::PollLoop(absl::Duration period) {
-  std::string last_error;
-  mu_.Lock();
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
-    mu_.Unlock();
-    absl::Status s = Reload();
-    // Said once per distinct problem, not every period.
-    if (!s.ok() && s.ToString() != last_error) {
-      LogLine("tokens_reload_failed", LogLevel::kError)
-          .Add("file", path_)
-          .Add("tokens_kept", size())
-          .Add("error", s.ToString());
-    }
-    last_error = s.ok() ? "" : s.ToString();
-    mu_.Lock();
+void Authenticator::Poll(std::string& last_error) {
+  absl::Status s = Reload();
+  if (!s.ok() && s.ToString() != last_error) {
+    LogLine("tokens_reload_failed", LogLevel::kError)
+        .Add("file", path_)
+        .Add("tokens_kept", size())
+        .Add("error", s.ToString());
   }
-  mu_.Unlock();
+  last_error = s.ok() ? "" : s.ToString();
 }
 
 absl::Status Authenticator::Reload() {

@@ -19,7 +19,6 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -28,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/domain/periodic_thread.h"
 
 namespace syncnorm {
 
@@ -95,15 +95,19 @@ class Authenticator {
   absl::StatusOr<const TokenGrant*> Find(absl::string_view header,
                                          const Grants& grants) const;
   std::shared_ptr<const Grants> Current() const ABSL_LOCKS_EXCLUDED(mu_);
-  void PollLoop(absl::Duration period) ABSL_LOCKS_EXCLUDED(mu_);
+  // Reload(), logging a failure unless it is `last_error` (the previous
+  // poll's, which it then becomes): a problem is said once, not every
+  // period. Only the poller calls it.
+  void Poll(std::string& last_error) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string path_;  // empty: tokens from memory
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Grants> grants_ ABSL_GUARDED_BY(mu_);
   std::string content_ ABSL_GUARDED_BY(mu_);  // of the file, as last loaded
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread poller_;
+  // Calls Poll(); null without a file or a poll period. Last: stopped
+  // before anything it uses goes.
+  std::unique_ptr<PeriodicThread> poller_;
 };
 
 }  // namespace syncnorm

@@ -13,17 +13,14 @@ StreamSet::StreamSet(int max_streams, absl::Duration idle_timeout,
                      const Clock* clock)
     : max_streams_(max_streams), idle_timeout_(idle_timeout), clock_(clock) {
   if (idle_timeout_ > absl::ZeroDuration()) {
-    sweeper_ = std::thread([this] { SweepLoop(); });
+    const absl::Duration period =
+        std::clamp(idle_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+    sweeper_ =
+        std::make_unique<PeriodicThread>(period, [this] { CloseIdle(); });
   }
 }
 
-StreamSet::~StreamSet() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (sweeper_.joinable()) sweeper_.join();
-}
+StreamSet::~StreamSet() = default;
 
 absl::Status StreamSet::Add(ReduceReactor* stream) {
   absl::MutexLock lock(&mu_);
@@ -82,18 +79,6 @@ int StreamSet::CloseIdle() {
         .Add("idle_timeout_ms", absl::ToInt64Milliseconds(idle_timeout_));
   }
   return closed;
-}
-
-void StreamSet::SweepLoop() {
-  const absl::Duration period =
-      std::clamp(idle_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
-  mu_.Lock();
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
-    mu_.Unlock();
-    CloseIdle();
-    mu_.Lock();
-  }
-  mu_.Unlock();
 }
 
 int StreamSet::size() const {

@@ -3,7 +3,7 @@
 #ifndef SYNCNORM_SERVER_RPC_STREAM_SET_H_
 #define SYNCNORM_SERVER_RPC_STREAM_SET_H_
 
-#include <thread>
+#include <memory>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/domain/clock.h"
+#include "server/domain/periodic_thread.h"
 
 namespace syncnorm {
 
@@ -49,8 +50,6 @@ class StreamSet {
   absl::Duration idle_timeout() const { return idle_timeout_; }
 
  private:
-  void SweepLoop() ABSL_LOCKS_EXCLUDED(mu_);
-
   // Constant after construction.
   const int max_streams_;
   const absl::Duration idle_timeout_;
@@ -59,8 +58,9 @@ class StreamSet {
   mutable absl::Mutex mu_;
   absl::flat_hash_set<ReduceReactor*> open_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread sweeper_;  // last: started once the rest is built
+  // Calls CloseIdle(); null without an idle timeout. Last: started once
+  // the rest is built, stopped before any of it goes.
+  std::unique_ptr<PeriodicThread> sweeper_;
 };
 
 }  // namespace syncnorm

@@ -9,10 +9,10 @@
 #
 # Run by //tests:fuzz_test (tags "local": it finds the checkout through its
 # own path) and by hand. The sources it compiles are the srcs of
-# //server/domain:aggregator, :contribution, :job_spec and :bounded_text,
-# //server/store:state_codec, :kv_state_store and :memory_engine,
-# //kernels:moments and //kernels:round_update, read from their BUILD
-# files, so it follows them.
+# //server/domain:aggregator, :contribution, :job_spec, :bounded_text and
+# :periodic_thread, //server/store:state_codec, :kv_state_store and
+# :memory_engine, //kernels:moments and //kernels:round_update, read from
+# their BUILD files, so it follows them.
 set -euo pipefail
 seconds="${1:-${FUZZ_SECONDS:-30}}"
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)"
@@ -43,6 +43,7 @@ sources=(server/rpc/request_fuzz.cc server/rpc/proto_convert.cc
          $(srcs_of server/domain/BUILD contribution)
          $(srcs_of server/domain/BUILD job_spec)
          $(srcs_of server/domain/BUILD bounded_text)
+         $(srcs_of server/domain/BUILD periodic_thread)
          $(srcs_of server/store/BUILD state_codec)
          $(srcs_of server/store/BUILD kv_state_store)
          $(srcs_of server/store/BUILD memory_engine)
