@@ -180,7 +180,7 @@ class Aggregator {
     return admission_.AwaitIdle(deadline);
   }
   // Rounds waiting for contributions now.
-  int64_t rounds_in_flight() const { return admission_.in_flight(); }
+  int64_t rounds_in_flight() const { return admission_.size(); }
 
  private:
   std::shared_ptr<Job> FindJob(absl::string_view job_id) const

@@ -76,10 +76,20 @@ int ReceiveCeiling(const Limits& limits);
 absl::Status CheckTransportBytes(int64_t max_transport_bytes,
                                  const Limits& limits);
 
-// Counts the rounds in flight, by (job, group, layer, step, phase), from
-// the contributions that wait for them. A contribution enters before it is
-// handed to its round and leaves once it is answered. Thread-safe; the hot
-// path takes one of several striped locks.
+// The server's admission counters share one shape: RoundAdmission (rounds
+// in flight, --max_pending_rounds), WaitingCalls (ReduceOnce and Checkpoint
+// calls, --max_waiting_calls) and StreamSet (Reduce streams,
+// --max_streams). Enter(x) before x holds anything: OK, and then exactly
+// one Leave once x is done (Leave(x) where the counter keeps x);
+// RESOURCE_EXHAUSTED naming the flag (LimitExceeded) when x would pass the
+// limit; UNAVAILABLE once the server takes no new ones (shutting down).
+// size() is how many are in now. A limit <= 0 is none.
+
+// The admission of rounds: counts the rounds in flight, by (job, group,
+// layer, step, phase), from the contributions that wait for them. A
+// contribution enters before it is handed to its round and leaves once it
+// is answered. Thread-safe; the hot path takes one of several striped
+// locks.
 class RoundAdmission {
  public:
   struct Key {
@@ -108,6 +118,7 @@ class RoundAdmission {
   // limit; UNAVAILABLE when it would start a round while draining. A
   // contribution to a round already in flight is always admitted.
   absl::Status Enter(const Key& key);
+  // REQUIRES: a matching Enter(key) returned OK.
   void Leave(const Key& key);
 
   // From now on no new round is admitted.
@@ -115,7 +126,7 @@ class RoundAdmission {
   bool draining() const { return draining_.load(); }
 
   // Rounds in flight now.
-  int64_t in_flight() const { return rounds_.load(); }
+  int64_t size() const { return rounds_.load(); }
 
   // Waits until no round is in flight or `deadline`; true when none is.
   bool AwaitIdle(absl::Time deadline) const;

@@ -27,7 +27,7 @@ StreamSet* Admit(const Authenticator* auth, const std::string& authorization,
     if (!refused.ok()) return nullptr;
   }
   if (streams == nullptr) return nullptr;
-  refused = streams->Add(reactor);
+  refused = streams->Enter(reactor);
   return refused.ok() ? streams : nullptr;
 }
 
@@ -259,7 +259,7 @@ std::optional<grpc::Status> ReduceReactor::TakeFinish() {
 }
 
 void ReduceReactor::OnDone() {
-  if (streams_ != nullptr) streams_->Remove(this);
+  if (streams_ != nullptr) streams_->Leave(this);
   Unref();
 }
 

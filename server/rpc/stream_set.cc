@@ -22,7 +22,7 @@ StreamSet::StreamSet(int max_streams, absl::Duration idle_timeout,
 
 StreamSet::~StreamSet() = default;
 
-absl::Status StreamSet::Add(ReduceReactor* stream) {
+absl::Status StreamSet::Enter(ReduceReactor* stream) {
   absl::MutexLock lock(&mu_);
   if (closed_) {
     return absl::UnavailableError(
@@ -36,7 +36,7 @@ absl::Status StreamSet::Add(ReduceReactor* stream) {
   return absl::OkStatus();
 }
 
-void StreamSet::Remove(ReduceReactor* stream) {
+void StreamSet::Leave(ReduceReactor* stream) {
   absl::MutexLock lock(&mu_);
   open_.erase(stream);
 }

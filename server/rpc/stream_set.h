@@ -1,5 +1,6 @@
-// The open Reduce streams of a service: their number (--max_streams), the
-// closing of idle ones (--stream_idle_timeout_ms) and of all at shutdown.
+// The admission of a service's Reduce streams: their number
+// (--max_streams), the closing of idle ones (--stream_idle_timeout_ms) and
+// of all at shutdown.
 #ifndef SYNCNORM_SERVER_RPC_STREAM_SET_H_
 #define SYNCNORM_SERVER_RPC_STREAM_SET_H_
 
@@ -17,7 +18,8 @@ namespace syncnorm {
 
 class ReduceReactor;
 
-// Thread-safe.
+// An admission counter (the shape in server/domain/limits.h) that also
+// knows its streams, to close them. Thread-safe.
 class StreamSet {
  public:
   // max_streams <= 0: no limit. With a positive idle_timeout a thread ends,
@@ -31,11 +33,12 @@ class StreamSet {
   StreamSet(const StreamSet&) = delete;
   StreamSet& operator=(const StreamSet&) = delete;
 
-  // Registers an opening stream: OK, RESOURCE_EXHAUSTED at the limit
-  // (naming --max_streams), UNAVAILABLE once CloseAll was called.
-  absl::Status Add(ReduceReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
-  // REQUIRES: `stream` was added, and is not removed yet.
-  void Remove(ReduceReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers an opening stream: OK (call Leave(stream) once gRPC is done
+  // with it), RESOURCE_EXHAUSTED at the limit (naming --max_streams),
+  // UNAVAILABLE once CloseAll was called.
+  absl::Status Enter(ReduceReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // REQUIRES: a matching Enter(stream) returned OK.
+  void Leave(ReduceReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Asks every open stream to end (UNAVAILABLE, "shutting down") once it
   // has answered every contribution it read; refuses new ones.

@@ -1,5 +1,5 @@
-// The unary calls of a service that may wait (a ReduceOnce for its round, a
-// Checkpoint for its step to be committed): their number
+// The admission of the unary calls of a service that may wait (a ReduceOnce
+// for its round, a Checkpoint for its step to be committed): their number
 // (--max_waiting_calls).
 #ifndef SYNCNORM_SERVER_RPC_WAITING_CALLS_H_
 #define SYNCNORM_SERVER_RPC_WAITING_CALLS_H_
@@ -11,7 +11,8 @@
 
 namespace syncnorm {
 
-// Thread-safe.
+// An admission counter (the shape in server/domain/limits.h), without a
+// shutdown state of its own. Thread-safe.
 class WaitingCalls {
  public:
   // max_calls <= 0: no limit.
