@@ -15,7 +15,7 @@ CheckpointReactor::CheckpointReactor(Aggregator* aggregator,
                                      const v1::CheckpointRequest& request,
                                      v1::CheckpointInfo* response,
                                      std::shared_ptr<WaitingCalls> waiting)
-    : response_(response), waiting_(std::move(waiting)) {
+    : WaitingCallReactor(std::move(waiting)), response_(response) {
   // A call without a deadline carries the far future; the aggregator caps
   // the wait (AggregatorOptions::max_checkpoint_wait). The answer is due a
   // little before the caller gives up, so that it gets the reason (which
@@ -32,36 +32,9 @@ CheckpointReactor::CheckpointReactor(Aggregator* aggregator,
 }
 
 void CheckpointReactor::Answer(const absl::StatusOr<CheckpointMeta>& result) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    finished_ = true;
-  }
+  if (!Claim()) return;
   if (result.ok()) CheckpointToProto(*result, *response_);
   Finish(ToGrpcStatus(result.status()));
-}
-
-// Holds a reference while it runs, as ReduceReactor::OnCancel does.
-void CheckpointReactor::OnCancel() {
-  refs_.fetch_add(1, std::memory_order_relaxed);
-  bool finish = false;
-  {
-    absl::MutexLock lock(&mu_);
-    finish = !finished_;
-    finished_ = true;
-  }
-  if (finish) Finish(grpc::Status::CANCELLED);
-  Unref();
-}
-
-CheckpointReactor::~CheckpointReactor() {
-  if (waiting_ != nullptr) waiting_->Leave();
-}
-
-void CheckpointReactor::OnDone() { Unref(); }
-
-void CheckpointReactor::Unref() {
-  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
 }  // namespace syncnorm

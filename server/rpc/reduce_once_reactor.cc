@@ -14,7 +14,7 @@ ReduceOnceReactor::ReduceOnceReactor(Aggregator* aggregator,
                                      v1::Contribution request,
                                      v1::RoundResult* response,
                                      std::shared_ptr<WaitingCalls> waiting)
-    : response_(response), waiting_(std::move(waiting)) {
+    : WaitingCallReactor(std::move(waiting)), response_(response) {
   Contribution c = ContributionFromProto(std::move(request));
   Contribution key;
   key.job_id = c.job_id;
@@ -30,11 +30,7 @@ ReduceOnceReactor::ReduceOnceReactor(Aggregator* aggregator,
 
 void ReduceOnceReactor::Answer(const Contribution& key,
                                const RoundOutcome& outcome) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    finished_ = true;
-  }
+  if (!Claim()) return;
   if (outcome.status.ok()) {
     RoundResultToProto(key, outcome, *response_);
     Finish(grpc::Status::OK);
@@ -49,29 +45,6 @@ void ReduceOnceReactor::Answer(const Contribution& key,
                      absl::StrJoin(outcome.missing_ranks, ", "), "])"));
   }
   Finish(ToGrpcStatus(status));
-}
-
-// Holds a reference while it runs, as ReduceReactor::OnCancel does.
-void ReduceOnceReactor::OnCancel() {
-  refs_.fetch_add(1, std::memory_order_relaxed);
-  bool finish = false;
-  {
-    absl::MutexLock lock(&mu_);
-    finish = !finished_;
-    finished_ = true;
-  }
-  if (finish) Finish(grpc::Status::CANCELLED);
-  Unref();
-}
-
-ReduceOnceReactor::~ReduceOnceReactor() {
-  if (waiting_ != nullptr) waiting_->Leave();
-}
-
-void ReduceOnceReactor::OnDone() { Unref(); }
-
-void ReduceOnceReactor::Unref() {
-  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
 }  // namespace syncnorm

@@ -40,7 +40,8 @@ const Clock* ClockOf(const StreamSet* streams) {
 ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
                              std::string authorization, StreamSet* streams,
                              int64_t max_message_bytes)
-    : aggregator_(aggregator),
+    : RefCountedReactor(1),  // gRPC's, until OnDone
+      aggregator_(aggregator),
       auth_(auth),
       authorization_(std::move(authorization)),
       clock_(ClockOf(streams)),
@@ -104,7 +105,7 @@ void ReduceReactor::OnReadDone(bool ok) {
     read_now = !FullLocked();
     read_paused_ = !read_now;
   }
-  refs_.fetch_add(1, std::memory_order_relaxed);
+  Ref();  // the aggregator callback's
   // Safe even after Finish: this reaction holds the call open until it
   // returns, and a read on a finished call just fails.
   if (read_now) StartRead(&request_);
@@ -261,10 +262,6 @@ std::optional<grpc::Status> ReduceReactor::TakeFinish() {
 void ReduceReactor::OnDone() {
   if (streams_ != nullptr) streams_->Leave(this);
   Unref();
-}
-
-void ReduceReactor::Unref() {
-  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
 }  // namespace syncnorm

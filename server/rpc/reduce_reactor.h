@@ -2,7 +2,6 @@
 #ifndef SYNCNORM_SERVER_RPC_REDUCE_REACTOR_H_
 #define SYNCNORM_SERVER_RPC_REDUCE_REACTOR_H_
 
-#include <atomic>
 #include <deque>
 #include <optional>
 #include <string>
@@ -17,6 +16,7 @@
 #include "server/domain/clock.h"
 #include "server/domain/contribution.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/ref_counted_reactor.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
 namespace syncnorm {
@@ -49,9 +49,11 @@ class StreamSet;
 // contribution it read is answered and written.
 //
 // Lifetime: deletes itself once gRPC is done with it (OnDone) and every
-// aggregator callback it issued has fired (a reference count). Thread-safe.
+// aggregator callback it issued has fired (RefCountedReactor); StreamSet
+// holds a reference while it closes the stream. Thread-safe.
 class ReduceReactor final
-    : public grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult> {
+    : public RefCountedReactor<
+          grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>> {
  public:
   static constexpr int kMaxUnanswered = 256;
   static constexpr int64_t kHeldMessages = 16;
@@ -78,8 +80,6 @@ class ReduceReactor final
   // `now - timeout`; true if it did.
   bool CloseIfIdle(absl::Time now, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
-  void Unref();
 
  private:
   ~ReduceReactor() override = default;
@@ -111,9 +111,6 @@ class ReduceReactor final
   // the aggregator answers at shutdown.
   const Clock* const clock_;
   const int64_t max_message_bytes_;  // <= 0: no limit
-  // Owners: gRPC until OnDone, one per outstanding aggregator callback, and
-  // OnCancel while it runs.
-  std::atomic<int> refs_{1};
   // Only the read path touches it, and only one read is outstanding.
   v1::Contribution request_;
 
