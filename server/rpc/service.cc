@@ -21,6 +21,15 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// Answers a unary call at once: with `admitted` when the call was refused
+// (see AggregatorService::Admit), else with the status `serve` returns,
+// which has filled the response when OK.
+template <typename Serve>
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                 absl::Status admitted, Serve serve) {
+  return FinishWith(context, admitted.ok() ? serve() : admitted);
+}
+
 // The value of the call's `authorization` metadata; empty if none.
 std::string AuthorizationOf(const grpc::CallbackServerContext* context) {
   const auto& metadata = context->client_metadata();
@@ -73,42 +82,61 @@ absl::Status AggregatorService::AuthorizeAdmin(
   return auth_->AuthorizeAdmin(AuthorizationOf(context));
 }
 
+absl::Status AggregatorService::AdmitAdmin(
+    const grpc::CallbackServerContext* context,
+    const google::protobuf::MessageLite& request,
+    absl::string_view what) const {
+  if (absl::Status s =
+          CheckMessageSize(request.ByteSizeLong(), what, max_message_bytes_);
+      !s.ok()) {
+    return s;
+  }
+  return AuthorizeAdmin(context);
+}
+
+absl::Status AggregatorService::AdmitWaitingCall(
+    const grpc::CallbackServerContext* context,
+    const google::protobuf::MessageLite& request, absl::string_view what,
+    absl::string_view job_id, absl::string_view call) {
+  if (absl::Status s = Admit(context, request, what, job_id); !s.ok()) {
+    return s;
+  }
+  return waiting_->Enter(call);
+}
+
 grpc::ServerUnaryReactor* AggregatorService::CreateJob(
     grpc::CallbackServerContext* context, const v1::CreateJobRequest* request,
     v1::JobInfo* response) {
-  if (absl::Status denied =
-          Admit(context, *request, "a CreateJob request", request->job_id());
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  absl::StatusOr<JobSnapshot> job =
-      aggregator_->CreateJob(JobSpecFromProto(*request));
-  if (job.ok()) JobInfoToProto(*job, *response);
-  return FinishWith(context, job.status());
+  return Answer(
+      context,
+      Admit(context, *request, "a CreateJob request", request->job_id()), [&] {
+        absl::StatusOr<JobSnapshot> job =
+            aggregator_->CreateJob(JobSpecFromProto(*request));
+        if (job.ok()) JobInfoToProto(*job, *response);
+        return job.status();
+      });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::JobInfo* response) {
-  if (absl::Status denied =
-          Admit(context, *request, "a GetJob request", request->job_id());
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  absl::StatusOr<JobSnapshot> job = aggregator_->GetJob(request->job_id());
-  if (job.ok()) JobInfoToProto(*job, *response);
-  return FinishWith(context, job.status());
+  return Answer(context,
+                Admit(context, *request, "a GetJob request", request->job_id()),
+                [&] {
+                  absl::StatusOr<JobSnapshot> job =
+                      aggregator_->GetJob(request->job_id());
+                  if (job.ok()) JobInfoToProto(*job, *response);
+                  return job.status();
+                });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::DeleteJob(
     grpc::CallbackServerContext* context, const v1::DeleteJobRequest* request,
     v1::DeleteJobResponse* response) {
-  if (absl::Status denied =
-          Admit(context, *request, "a DeleteJob request", request->job_id());
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  return FinishWith(context, aggregator_->DeleteJob(request->job_id()));
+  return Answer(
+      context,
+      Admit(context, *request, "a DeleteJob request", request->job_id()),
+      [&] { return aggregator_->DeleteJob(request->job_id()); });
 }
 
 grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>*
@@ -121,16 +149,13 @@ AggregatorService::Reduce(grpc::CallbackServerContext* context) {
 grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(
     grpc::CallbackServerContext* context, const v1::Contribution* request,
     v1::RoundResult* response) {
-  if (absl::Status denied =
-          Admit(context, *request, "a ReduceOnce request", request->job_id());
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
   // Refused before the aggregator sees the contribution: nothing of it is
   // kept.
-  if (absl::Status full = waiting_->Enter("a new ReduceOnce call");
-      !full.ok()) {
-    return FinishWith(context, full);
+  if (absl::Status denied =
+          AdmitWaitingCall(context, *request, "a ReduceOnce request",
+                           request->job_id(), "a new ReduceOnce call");
+      !denied.ok()) {
+    return FinishWith(context, denied);
   }
   return new ReduceOnceReactor(aggregator_, *request, response,
                                waiting_);  // ditto
@@ -139,73 +164,66 @@ grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(
 grpc::ServerUnaryReactor* AggregatorService::GetRunningStats(
     grpc::CallbackServerContext* context,
     const v1::GetRunningStatsRequest* request, v1::RunningStats* response) {
-  if (absl::Status denied = Admit(
-          context, *request, "a GetRunningStats request", request->job_id());
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  const std::vector<int> layers(request->layers().begin(),
-                                request->layers().end());
-  std::optional<int64_t> checkpoint;
-  if (request->checkpoint_step() != 0 || request->use_checkpoint()) {
-    checkpoint = request->checkpoint_step();
-  }
-  absl::StatusOr<RunningStatsSnapshot> stats = aggregator_->GetRunningStats(
-      request->job_id(), layers, request->group(), checkpoint);
-  if (stats.ok()) RunningStatsToProto(*stats, *response);
-  return FinishWith(context, stats.status());
+  return Answer(
+      context,
+      Admit(context, *request, "a GetRunningStats request", request->job_id()),
+      [&] {
+        const std::vector<int> layers(request->layers().begin(),
+                                      request->layers().end());
+        std::optional<int64_t> checkpoint;
+        if (request->checkpoint_step() != 0 || request->use_checkpoint()) {
+          checkpoint = request->checkpoint_step();
+        }
+        absl::StatusOr<RunningStatsSnapshot> stats =
+            aggregator_->GetRunningStats(request->job_id(), layers,
+                                         request->group(), checkpoint);
+        if (stats.ok()) RunningStatsToProto(*stats, *response);
+        return stats.status();
+      });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::SetRunningStats(
     grpc::CallbackServerContext* context,
     const v1::SetRunningStatsRequest* request, v1::RunningStats* response) {
-  if (absl::Status denied = Admit(
-          context, *request, "a SetRunningStats request", request->job_id());
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  absl::StatusOr<std::vector<LayerStatsSnapshot>> set =
-      aggregator_->SetRunningStats(request->job_id(),
-                                   LayerStatsFromProto(*request));
-  if (set.ok()) {
-    absl::StatusOr<JobSnapshot> job = aggregator_->GetJob(request->job_id());
-    response->set_job_id(request->job_id());
-    response->set_step(job.ok() ? job->committed_step : -1);
-    for (const LayerStatsSnapshot& l : *set) {
-      LayerStatsToProto(l, *response->add_layers());
-    }
-  }
-  return FinishWith(context, set.status());
+  return Answer(
+      context,
+      Admit(context, *request, "a SetRunningStats request", request->job_id()),
+      [&] {
+        absl::StatusOr<std::vector<LayerStatsSnapshot>> set =
+            aggregator_->SetRunningStats(request->job_id(),
+                                         LayerStatsFromProto(*request));
+        if (!set.ok()) return set.status();
+        absl::StatusOr<JobSnapshot> job =
+            aggregator_->GetJob(request->job_id());
+        response->set_job_id(request->job_id());
+        response->set_step(job.ok() ? job->committed_step : -1);
+        for (const LayerStatsSnapshot& l : *set) {
+          LayerStatsToProto(l, *response->add_layers());
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::ListJobs(
     grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
     v1::ListJobsResponse* response) {
-  if (absl::Status denied = CheckMessageSize(
-          request->ByteSizeLong(), "a ListJobs request", max_message_bytes_);
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  if (absl::Status denied = AuthorizeAdmin(context); !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  for (const JobSnapshot& job : aggregator_->ListJobs()) {
-    JobInfoToProto(job, *response->add_jobs());
-  }
-  return FinishWith(context, absl::OkStatus());
+  return Answer(context, AdmitAdmin(context, *request, "a ListJobs request"),
+                [&] {
+                  for (const JobSnapshot& job : aggregator_->ListJobs()) {
+                    JobInfoToProto(job, *response->add_jobs());
+                  }
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Checkpoint(
     grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
     v1::CheckpointInfo* response) {
   if (absl::Status denied =
-          Admit(context, *request, "a Checkpoint request", request->job_id());
+          AdmitWaitingCall(context, *request, "a Checkpoint request",
+                           request->job_id(), "a new Checkpoint call");
       !denied.ok()) {
     return FinishWith(context, denied);
-  }
-  if (absl::Status full = waiting_->Enter("a new Checkpoint call");
-      !full.ok()) {
-    return FinishWith(context, full);
   }
   return new CheckpointReactor(aggregator_, context, *request, response,
                                waiting_);  // deletes itself
@@ -215,45 +233,40 @@ grpc::ServerUnaryReactor* AggregatorService::ListCheckpoints(
     grpc::CallbackServerContext* context,
     const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
-  if (absl::Status denied = Admit(
-          context, *request, "a ListCheckpoints request", request->job_id());
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  absl::StatusOr<std::vector<CheckpointMeta>> list =
-      aggregator_->ListCheckpoints(request->job_id());
-  if (list.ok()) {
-    for (const CheckpointMeta& meta : *list) {
-      CheckpointToProto(meta, *response->add_checkpoints());
-    }
-  }
-  return FinishWith(context, list.status());
+  return Answer(
+      context,
+      Admit(context, *request, "a ListCheckpoints request", request->job_id()),
+      [&] {
+        absl::StatusOr<std::vector<CheckpointMeta>> list =
+            aggregator_->ListCheckpoints(request->job_id());
+        if (!list.ok()) return list.status();
+        for (const CheckpointMeta& meta : *list) {
+          CheckpointToProto(meta, *response->add_checkpoints());
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::RestoreCheckpoint(
     grpc::CallbackServerContext* context,
     const v1::RestoreCheckpointRequest* request, v1::JobInfo* response) {
-  if (absl::Status denied = Admit(
-          context, *request, "a RestoreCheckpoint request", request->job_id());
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  absl::StatusOr<JobSnapshot> job =
-      aggregator_->RestoreCheckpoint(request->job_id(), request->step());
-  if (job.ok()) JobInfoToProto(*job, *response);
-  return FinishWith(context, job.status());
+  return Answer(context,
+                Admit(context, *request, "a RestoreCheckpoint request",
+                      request->job_id()),
+                [&] {
+                  absl::StatusOr<JobSnapshot> job =
+                      aggregator_->RestoreCheckpoint(request->job_id(),
+                                                     request->step());
+                  if (job.ok()) JobInfoToProto(*job, *response);
+                  return job.status();
+                });
 }
 
 absl::Status AggregatorService::AdmitBackupCall(
     const grpc::CallbackServerContext* context,
     const google::protobuf::MessageLite& request,
     absl::string_view what) const {
-  if (absl::Status s =
-          CheckMessageSize(request.ByteSizeLong(), what, max_message_bytes_);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = AuthorizeAdmin(context); !s.ok()) return s;
+  if (absl::Status s = AdmitAdmin(context, request, what); !s.ok()) return s;
   if (backups_ == nullptr) {
     return absl::FailedPreconditionError(
         "this aggregator has no --backup_dir: start it with "
@@ -265,56 +278,51 @@ absl::Status AggregatorService::AdmitBackupCall(
 grpc::ServerUnaryReactor* AggregatorService::Backup(
     grpc::CallbackServerContext* context, const v1::BackupRequest* request,
     v1::BackupInfo* response) {
-  if (absl::Status denied =
-          AdmitBackupCall(context, *request, "a Backup request");
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  absl::StatusOr<BackupSummary> backup =
-      backups_->Create(request->name(), request->shard(), request->job_id());
-  if (backup.ok()) BackupToProto(*backup, *response);
-  return FinishWith(context, backup.status());
+  return Answer(context, AdmitBackupCall(context, *request, "a Backup request"),
+                [&] {
+                  absl::StatusOr<BackupSummary> backup = backups_->Create(
+                      request->name(), request->shard(), request->job_id());
+                  if (backup.ok()) BackupToProto(*backup, *response);
+                  return backup.status();
+                });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::ListBackups(
     grpc::CallbackServerContext* context, const v1::ListBackupsRequest* request,
     v1::ListBackupsResponse* response) {
-  if (absl::Status denied =
-          AdmitBackupCall(context, *request, "a ListBackups request");
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
-  for (const BackupSummary& backup : backups_->List(request->shard())) {
-    BackupToProto(backup, *response->add_backups());
-  }
-  return FinishWith(context, absl::OkStatus());
+  return Answer(
+      context, AdmitBackupCall(context, *request, "a ListBackups request"),
+      [&] {
+        for (const BackupSummary& backup : backups_->List(request->shard())) {
+          BackupToProto(backup, *response->add_backups());
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::RestoreBackup(
     grpc::CallbackServerContext* context,
     const v1::RestoreBackupRequest* request,
     v1::RestoreBackupResponse* response) {
-  if (absl::Status denied =
-          AdmitBackupCall(context, *request, "a RestoreBackup request");
-      !denied.ok()) {
-    return FinishWith(context, denied);
-  }
+  return Answer(context,
+                AdmitBackupCall(context, *request, "a RestoreBackup request"),
+                [&] { return RestoreBackupAdmitted(*request, *response); });
+}
+
+absl::Status AggregatorService::RestoreBackupAdmitted(
+    const v1::RestoreBackupRequest& request,
+    v1::RestoreBackupResponse& response) {
   std::vector<JobRestore> left_out;
   absl::StatusOr<std::vector<JobImage>> images = backups_->Read(
-      request->name(), request->shard(), request->job_id(), nullptr, &left_out);
-  if (!images.ok()) return FinishWith(context, images.status());
+      request.name(), request.shard(), request.job_id(), nullptr, &left_out);
+  if (!images.ok()) return images.status();
   absl::StatusOr<std::vector<JobRestore>> restored = aggregator_->RestoreJobs(
-      *std::move(images), request->replace(), request->name());
-  if (restored.ok()) {
-    response->set_name(request->name());
-    for (const JobRestore& r : *restored) {
-      RestoreToProto(r, *response->add_jobs());
-    }
-    for (const JobRestore& r : left_out) {
-      RestoreToProto(r, *response->add_jobs());
-    }
-  }
-  return FinishWith(context, restored.status());
+      *std::move(images), request.replace(), request.name());
+  if (!restored.ok()) return restored.status();
+  response.set_name(request.name());
+  for (const JobRestore& r : *restored) RestoreToProto(r, *response.add_jobs());
+  for (const JobRestore& r : left_out) RestoreToProto(r, *response.add_jobs());
+  return absl::OkStatus();
 }
 
 }  // namespace syncnorm

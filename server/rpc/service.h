@@ -115,15 +115,39 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   absl::Status AuthorizeJob(const grpc::CallbackServerContext* context,
                             absl::string_view job_id) const;
   absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* context) const;
-  // The request against --max_message_bytes, then AuthorizeAdmin, then
-  // FAILED_PRECONDITION without a backup root.
-  absl::Status AdmitBackupCall(const grpc::CallbackServerContext* context,
-                               const google::protobuf::MessageLite& request,
-                               absl::string_view what) const;
-  // The request against --max_message_bytes, then AuthorizeJob.
+
+  // The admission of a call, before anything is done with its request: OK,
+  // or the status the call is refused with. `what` names the request in
+  // that status ("a GetJob request").
+  //
+  // A job's call: the request against --max_message_bytes, then
+  // AuthorizeJob.
   absl::Status Admit(const grpc::CallbackServerContext* context,
                      const google::protobuf::MessageLite& request,
                      absl::string_view what, absl::string_view job_id) const;
+  // A server-wide call: the request against --max_message_bytes, then
+  // AuthorizeAdmin.
+  absl::Status AdmitAdmin(const grpc::CallbackServerContext* context,
+                          const google::protobuf::MessageLite& request,
+                          absl::string_view what) const;
+  // A backup call: AdmitAdmin, then FAILED_PRECONDITION without a backup
+  // root.
+  absl::Status AdmitBackupCall(const grpc::CallbackServerContext* context,
+                               const google::protobuf::MessageLite& request,
+                               absl::string_view what) const;
+  // A job's call that may wait (ReduceOnce, Checkpoint; `call` names it for
+  // --max_waiting_calls): Admit, then WaitingCalls::Enter; once OK, its
+  // reactor leaves waiting_.
+  absl::Status AdmitWaitingCall(const grpc::CallbackServerContext* context,
+                                const google::protobuf::MessageLite& request,
+                                absl::string_view what,
+                                absl::string_view job_id,
+                                absl::string_view call);
+
+  // RestoreBackup once admitted: reads the backup's jobs and restores them;
+  // fills `response` when OK.
+  absl::Status RestoreBackupAdmitted(const v1::RestoreBackupRequest& request,
+                                     v1::RestoreBackupResponse& response);
 
   Aggregator* const aggregator_;
   const Authenticator* const auth_;
