@@ -33,32 +33,45 @@
 #include "server/server_options.h"
 #include "server/store/rocksdb_engine.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+namespace {
+
+// The defaults of the flags: ServerOptions' own, so that each is written
+// once (server_options.h).
+const syncnorm::ServerOptions& Defaults() {
+  static const auto* const kDefaults = new syncnorm::ServerOptions();
+  return *kDefaults;
+}
+
+int64_t Ms(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+}  // namespace
+
+ABSL_FLAG(std::string, listen, Defaults().listen,
           "HOST:PORT to serve on; port 0 picks a free port");
-ABSL_FLAG(int64_t, round_timeout_ms, 30000,
+ABSL_FLAG(int64_t, round_timeout_ms, Ms(Defaults().round_timeout),
           "How long a round waits for missing ranks when its job sets none");
-ABSL_FLAG(std::string, data_dir, "./syncnorm-data",
+ABSL_FLAG(std::string, data_dir, Defaults().data_dir,
           "Folder of the state store (RocksDB): jobs, running statistics, "
           "checkpoints; created if missing. Empty: in memory, not durable");
-ABSL_FLAG(std::string, backup_dir, "",
+ABSL_FLAG(std::string, backup_dir, Defaults().backup_dir,
           "Folder for backups (Backup, RestoreBackup), on another volume "
           "than --data_dir's; created if missing. Empty: no backups");
-ABSL_FLAG(bool, sync_writes, false,
+ABSL_FLAG(bool, sync_writes, Defaults().sync_writes,
           "fsync every update, so acknowledged updates also survive a "
           "machine crash (a killed process loses nothing either way)");
-ABSL_FLAG(int, keep_checkpoints, 5,
+ABSL_FLAG(int, keep_checkpoints, Defaults().keep_checkpoints,
           "Untagged checkpoints kept per job (newest); tagged ones are "
           "always kept; 0 keeps all");
-ABSL_FLAG(int64_t, straggler_threshold_ms, 1000,
+ABSL_FLAG(int64_t, straggler_threshold_ms, Ms(Defaults().straggler_threshold),
           "A contributor that arrives more than this after its round's "
           "first one is a straggler (event=straggler log line, "
           "syncnorm_stragglers_total)");
-ABSL_FLAG(int64_t, log_interval_ms, 10000,
+ABSL_FLAG(int64_t, log_interval_ms, Ms(Defaults().log_interval),
           "A job's straggler and quorum rounds after the first of an interval "
           "are counted into one log line at its end; 0: a line per round");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once serving");
-ABSL_FLAG(std::string, metrics_listen, "",
+ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
           "HOST:PORT of the Prometheus endpoint (HTTP GET /metrics); port 0 "
           "picks a free one (logged in the start line). Empty: no metrics");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000,
@@ -67,46 +80,52 @@ ABSL_FLAG(int64_t, shutdown_grace_ms, 5000,
           "store closed");
 
 // Security.
-ABSL_FLAG(std::string, tls_cert, "",
+ABSL_FLAG(std::string, tls_cert, Defaults().tls_cert,
           "Server certificate chain (PEM); with --tls_key, serve TLS");
-ABSL_FLAG(std::string, tls_key, "", "Private key of --tls_cert (PEM)");
-ABSL_FLAG(std::string, tls_client_ca, "",
+ABSL_FLAG(std::string, tls_key, Defaults().tls_key,
+          "Private key of --tls_cert (PEM)");
+ABSL_FLAG(std::string, tls_client_ca, Defaults().tls_client_ca,
           "CA (PEM) that signs client certificates: mutual TLS, clients "
           "without a certificate it verifies are refused");
-ABSL_FLAG(bool, allow_insecure, false,
+ABSL_FLAG(bool, allow_insecure, Defaults().allow_insecure,
           "Serve plaintext on a non-loopback --listen (without it, a "
           "non-loopback address needs --tls_cert/--tls_key)");
-ABSL_FLAG(std::string, tokens_file, "",
+ABSL_FLAG(std::string, tokens_file, Defaults().tokens_file,
           "Bearer tokens, one per line '<token> <scope>[,<scope>...]' with "
           "scopes 'admin' or 'job:<id>'; re-read when it changes. Empty: no "
           "authentication");
 
 // Limits: exceeding one is RESOURCE_EXHAUSTED naming it; <= 0: no limit.
-ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
+ABSL_FLAG(int64_t, max_message_bytes, Defaults().limits.max_message_bytes,
           "Largest request message (serialized), in bytes; gRPC's transport "
           "cuts off messages over twice this with its own error");
-ABSL_FLAG(int, max_jobs, 10000, "Jobs on this server");
-ABSL_FLAG(int, max_layers_per_job, 4096, "Layers of one job");
-ABSL_FLAG(int, max_channels, 65536, "Channels (num_features) of one layer");
-ABSL_FLAG(int, max_world_size, 65536, "Contributors (world_size) of one job");
-ABSL_FLAG(int64_t, max_channels_per_job, 1 << 22,
+ABSL_FLAG(int, max_jobs, Defaults().limits.max_jobs, "Jobs on this server");
+ABSL_FLAG(int, max_layers_per_job, Defaults().limits.max_layers_per_job,
+          "Layers of one job");
+ABSL_FLAG(int, max_channels, Defaults().limits.max_channels,
+          "Channels (num_features) of one layer");
+ABSL_FLAG(int, max_world_size, Defaults().limits.max_world_size,
+          "Contributors (world_size) of one job");
+ABSL_FLAG(int64_t, max_channels_per_job, Defaults().limits.max_channels_per_job,
           "Channels of one job: num_features summed over its layers, times "
           "its groups (each keeps its own running statistics)");
-ABSL_FLAG(int, max_pending_rounds, 100000,
+ABSL_FLAG(int, max_pending_rounds, Defaults().limits.max_pending_rounds,
           "Rounds in flight (waiting for ranks) across the server");
-ABSL_FLAG(int, max_streams, 10000, "Open Reduce streams");
-ABSL_FLAG(int, max_streams_per_connection, 1000,
+ABSL_FLAG(int, max_streams, Defaults().limits.max_streams,
+          "Open Reduce streams");
+ABSL_FLAG(int, max_streams_per_connection,
+          Defaults().max_streams_per_connection,
           "HTTP/2 streams (calls) one connection may have open at once, as "
           "advertised to clients (gRPC clients queue calls beyond it)");
-ABSL_FLAG(int64_t, stream_idle_timeout_ms, 300000,
+ABSL_FLAG(int64_t, stream_idle_timeout_ms, Ms(Defaults().stream_idle_timeout),
           "A Reduce stream idle this long (nothing read, answered or "
           "written) ends UNAVAILABLE, freeing its --max_streams slot; "
           "clients reopen on next use. <= 0: never");
-ABSL_FLAG(int, max_waiting_calls, 10000,
+ABSL_FLAG(int, max_waiting_calls, Defaults().limits.max_waiting_calls,
           "ReduceOnce and Checkpoint calls in progress (each may wait for "
           "its round or its step, holding its request)");
 // Enforced by gRPC, with its own error; <= 0: no quota.
-ABSL_FLAG(int64_t, max_transport_bytes, int64_t{1} << 30,
+ABSL_FLAG(int64_t, max_transport_bytes, Defaults().max_transport_bytes,
           "Memory gRPC's transport may hold, in bytes: messages still "
           "arriving (gRPC takes a whole message before its size check), "
           "every stream's unread data, read buffers. Past it gRPC cancels "

@@ -1,4 +1,7 @@
-// Everything the aggregator server can be told at start.
+// Everything the aggregator server can be told at start. The binary's flags
+// (main.cc) mirror these fields and take their defaults from here; defaults
+// that the domain's options share are named constants of those
+// (kDefaultRoundTimeout, ...), written once there.
 #ifndef SYNCNORM_SERVER_SERVER_OPTIONS_H_
 #define SYNCNORM_SERVER_SERVER_OPTIONS_H_
 
@@ -6,7 +9,11 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "server/domain/aggregator.h"
+#include "server/domain/job.h"
 #include "server/domain/limits.h"
+#include "server/domain/round_observer.h"
+#include "server/rpc/auth.h"
 
 namespace syncnorm {
 
@@ -17,7 +24,7 @@ struct ServerOptions {
   // How long a round waits for missing ranks when its job sets no
   // round_timeout_ms. Positive, at most kMaxRoundTimeout (24 h). Default
   // 30 s.
-  absl::Duration round_timeout = absl::Seconds(30);
+  absl::Duration round_timeout = kDefaultRoundTimeout;
   // Folder of the state store (RocksDB; created with its parents if
   // missing): job specs, running statistics, the rounds retries may ask
   // about, checkpoints. Empty keeps state in memory only (nothing survives
@@ -33,17 +40,17 @@ struct ServerOptions {
   bool sync_writes = false;
   // Untagged checkpoints kept per job, newest first; tagged ones are always
   // kept. 0 keeps all. Default 5.
-  int keep_checkpoints = 5;
-  // How often overdue rounds are failed. Default 20 ms.
-  absl::Duration reaper_period = absl::Milliseconds(20);
+  int keep_checkpoints = kDefaultKeepCheckpoints;
+  // How often overdue rounds are failed. Positive. Default 20 ms.
+  absl::Duration reaper_period = kDefaultReaperPeriod;
   // A contributor that arrives more than this after its round's first one
   // is a straggler (log lines, syncnorm_stragglers_total). Must be >= 0.
   // Default 1 s.
-  absl::Duration straggler_threshold = absl::Seconds(1);
+  absl::Duration straggler_threshold = kDefaultStragglerThreshold;
   // How long a job's straggler and quorum rounds are counted into one log
   // line after the first one's own (LoggingRoundObserver); zero: a line per
   // round. Must be >= 0. Default 10 s.
-  absl::Duration log_interval = absl::Seconds(10);
+  absl::Duration log_interval = LoggingRoundObserver::kDefaultInterval;
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics; see
   // server/metrics/metrics.h); port 0 picks a free one
   // (Server::metrics_port()). Empty: no metrics endpoint. Default empty.
@@ -65,7 +72,7 @@ struct ServerOptions {
   // Bearer tokens and their scopes (format in server/rpc/auth.h), re-read every
   // tokens_poll_period when it changes. Empty: no authentication.
   std::string tokens_file;
-  absl::Duration tokens_poll_period = absl::Seconds(1);
+  absl::Duration tokens_poll_period = Authenticator::kDefaultPollPeriod;
 
   // ---- Limits (see limits.h) ----
   Limits limits;

@@ -27,17 +27,22 @@
 
 namespace syncnorm {
 
+// The defaults of AggregatorOptions beyond JobOptions', written here only:
+// ServerOptions and the server's flags name them.
+inline constexpr absl::Duration kDefaultRoundTimeout = absl::Seconds(30);
+inline constexpr absl::Duration kDefaultReaperPeriod = absl::Milliseconds(20);
+
 struct AggregatorOptions {
   // Round timeout of jobs that set none. Must be positive. Default 30 s.
-  absl::Duration default_round_timeout = absl::Seconds(30);
+  absl::Duration default_round_timeout = kDefaultRoundTimeout;
   // How often the reaper thread expires overdue rounds. Default 20 ms.
-  absl::Duration reaper_period = absl::Milliseconds(20);
+  absl::Duration reaper_period = kDefaultReaperPeriod;
   // Finished rounds kept per (job, group, layer, phase) so that retries get
   // the same answer. Must be positive. Default 8.
-  int recent_rounds = 8;
+  int recent_rounds = kDefaultRecentRounds;
   // Untagged checkpoints kept per job (the newest); tagged ones are always
   // kept. 0 keeps all. Default 5.
-  int keep_checkpoints = 5;
+  int keep_checkpoints = kDefaultKeepCheckpoints;
   // The longest a Checkpoint call waits for its step when the call itself
   // has no (or a later) deadline. Default 10 min.
   absl::Duration max_checkpoint_wait = absl::Minutes(10);
@@ -51,7 +56,7 @@ struct AggregatorOptions {
   RoundObserver* observer = nullptr;
   // A contributor that arrives more than this after its round's first one
   // is a straggler (RoundReport::stragglers). Default 1 s.
-  absl::Duration straggler_threshold = absl::Seconds(1);
+  absl::Duration straggler_threshold = kDefaultStragglerThreshold;
 };
 
 // What Aggregator::RestoreJobs did with one job.

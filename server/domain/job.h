@@ -56,16 +56,22 @@ struct RunningStatsSnapshot {
 using CheckpointCallback =
     std::function<void(const absl::StatusOr<CheckpointMeta>&)>;
 
+// The defaults of JobOptions, written here only: AggregatorOptions,
+// ServerOptions and the server's flags name them.
+inline constexpr int kDefaultRecentRounds = 8;
+inline constexpr int kDefaultKeepCheckpoints = 5;
+inline constexpr absl::Duration kDefaultStragglerThreshold = absl::Seconds(1);
+
 // How a Job is set up, beyond its spec.
 struct JobOptions {
-  // Finished rounds kept per (group, layer, phase). Positive.
-  int recent_rounds = 8;
-  // Untagged checkpoints kept (the newest); 0 keeps all.
-  int keep_checkpoints = 5;
+  // Finished rounds kept per (group, layer, phase). Positive. Default 8.
+  int recent_rounds = kDefaultRecentRounds;
+  // Untagged checkpoints kept (the newest); 0 keeps all. Default 5.
+  int keep_checkpoints = kDefaultKeepCheckpoints;
   // Told about every round that ends; null: nobody. Must outlive the job.
   RoundObserver* observer = nullptr;
-  // See AggregatorOptions::straggler_threshold.
-  absl::Duration straggler_threshold = absl::Seconds(1);
+  // See AggregatorOptions::straggler_threshold. Default 1 s.
+  absl::Duration straggler_threshold = kDefaultStragglerThreshold;
 };
 
 // Thread-safe; each layer locks on its own (see LayerRendezvous).

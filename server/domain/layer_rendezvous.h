@@ -47,8 +47,7 @@ class LayerRendezvous {
   // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
   LayerRendezvous(const JobSpec& spec, const GroupLayout& groups, int layer,
                   int recent_capacity, StateStore* store,
-                  RoundObserver* observer = nullptr,
-                  absl::Duration straggler_threshold = absl::Seconds(1));
+                  RoundObserver* observer, absl::Duration straggler_threshold);
 
   LayerRendezvous(const LayerRendezvous&) = delete;
   LayerRendezvous& operator=(const LayerRendezvous&) = delete;

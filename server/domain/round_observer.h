@@ -115,10 +115,14 @@ class NoopRoundObserver final : public RoundObserver {
 // Thread-safe.
 class LoggingRoundObserver final : public RoundObserver {
  public:
+  // The default of Options::interval, written here only: ServerOptions and
+  // the server's flags name it.
+  static constexpr absl::Duration kDefaultInterval = absl::Seconds(10);
+
   struct Options {
     // How long a job's straggler or quorum lines are counted into one;
     // zero: a line for every round. Default 10 s.
-    absl::Duration interval = absl::Seconds(10);
+    absl::Duration interval = kDefaultInterval;
     // Where lines go; null: stderr. Must outlive the observer.
     LogSink* sink = nullptr;
   };

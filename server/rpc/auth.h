@@ -48,13 +48,17 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 // Decides every call against the current tokens. Thread-safe.
 class Authenticator {
  public:
+  // The default of Open's poll_period, written here only: ServerOptions
+  // names it.
+  static constexpr absl::Duration kDefaultPollPeriod = absl::Seconds(1);
+
   // Reads and parses `path`; its error (naming the file) when it cannot be
   // read or parsed. With a positive `poll_period`, a thread re-reads the
   // file that often and swaps in the new tokens when its content changed;
   // a file that became unreadable or unparsable keeps the previous tokens
   // and logs why (on stderr, without token values).
   static absl::StatusOr<std::unique_ptr<Authenticator>> Open(
-      std::string path, absl::Duration poll_period = absl::Seconds(1));
+      std::string path, absl::Duration poll_period = kDefaultPollPeriod);
   // Tokens from memory, no file and no reloads (for tests).
   explicit Authenticator(std::vector<TokenGrant> grants);
   // Stops the reload thread.
