@@ -2,12 +2,10 @@
 // or SIGINT, then shuts down gracefully.
 #include <malloc.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -19,16 +17,12 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpc/support/log.h"
-#include "server/domain/job_spec.h"
 #include "server/domain/log.h"
 #include "server/flags_help.h"
-#include "server/rpc/auth.h"
-#include "server/rpc/tls.h"
 #include "server/server.h"
 #include "server/server_options.h"
 #include "server/store/rocksdb_engine.h"
@@ -148,94 +142,18 @@ constexpr char kUsage[] =
     "Serves syncnorm's aggregator (synchronized batch normalization) over "
     "gRPC until\nSIGTERM or SIGINT. See README.md, \"The aggregator\".";
 
-// OK when `dir` is a writable folder, or does not exist yet and its nearest
-// existing ancestor is one (so the server can create it), or is empty (state
-// in memory, or no backups). `flag` names it in errors.
-absl::Status CheckWritableDir(const std::string& dir, const char* flag) {
-  if (dir.empty()) return absl::OkStatus();
-  std::error_code error;
-  std::filesystem::path path = std::filesystem::absolute(dir, error);
-  while (!std::filesystem::exists(path, error) && path.has_relative_path()) {
-    path = path.parent_path();
-  }
-  if (!std::filesystem::is_directory(path, error)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--", flag, "='", dir, "': ", path.string(), " is not a folder"));
-  }
-  if (access(path.c_str(), W_OK | X_OK) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("--", flag, "='", dir, "': ", path.string(),
-                     " is not writable by this user"));
-  }
-  return absl::OkStatus();
-}
-
 // What --check_config checks: everything Server::Start() would reject,
-// short of binding the port.
-absl::Status CheckOptions(const syncnorm::ServerOptions& options) {
-  const size_t colon = options.listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--listen='", options.listen,
-                     "' is not HOST:PORT with a port in 0..65535"));
-  }
-  if (options.round_timeout <= absl::ZeroDuration() ||
-      options.round_timeout > syncnorm::kMaxRoundTimeout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--round_timeout_ms must be positive and at most ",
-        absl::ToInt64Milliseconds(syncnorm::kMaxRoundTimeout), " (24 hours)"));
-  }
-  if (options.keep_checkpoints < 0) {
-    return absl::InvalidArgumentError("--keep_checkpoints must be >= 0");
-  }
-  if (options.straggler_threshold < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--straggler_threshold_ms must be >= 0");
-  }
-  if (options.log_interval < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--log_interval_ms must be >= 0");
-  }
-  if (const size_t m = options.metrics_listen.rfind(':');
-      !options.metrics_listen.empty() &&
-      (m == std::string::npos || m == 0 ||
-       !absl::SimpleAtoi(options.metrics_listen.substr(m + 1), &port) ||
-       port < 0 || port > 65535)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_listen='", options.metrics_listen,
-                     "' is not HOST:PORT with a port in 0..65535 (or empty)"));
-  }
-  if (absl::Status s = syncnorm::CheckTransportBytes(
-          options.max_transport_bytes, options.limits);
-      !s.ok()) {
+// short of binding the ports. Where it would listen and keep its state
+// first, then the options themselves (Start's own check), then the files
+// they name.
+absl::Status CheckConfig(const syncnorm::ServerOptions& options) {
+  if (absl::Status s = syncnorm::CheckServerPlaces(options); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckWritableDir(options.data_dir, "data_dir");
-      !s.ok()) {
+  if (absl::Status s = syncnorm::CheckServerOptions(options); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckWritableDir(options.backup_dir, "backup_dir");
-      !s.ok()) {
-    return s;
-  }
-  const syncnorm::TlsFiles tls{options.tls_cert, options.tls_key,
-                               options.tls_client_ca};
-  if (absl::Status s = syncnorm::CheckTransportSecurity(options.listen, tls,
-                                                        options.allow_insecure);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = syncnorm::MakeServerCredentials(tls).status(); !s.ok()) {
-    return s;
-  }
-  if (!options.tokens_file.empty()) {
-    absl::Status s =
-        syncnorm::Authenticator::Open(options.tokens_file, absl::ZeroDuration())
-            .status();
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return syncnorm::CheckServerFiles(options);
 }
 
 // Writes `port` to `path` through a temporary file and a rename, so a reader
@@ -369,7 +287,7 @@ int main(int argc, char** argv) {
   }
 
   if (absl::GetFlag(FLAGS_check_config)) {
-    const absl::Status checked = CheckOptions(options);
+    const absl::Status checked = CheckConfig(options);
     if (!checked.ok()) {
       LogError("bad_config", checked);
       return 2;

@@ -1,13 +1,14 @@
-// Everything the aggregator server can be told at start. The binary's flags
-// (main.cc) mirror these fields and take their defaults from here; defaults
-// that the domain's options share are named constants of those
-// (kDefaultRoundTimeout, ...), written once there.
+// Everything the aggregator server can be told at start, and the one check
+// of it. The binary's flags (main.cc) mirror these fields and take their
+// defaults from here; defaults that the domain's options share are named
+// constants of those (kDefaultRoundTimeout, ...), written once there.
 #ifndef SYNCNORM_SERVER_SERVER_OPTIONS_H_
 #define SYNCNORM_SERVER_SERVER_OPTIONS_H_
 
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/domain/aggregator.h"
 #include "server/domain/job.h"
@@ -99,6 +100,24 @@ struct ServerOptions {
   // (CheckTransportBytes). Default 1 GiB.
   int64_t max_transport_bytes = int64_t{1} << 30;
 };
+
+// The check of the options themselves, the one that Server::Start and
+// --check_config share: what Start refuses before it opens anything.
+// INVALID_ARGUMENT naming the flag: round_timeout_ms, reaper_period,
+// keep_checkpoints, straggler_threshold_ms or log_interval_ms out of range,
+// max_transport_bytes below what max_message_bytes needs, TLS files given
+// by halves, plaintext on a non-loopback listen address without
+// allow_insecure.
+absl::Status CheckServerOptions(const ServerOptions& options);
+
+// What Start finds out only by trying, for --check_config, which serves
+// nothing. CheckServerPlaces: listen and metrics_listen are HOST:PORT with
+// a port in 0..65535 (INVALID_ARGUMENT), data_dir and backup_dir are
+// writable folders or can be made (FAILED_PRECONDITION, PERMISSION_DENIED).
+// CheckServerFiles: the TLS files and the tokens file load (their errors).
+// Each names the flag.
+absl::Status CheckServerPlaces(const ServerOptions& options);
+absl::Status CheckServerFiles(const ServerOptions& options);
 
 }  // namespace syncnorm
 
