@@ -142,6 +142,44 @@ constexpr char kUsage[] =
     "Serves syncnorm's aggregator (synchronized batch normalization) over "
     "gRPC until\nSIGTERM or SIGINT. See README.md, \"The aggregator\".";
 
+// The options the flags say: the one place they are read.
+syncnorm::ServerOptions OptionsFromFlags() {
+  syncnorm::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.round_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_round_timeout_ms));
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.backup_dir = absl::GetFlag(FLAGS_backup_dir);
+  options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
+  options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  options.straggler_threshold =
+      absl::Milliseconds(absl::GetFlag(FLAGS_straggler_threshold_ms));
+  options.log_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_log_interval_ms));
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.limits.max_layers_per_job = absl::GetFlag(FLAGS_max_layers_per_job);
+  options.limits.max_channels = absl::GetFlag(FLAGS_max_channels);
+  options.limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  options.limits.max_channels_per_job =
+      absl::GetFlag(FLAGS_max_channels_per_job);
+  options.limits.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
+  options.limits.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.limits.max_waiting_calls = absl::GetFlag(FLAGS_max_waiting_calls);
+  options.stream_idle_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_stream_idle_timeout_ms));
+  options.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.max_transport_bytes = absl::GetFlag(FLAGS_max_transport_bytes);
+  return options;
+}
+
 // What --check_config checks: everything Server::Start() would reject,
 // short of binding the ports. Where it would listen and keep its state
 // first, then the options themselves (Start's own check), then the files
@@ -154,6 +192,43 @@ absl::Status CheckConfig(const syncnorm::ServerOptions& options) {
     return s;
   }
   return syncnorm::CheckServerFiles(options);
+}
+
+// The line --check_config prints for a config that passes: the settings as
+// flag=value, so that a deployment can compare them with what it meant.
+void PrintConfig(const syncnorm::ServerOptions& options,
+                 absl::Duration shutdown_grace) {
+  std::printf(
+      "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
+      "data_dir=%s backup_dir=%s sync_writes=%d keep_checkpoints=%d "
+      "straggler_threshold_ms=%lld log_interval_ms=%lld "
+      "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
+      "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
+      "max_channels=%d max_world_size=%d max_channels_per_job=%lld "
+      "max_pending_rounds=%d max_streams=%d max_waiting_calls=%d "
+      "max_transport_bytes=%lld stream_idle_timeout_ms=%lld "
+      "max_streams_per_connection=%d\n",
+      options.listen.c_str(), static_cast<long long>(Ms(options.round_timeout)),
+      options.data_dir.c_str(),
+      options.backup_dir.empty() ? "-" : options.backup_dir.c_str(),
+      options.sync_writes ? 1 : 0, options.keep_checkpoints,
+      static_cast<long long>(Ms(options.straggler_threshold)),
+      static_cast<long long>(Ms(options.log_interval)),
+      static_cast<long long>(Ms(shutdown_grace)),
+      options.tls_cert.empty()        ? "off"
+      : options.tls_client_ca.empty() ? "on"
+                                      : "mutual",
+      options.tokens_file.empty() ? "-" : options.tokens_file.c_str(),
+      options.allow_insecure ? 1 : 0,
+      static_cast<long long>(options.limits.max_message_bytes),
+      options.limits.max_jobs, options.limits.max_layers_per_job,
+      options.limits.max_channels, options.limits.max_world_size,
+      static_cast<long long>(options.limits.max_channels_per_job),
+      options.limits.max_pending_rounds, options.limits.max_streams,
+      options.limits.max_waiting_calls,
+      static_cast<long long>(options.max_transport_bytes),
+      static_cast<long long>(Ms(options.stream_idle_timeout)),
+      options.max_streams_per_connection);
 }
 
 // Writes `port` to `path` through a temporary file and a rename, so a reader
@@ -205,131 +280,35 @@ void LogError(absl::string_view event, const absl::Status& status) {
       .Add("error", status.ToString());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Every round's commit fills RocksDB's memtable in arena blocks of 1/8 of
-  // its write buffer; glibc serves those with a fresh mmap and gives them
-  // back on every flush, so each page of every round's write was a page
-  // fault (a third of the commit's time, measured with perf at 2048
-  // channels). Keep such blocks in the heap and keep a few write buffers of
-  // freed heap before returning it to the kernel. RSS then stays within
-  // this slack of the live data.
+// Every round's commit fills RocksDB's memtable in arena blocks of 1/8 of
+// its write buffer; glibc serves those with a fresh mmap and gives them
+// back on every flush, so each page of every round's write was a page
+// fault (a third of the commit's time, measured with perf at 2048
+// channels). Keep such blocks in the heap and keep a few write buffers of
+// freed heap before returning it to the kernel. RSS then stays within
+// this slack of the live data.
+void TuneMalloc() {
   mallopt(M_MMAP_THRESHOLD,
           static_cast<int>(syncnorm::RocksDbEngine::kWriteBufferSize / 2));
   mallopt(M_TRIM_THRESHOLD,
           static_cast<int>(4 * syncnorm::RocksDbEngine::kWriteBufferSize));
-  absl::SetProgramUsageMessage(kUsage);
-  absl::FlagsUsageConfig usage_config;
-  usage_config.version_string = [] {
-    return syncnorm::VersionText("syncnorm-aggregator");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  if (syncnorm::AsksForHelp(argc, argv)) {
-    std::fputs(syncnorm::FlagsHelp(kUsage).c_str(), stdout);
-    return 0;
-  }
-  absl::ParseCommandLine(argc, argv);
-  // Debian's Abseil keeps absl::Mutex deadlock detection on, which records a
-  // lock-order graph on every acquisition: a cost on every round's hot path
-  // that production servers do not pay. The lock order is checked in tests.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
 
-  // Block the stop signals in every thread (gRPC's included, which inherit
-  // the mask); a dedicated thread takes them with sigwait.
+// Blocks the stop signals in every thread (gRPC's included, which inherit
+// the mask); a dedicated thread takes them with sigwait.
+sigset_t BlockStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
 
-  syncnorm::ServerOptions options;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  options.round_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_round_timeout_ms));
-  options.data_dir = absl::GetFlag(FLAGS_data_dir);
-  options.backup_dir = absl::GetFlag(FLAGS_backup_dir);
-  options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
-  options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  options.straggler_threshold =
-      absl::Milliseconds(absl::GetFlag(FLAGS_straggler_threshold_ms));
-  options.log_interval =
-      absl::Milliseconds(absl::GetFlag(FLAGS_log_interval_ms));
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  options.tls_key = absl::GetFlag(FLAGS_tls_key);
-  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
-  options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
-  options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  options.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
-  options.limits.max_layers_per_job = absl::GetFlag(FLAGS_max_layers_per_job);
-  options.limits.max_channels = absl::GetFlag(FLAGS_max_channels);
-  options.limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
-  options.limits.max_channels_per_job =
-      absl::GetFlag(FLAGS_max_channels_per_job);
-  options.limits.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
-  options.limits.max_streams = absl::GetFlag(FLAGS_max_streams);
-  options.limits.max_waiting_calls = absl::GetFlag(FLAGS_max_waiting_calls);
-  options.stream_idle_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_stream_idle_timeout_ms));
-  options.max_streams_per_connection =
-      absl::GetFlag(FLAGS_max_streams_per_connection);
-  options.max_transport_bytes = absl::GetFlag(FLAGS_max_transport_bytes);
-  const absl::Duration shutdown_grace = absl::Milliseconds(
-      std::max<int64_t>(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
-  gpr_set_log_function(LogGrpc);
-  if (options.data_dir.empty()) {
-    syncnorm::LogLine("no_data_dir", syncnorm::LogLevel::kWarn)
-        .Add("note",
-             "--data_dir is empty: state is kept in memory and lost "
-             "on exit");
-  }
-
-  if (absl::GetFlag(FLAGS_check_config)) {
-    const absl::Status checked = CheckConfig(options);
-    if (!checked.ok()) {
-      LogError("bad_config", checked);
-      return 2;
-    }
-    std::printf(
-        "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
-        "data_dir=%s backup_dir=%s sync_writes=%d keep_checkpoints=%d "
-        "straggler_threshold_ms=%lld log_interval_ms=%lld "
-        "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
-        "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
-        "max_channels=%d max_world_size=%d max_channels_per_job=%lld "
-        "max_pending_rounds=%d max_streams=%d max_waiting_calls=%d "
-        "max_transport_bytes=%lld stream_idle_timeout_ms=%lld "
-        "max_streams_per_connection=%d\n",
-        options.listen.c_str(),
-        static_cast<long long>(
-            absl::ToInt64Milliseconds(options.round_timeout)),
-        options.data_dir.c_str(),
-        options.backup_dir.empty() ? "-" : options.backup_dir.c_str(),
-        options.sync_writes ? 1 : 0, options.keep_checkpoints,
-        static_cast<long long>(
-            absl::ToInt64Milliseconds(options.straggler_threshold)),
-        static_cast<long long>(absl::ToInt64Milliseconds(options.log_interval)),
-        static_cast<long long>(absl::ToInt64Milliseconds(shutdown_grace)),
-        options.tls_cert.empty()        ? "off"
-        : options.tls_client_ca.empty() ? "on"
-                                        : "mutual",
-        options.tokens_file.empty() ? "-" : options.tokens_file.c_str(),
-        options.allow_insecure ? 1 : 0,
-        static_cast<long long>(options.limits.max_message_bytes),
-        options.limits.max_jobs, options.limits.max_layers_per_job,
-        options.limits.max_channels, options.limits.max_world_size,
-        static_cast<long long>(options.limits.max_channels_per_job),
-        options.limits.max_pending_rounds, options.limits.max_streams,
-        options.limits.max_waiting_calls,
-        static_cast<long long>(options.max_transport_bytes),
-        static_cast<long long>(
-            absl::ToInt64Milliseconds(options.stream_idle_timeout)),
-        options.max_streams_per_connection);
-    return 0;
-  }
-
+// Serves until a stop signal, then shuts down with `shutdown_grace`; the
+// process's exit code.
+int Serve(const syncnorm::ServerOptions& options, sigset_t stop_signals,
+          absl::Duration shutdown_grace) {
   auto server = std::make_unique<syncnorm::Server>(options);
   absl::Status started = server->Start();
   if (!started.ok()) {
@@ -346,7 +325,6 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-
   std::thread stopper([&server, &stop_signals, shutdown_grace] {
     int signal = 0;
     sigwait(&stop_signals, &signal);
@@ -360,4 +338,47 @@ int main(int argc, char** argv) {
   server.reset();
   syncnorm::LogLine("stopped").Add("exit_code", 0);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TuneMalloc();
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] {
+    return syncnorm::VersionText("syncnorm-aggregator");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  if (syncnorm::AsksForHelp(argc, argv)) {
+    std::fputs(syncnorm::FlagsHelp(kUsage).c_str(), stdout);
+    return 0;
+  }
+  absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil keeps absl::Mutex deadlock detection on, which records a
+  // lock-order graph on every acquisition: a cost on every round's hot path
+  // that production servers do not pay. The lock order is checked in tests.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  const sigset_t stop_signals = BlockStopSignals();
+
+  const syncnorm::ServerOptions options = OptionsFromFlags();
+  const absl::Duration shutdown_grace = absl::Milliseconds(
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  gpr_set_log_function(LogGrpc);
+  if (options.data_dir.empty()) {
+    syncnorm::LogLine("no_data_dir", syncnorm::LogLevel::kWarn)
+        .Add("note",
+             "--data_dir is empty: state is kept in memory and lost "
+             "on exit");
+  }
+  if (absl::GetFlag(FLAGS_check_config)) {
+    const absl::Status checked = CheckConfig(options);
+    if (!checked.ok()) {
+      LogError("bad_config", checked);
+      return 2;
+    }
+    PrintConfig(options, shutdown_grace);
+    return 0;
+  }
+  return Serve(options, stop_signals, shutdown_grace);
 }
