@@ -34,7 +34,7 @@ _LIBS = {
     # The aggregator's state store (librocksdb-dev).
     "rocksdb": (["rocksdb"], ["-lpthread"]),
     # The aggregator's metrics (prometheus-cpp-dev): the registry and the
-    # text format; server/metrics_http.cc serves them.
+    # text format; server/metrics/metrics_http.cc serves them.
     "prometheus": (["prometheus-cpp-core"], []),
 }
 

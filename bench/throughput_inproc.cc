@@ -6,6 +6,7 @@
 //   MERGE <contributions per second>
 #include <atomic>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,10 +17,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/moments.h"
-#include "server/aggregator.h"
-#include "server/clock.h"
-#include "server/contribution.h"
-#include "server/job_spec.h"
+#include "server/domain/aggregator.h"
+#include "server/domain/clock.h"
+#include "server/domain/contribution.h"
+#include "server/domain/job_spec.h"
+#include "server/store/kv_state_store.h"
+#include "server/store/memory_engine.h"
 
 ABSL_FLAG(int, jobs, 8, "concurrent jobs");
 ABSL_FLAG(int, world, 4, "ranks per job");
@@ -78,7 +81,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < world; ++r) payloads.push_back(RankPayload(channels, r));
 
   RealClock clock;
-  Aggregator aggregator(AggregatorOptions{}, &clock);
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  Aggregator aggregator(AggregatorOptions{}, &clock, &store);
   aggregator.StartReaper();
   for (int j = 0; j < jobs; ++j) {
     JobSpec spec;

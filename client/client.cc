@@ -1,5 +1,5 @@
 // Client: its channels and contributors. The calls, which fan out over the
-// shards, are in sharded_client.cc.
+// shards, are in client_calls.cc.
 #include "client/client.h"
 
 #include <fstream>

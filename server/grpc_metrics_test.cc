@@ -1,7 +1,7 @@
 // The gRPC metrics of a real in-process Server, scraped from its metrics
 // endpoint: every call is counted once, with the status its client got,
 // also when gRPC cut it short or the service refused it at once.
-#include "server/grpc_metrics.h"
+#include "server/metrics/grpc_metrics.h"
 
 #include <chrono>
 #include <memory>

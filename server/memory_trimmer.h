@@ -2,11 +2,8 @@
 #ifndef SYNCNORM_SERVER_MEMORY_TRIMMER_H_
 #define SYNCNORM_SERVER_MEMORY_TRIMMER_H_
 
-#include <thread>
-
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/domain/periodic_thread.h"
 
 namespace syncnorm {
 
@@ -27,12 +24,9 @@ class MemoryTrimmer {
   MemoryTrimmer& operator=(const MemoryTrimmer&) = delete;
 
  private:
-  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  static void Trim();
 
-  const absl::Duration period_;
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: starts once the rest is built
+  PeriodicThread thread_;
 };
 
 }  // namespace syncnorm

@@ -14,16 +14,15 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "server/counting_context_allocator.h"
-#include "server/guard_interceptor.h"
-#include "server/job_spec.h"
-#include "server/kv_state_store.h"
-#include "server/limits.h"
-#include "server/log.h"
-#include "server/memory_engine.h"
-#include "server/reflection_service.h"
-#include "server/rocksdb_engine.h"
-#include "server/tls.h"
+#include "server/domain/limits.h"
+#include "server/domain/log.h"
+#include "server/rpc/counting_context_allocator.h"
+#include "server/rpc/guard_interceptor.h"
+#include "server/rpc/reflection_service.h"
+#include "server/rpc/tls.h"
+#include "server/store/kv_state_store.h"
+#include "server/store/memory_engine.h"
+#include "server/store/rocksdb_engine.h"
 
 namespace syncnorm {
 namespace {
@@ -92,37 +91,10 @@ Server::~Server() {
 }
 
 absl::Status Server::Start() {
-  if (options_.round_timeout <= absl::ZeroDuration() ||
-      options_.round_timeout > kMaxRoundTimeout ||
-      options_.reaper_period <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "round_timeout must be positive and at most 24 hours, and "
-        "reaper_period positive");
-  }
-  if (options_.straggler_threshold < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("straggler_threshold must be >= 0");
-  }
-  if (options_.log_interval < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("log_interval must be >= 0");
-  }
-  if (options_.keep_checkpoints < 0) {
-    return absl::InvalidArgumentError(
-        "keep_checkpoints must be >= 0 (0 keeps all)");
-  }
-  if (absl::Status s =
-          CheckTransportBytes(options_.max_transport_bytes, options_.limits);
-      !s.ok()) {
-    return s;
-  }
-  const TlsFiles tls{options_.tls_cert, options_.tls_key,
-                     options_.tls_client_ca};
-  if (absl::Status s =
-          CheckTransportSecurity(options_.listen, tls, options_.allow_insecure);
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = CheckServerOptions(options_); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      MakeServerCredentials(tls);
+      MakeServerCredentials(TlsFiles{options_.tls_cert, options_.tls_key,
+                                     options_.tls_client_ca});
   if (!credentials.ok()) return credentials.status();
   std::unique_ptr<Authenticator> auth;
   if (!options_.tokens_file.empty()) {

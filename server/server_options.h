@@ -1,12 +1,20 @@
-// Everything the aggregator server can be told at start.
+// Everything the aggregator server can be told at start, and the one check
+// of it. The binary's flags (main.cc) mirror these fields and take their
+// defaults from here; defaults that the domain's options share are named
+// constants of those (kDefaultRoundTimeout, ...), written once there.
 #ifndef SYNCNORM_SERVER_SERVER_OPTIONS_H_
 #define SYNCNORM_SERVER_SERVER_OPTIONS_H_
 
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/limits.h"
+#include "server/domain/aggregator.h"
+#include "server/domain/job.h"
+#include "server/domain/limits.h"
+#include "server/domain/round_observer.h"
+#include "server/rpc/auth.h"
 
 namespace syncnorm {
 
@@ -17,7 +25,7 @@ struct ServerOptions {
   // How long a round waits for missing ranks when its job sets no
   // round_timeout_ms. Positive, at most kMaxRoundTimeout (24 h). Default
   // 30 s.
-  absl::Duration round_timeout = absl::Seconds(30);
+  absl::Duration round_timeout = kDefaultRoundTimeout;
   // Folder of the state store (RocksDB; created with its parents if
   // missing): job specs, running statistics, the rounds retries may ask
   // about, checkpoints. Empty keeps state in memory only (nothing survives
@@ -33,20 +41,20 @@ struct ServerOptions {
   bool sync_writes = false;
   // Untagged checkpoints kept per job, newest first; tagged ones are always
   // kept. 0 keeps all. Default 5.
-  int keep_checkpoints = 5;
-  // How often overdue rounds are failed. Default 20 ms.
-  absl::Duration reaper_period = absl::Milliseconds(20);
+  int keep_checkpoints = kDefaultKeepCheckpoints;
+  // How often overdue rounds are failed. Positive. Default 20 ms.
+  absl::Duration reaper_period = kDefaultReaperPeriod;
   // A contributor that arrives more than this after its round's first one
   // is a straggler (log lines, syncnorm_stragglers_total). Must be >= 0.
   // Default 1 s.
-  absl::Duration straggler_threshold = absl::Seconds(1);
+  absl::Duration straggler_threshold = kDefaultStragglerThreshold;
   // How long a job's straggler and quorum rounds are counted into one log
   // line after the first one's own (LoggingRoundObserver); zero: a line per
   // round. Must be >= 0. Default 10 s.
-  absl::Duration log_interval = absl::Seconds(10);
+  absl::Duration log_interval = LoggingRoundObserver::kDefaultInterval;
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics; see
-  // server/metrics.h); port 0 picks a free one (Server::metrics_port()).
-  // Empty: no metrics endpoint. Default empty.
+  // server/metrics/metrics.h); port 0 picks a free one
+  // (Server::metrics_port()). Empty: no metrics endpoint. Default empty.
   std::string metrics_listen;
   // How often the heap freed since is given back to the kernel (see
   // MemoryTrimmer). Zero or less: never. Default 5 s.
@@ -62,10 +70,10 @@ struct ServerOptions {
   // Without TLS, Start() refuses a listen address that is not loopback
   // unless this is set. Default false.
   bool allow_insecure = false;
-  // Bearer tokens and their scopes (format in server/auth.h), re-read every
+  // Bearer tokens and their scopes (format in server/rpc/auth.h), re-read every
   // tokens_poll_period when it changes. Empty: no authentication.
   std::string tokens_file;
-  absl::Duration tokens_poll_period = absl::Seconds(1);
+  absl::Duration tokens_poll_period = Authenticator::kDefaultPollPeriod;
 
   // ---- Limits (see limits.h) ----
   Limits limits;
@@ -92,6 +100,24 @@ struct ServerOptions {
   // (CheckTransportBytes). Default 1 GiB.
   int64_t max_transport_bytes = int64_t{1} << 30;
 };
+
+// The check of the options themselves, the one that Server::Start and
+// --check_config share: what Start refuses before it opens anything.
+// INVALID_ARGUMENT naming the flag: round_timeout_ms, reaper_period,
+// keep_checkpoints, straggler_threshold_ms or log_interval_ms out of range,
+// max_transport_bytes below what max_message_bytes needs, TLS files given
+// by halves, plaintext on a non-loopback listen address without
+// allow_insecure.
+absl::Status CheckServerOptions(const ServerOptions& options);
+
+// What Start finds out only by trying, for --check_config, which serves
+// nothing. CheckServerPlaces: listen and metrics_listen are HOST:PORT with
+// a port in 0..65535 (INVALID_ARGUMENT), data_dir and backup_dir are
+// writable folders or can be made (FAILED_PRECONDITION, PERMISSION_DENIED).
+// CheckServerFiles: the TLS files and the tokens file load (their errors).
+// Each names the flag.
+absl::Status CheckServerPlaces(const ServerOptions& options);
+absl::Status CheckServerFiles(const ServerOptions& options);
 
 }  // namespace syncnorm
 

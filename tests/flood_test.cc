@@ -69,8 +69,8 @@ constexpr int kMaxWaitingCalls = 8;
 // received), so that its reclaimer cuts none of their streams.
 constexpr int64_t kMaxTransportBytes = 64 << 20;
 
-// Server constants the bound depends on (server/reduce_reactor.h,
-// server/server.cc, server/round.h, server/rocksdb_engine.h).
+// Server constants the bound depends on (server/rpc/reduce_reactor.h,
+// server/server.cc, server/domain/round.h, server/store/rocksdb_engine.h).
 constexpr int64_t kHeldMessages = 16;        // per stream, x max message
 constexpr int64_t kStreamWindow = 8 << 20;   // HTTP/2 stream lookahead
 constexpr int64_t kRetryWindow = 8;          // finished rounds per layer

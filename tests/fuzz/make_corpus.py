@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Writes the fuzz seed corpus (tests/fuzz/corpus/) of server/request_fuzz.cc.
+"""Writes the fuzz seed corpus (tests/fuzz/corpus/) of
+server/rpc/request_fuzz.cc.
 
 Each seed is one mode byte (0 Contribution, 1 CreateJobRequest, 2/5/8/11
 the job/layer/round/checkpoint record decoders: mode % 3 == 2 and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds server/request_fuzz.cc with Debian's clang and libFuzzer
+# Builds server/rpc/request_fuzz.cc with Debian's clang and libFuzzer
 # (-fsanitize=fuzzer,address; our sources instrumented, the system gRPC,
 # protobuf and Abseil not) and runs it for a bounded time over the seed
 # corpus tests/fuzz/corpus/. Fails on a crash, a sanitizer report or a
@@ -9,9 +9,10 @@
 #
 # Run by //tests:fuzz_test (tags "local": it finds the checkout through its
 # own path) and by hand. The sources it compiles are the srcs of
-# //server:aggregator, //server:job_spec, //server:bounded_text,
-# //kernels:moments and //kernels:round_update, read from their BUILD
-# files, so it follows them.
+# //server/domain:aggregator, :contribution, :job_spec, :bounded_text and
+# :periodic_thread, //server/store:state_codec, :kv_state_store and
+# :memory_engine, //kernels:moments and //kernels:round_update, read from
+# their BUILD files, so it follows them.
 set -euo pipefail
 seconds="${1:-${FUZZ_SECONDS:-30}}"
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)"
@@ -37,17 +38,24 @@ for block in re.split(r'\n(?=\w+\()', text):
             print("%s/%s" % (build.rsplit("/", 1)[0], src))
 PY
 }
-sources=(server/request_fuzz.cc server/proto_convert.cc
-         $(srcs_of server/BUILD aggregator) $(srcs_of server/BUILD job_spec)
-         $(srcs_of server/BUILD bounded_text) $(srcs_of kernels/BUILD moments)
-         $(srcs_of kernels/BUILD round_update))
-hash=$(cat "${sources[@]}" server/*.h kernels/*.h server/state.proto \
+sources=(server/rpc/request_fuzz.cc server/rpc/proto_convert.cc
+         $(srcs_of server/domain/BUILD aggregator)
+         $(srcs_of server/domain/BUILD contribution)
+         $(srcs_of server/domain/BUILD job_spec)
+         $(srcs_of server/domain/BUILD bounded_text)
+         $(srcs_of server/domain/BUILD periodic_thread)
+         $(srcs_of server/store/BUILD state_codec)
+         $(srcs_of server/store/BUILD kv_state_store)
+         $(srcs_of server/store/BUILD memory_engine)
+         $(srcs_of kernels/BUILD moments) $(srcs_of kernels/BUILD round_update))
+hash=$(cat "${sources[@]}" server/*/*.h kernels/*.h server/store/state.proto \
          proto/syncnorm/v1/aggregator.proto "$0" | sha256sum | cut -c1-16)
 out="${TEST_TMPDIR:-${TMPDIR:-/tmp}}/syncnorm-fuzz-$hash"
-mkdir -p "$out/gen/server" "$out/obj"
+mkdir -p "$out/gen/server/store" "$out/obj"
 binary="$out/request_fuzz"
 if [ ! -x "$binary" ]; then
-  protoc --proto_path=server --cpp_out="$out/gen/server" server/state.proto
+  protoc --proto_path=server/store --cpp_out="$out/gen/server/store" \
+    server/store/state.proto
   protoc --proto_path=proto --cpp_out="$out/gen" proto/syncnorm/v1/aggregator.proto
   flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I. -I"$out/gen"
          $(pkg-config --cflags protobuf absl_status))
@@ -59,7 +67,7 @@ if [ ! -x "$binary" ]; then
     while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do sleep 0.2; done
   done
   # Generated code: sanitized, not instrumented for coverage.
-  for gen in "$out/gen/server/state.pb.cc" "$out/gen/syncnorm/v1/aggregator.pb.cc"; do
+  for gen in "$out/gen/server/store/state.pb.cc" "$out/gen/syncnorm/v1/aggregator.pb.cc"; do
     obj="$out/obj/$(basename "$gen").o"
     clang++ "${flags[@]}" -fsanitize=address -c "$gen" -o "$obj" &
     objs+=("$obj")

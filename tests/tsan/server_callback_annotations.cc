@@ -11,7 +11,7 @@
 // decrement in libgrpc++ that does not reach zero releases nothing TSan
 // saw it write: that copy of the code is not instrumented. Our reactors'
 // OnCancel, which runs just before one, orders itself by their own
-// reference count; see server/reduce_reactor.cc.)
+// reference count; see server/rpc/reduce_reactor.cc.)
 #include <sanitizer/tsan_interface.h>
 
 #include <atomic>

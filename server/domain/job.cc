@@ -1,0 +1,309 @@
+#include "server/domain/job.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "server/domain/bounded_text.h"
+
+namespace syncnorm {
+namespace {
+
+// A request for a layer that another shard of a sharded job holds: the
+// client's shard list differs from the one the job was created with.
+absl::Status NotOwned(const JobSpec& spec, int layer) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "layer ", layer, " of job '", BoundedText(spec.job_id),
+      "' is owned by another shard (this is shard ", spec.shard.shard, " of ",
+      spec.shard.num_shards, "); check the client's shard list"));
+}
+
+}  // namespace
+
+Job::Job(JobSpec spec, JobOptions options, StateStore* store,
+         const Clock* clock)
+    : spec_(std::move(spec)),
+      layout_(spec_),
+      options_(options),
+      store_(store),
+      clock_(clock) {
+  rendezvous_.reserve(spec_.layers.size());
+  for (size_t i = 0; i < spec_.layers.size(); ++i) {
+    rendezvous_.push_back(std::make_unique<LayerRendezvous>(
+        spec_, layout_, static_cast<int>(i), options_.recent_rounds, store_,
+        options_.observer, options_.straggler_threshold));
+  }
+}
+
+void Job::Load(const StoredJob& stored) {
+  for (const StoredLayer& layer : stored.layers) {
+    rendezvous_[layer.slot.layer]->Load(layer);
+  }
+  absl::MutexLock lock(&admin_mu_);
+  for (const CheckpointMeta& c : stored.checkpoints) checkpoints_[c.step] = c;
+}
+
+absl::Status Job::Validate(const Contribution& c) const {
+  const int num_layers = static_cast<int>(spec_.layers.size());
+  if (c.layer < 0 || c.layer >= num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", c.layer, " is out of range: job '", BoundedText(spec_.job_id),
+        "' has ", num_layers, " layers (0..", num_layers - 1, ")"));
+  }
+  if (!spec_.shard.owns(c.layer)) return NotOwned(spec_, c.layer);
+  if (absl::Status s = CheckStep(c.step, "step"); !s.ok()) return s;
+  if (c.rank < 0 || c.rank >= spec_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", c.rank, " is out of range: job '", BoundedText(spec_.job_id),
+        "' has world_size ", spec_.world_size, " (ranks 0..",
+        spec_.world_size - 1, ")"));
+  }
+  if (c.phase != Phase::kForward && c.phase != Phase::kBackward) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("phase ", static_cast<int>(c.phase),
+                     " is not valid; set FORWARD "
+                     "(with moments) or BACKWARD (with grad_sums)"));
+  }
+  return ValidatePayload(c);
+}
+
+absl::Status Job::ValidatePayload(const Contribution& c) const {
+  const LayerConfig& layer = spec_.layers[c.layer];
+  const std::string where =
+      absl::StrCat("layer ", c.layer, " ('", BoundedText(layer.name), "'): ");
+  if (c.phase == Phase::kForward) {
+    const auto* m = std::get_if<Moments>(&c.payload);
+    if (m == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "a FORWARD contribution must carry moments"));
+    }
+    absl::Status s = ValidateMoments(*m, layer.channels);
+    if (s.ok()) s = ValidateRoundUpdate(c.update, layer.rule, layer.channels);
+    if (!s.ok())
+      return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
+    return absl::OkStatus();
+  }
+  if (!c.update.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     "a BACKWARD contribution carries no momentum or "
+                     "imported_stats; they go with the step's FORWARD"));
+  }
+  const auto* g = std::get_if<GradSums>(&c.payload);
+  if (g == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "a BACKWARD contribution must carry grad_sums"));
+  }
+  absl::Status s = ValidateGradSums(*g, layer.channels);
+  if (!s.ok())
+    return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
+  return absl::OkStatus();
+}
+
+void Job::Contribute(Contribution c, RoundCallback done, absl::Time now) {
+  LayerRendezvous& rendezvous = *rendezvous_[c.layer];
+  bool applied = false;
+  bool deleted = false;
+  LayerRendezvous::Deliveries out;
+  {
+    absl::ReaderMutexLock lock(&state_mu_);
+    // A deleted job's rounds must not store anything any more.
+    deleted = deleted_;
+    if (!deleted) {
+      applied = rendezvous.Contribute(std::move(c), std::move(done), now, out);
+    }
+  }
+  if (deleted) {
+    RoundOutcome outcome;
+    outcome.status = absl::AbortedError(
+        absl::StrCat("job deleted: '", BoundedText(spec_.job_id),
+                     "' was deleted; create the job again to continue"));
+    done(outcome);
+    return;
+  }
+  LayerRendezvous::Deliver(out);
+  if (applied && has_pending_.load()) ServeReady();
+}
+
+void Job::Abort(const absl::Status& status) {
+  Answers answers;
+  {
+    absl::MutexLock lock(&admin_mu_);
+    for (PendingCheckpoint& p : pending_) {
+      answers.emplace_back(std::move(p.done), status);
+    }
+    pending_.clear();
+    has_pending_.store(false);
+  }
+  for (const auto& layer : rendezvous_) layer->Abort(status);
+  Answer(answers);
+}
+
+absl::Status Job::Delete(const JobImage* successor) {
+  absl::MutexLock admin(&admin_mu_);
+  absl::WriterMutexLock lock(&state_mu_);
+  if (absl::Status s = successor != nullptr ? store_->PutJobImage(*successor)
+                                            : store_->DeleteJob(spec_.job_id);
+      !s.ok()) {
+    return s;
+  }
+  deleted_ = true;
+  checkpoints_.clear();
+  return absl::OkStatus();
+}
+
+bool Job::SameSpec(const JobSpec& other) const {
+  JobSpec theirs = other;
+  if (theirs.layers.size() == spec_.layers.size()) {
+    for (size_t i = 0; i < spec_.layers.size(); ++i) {
+      if (spec_.shard.owns(static_cast<int>(i)) && rendezvous_[i]->Pristine()) {
+        continue;
+      }
+      theirs.layers[i].initial_running_mean =
+          spec_.layers[i].initial_running_mean;
+      theirs.layers[i].initial_running_var =
+          spec_.layers[i].initial_running_var;
+    }
+  }
+  return theirs == spec_;
+}
+
+int64_t Job::CommittedStep() const {
+  int64_t committed = INT64_MAX;
+  for (size_t l = 0; l < rendezvous_.size(); ++l) {
+    if (!spec_.shard.owns(static_cast<int>(l))) continue;
+    for (int g = 0; g < spec_.num_groups(); ++g) {
+      committed = std::min(committed, rendezvous_[l]->LastAppliedStep(g));
+    }
+  }
+  return committed;
+}
+
+int64_t Job::ReportedCommittedStep() const {
+  const int64_t committed = CommittedStep();
+  return committed == INT64_MAX ? -1 : committed;
+}
+
+JobSnapshot Job::Snapshot() const {
+  return JobSnapshot{spec_, ReportedCommittedStep()};
+}
+
+absl::StatusOr<std::vector<int>> Job::Wanted(absl::Span<const int> layers,
+                                             int group) const {
+  const int num_layers = static_cast<int>(spec_.layers.size());
+  if (group < 0 || group >= spec_.num_groups()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", group, " is out of range: job '",
+                     BoundedText(spec_.job_id), "' has ", spec_.num_groups(),
+                     " groups (0..", spec_.num_groups() - 1, ")"));
+  }
+  std::vector<int> wanted(layers.begin(), layers.end());
+  if (wanted.empty()) {
+    for (int i = 0; i < num_layers; ++i) {
+      if (spec_.shard.owns(i)) wanted.push_back(i);
+    }
+  }
+  for (int layer : wanted) {
+    if (layer < 0 || layer >= num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", layer, " is out of range: job '", BoundedText(spec_.job_id),
+          "' has ", num_layers, " layers (0..", num_layers - 1, ")"));
+    }
+    if (!spec_.shard.owns(layer)) return NotOwned(spec_, layer);
+  }
+  return wanted;
+}
+
+absl::StatusOr<RunningStatsSnapshot> Job::Stats(absl::Span<const int> layers,
+                                                int group) const {
+  absl::StatusOr<std::vector<int>> wanted = Wanted(layers, group);
+  if (!wanted.ok()) return wanted.status();
+  RunningStatsSnapshot out;
+  out.job_id = spec_.job_id;
+  out.committed_step = ReportedCommittedStep();
+  for (int layer : *wanted) {
+    out.layers.push_back(LayerStatsSnapshot{layer, spec_.layers[layer].name,
+                                            group,
+                                            rendezvous_[layer]->Stats(group)});
+  }
+  return out;
+}
+
+absl::Status Job::ValidateImport(const LayerStatsSnapshot& s) const {
+  absl::StatusOr<std::vector<int>> wanted = Wanted({s.layer}, s.group);
+  if (!wanted.ok()) return wanted.status();
+  const LayerConfig& layer = spec_.layers[s.layer];
+  const std::string where = absl::StrCat(
+      "layer ", s.layer, " ('", BoundedText(layer.name), "'), group ", s.group);
+  if (!s.name.empty() && s.name != layer.name) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the entry names layer '", BoundedText(s.name),
+                     "'; match names to indices"));
+  }
+  if (s.stats.mean.size() != static_cast<size_t>(layer.channels) ||
+      s.stats.var.size() != static_cast<size_t>(layer.channels)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected ", layer.channels,
+                     " running_mean and running_var "
+                     "values, got ",
+                     s.stats.mean.size(), " and ", s.stats.var.size()));
+  }
+  if (s.stats.num_batches_tracked < 0 ||
+      s.stats.num_batches_tracked > kMaxNumBatchesTracked) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": num_batches_tracked is ", s.stats.num_batches_tracked,
+        "; it must be within [0, ", kMaxNumBatchesTracked, "] (2^53-1)"));
+  }
+  for (int c = 0; c < layer.channels; ++c) {
+    if (!std::isfinite(s.stats.mean[c]) || !std::isfinite(s.stats.var[c]) ||
+        s.stats.var[c] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": channel ", c, " has a non-finite mean or var, or var < 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LayerStatsSnapshot>> Job::SetStats(
+    std::vector<LayerStatsSnapshot> layers) {
+  if (layers.empty()) {
+    return absl::InvalidArgumentError("no layers to set");
+  }
+  std::set<std::pair<int, int>> seen;
+  for (LayerStatsSnapshot& s : layers) {
+    if (absl::Status v = ValidateImport(s); !v.ok()) return v;
+    if (!seen.emplace(s.layer, s.group).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", s.layer, " of group ", s.group, " is given twice"));
+    }
+    s.name = spec_.layers[s.layer].name;
+  }
+  absl::WriterMutexLock lock(&state_mu_);
+  if (deleted_) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", BoundedText(spec_.job_id), "' was deleted"));
+  }
+  std::vector<LayerSlot> slots;
+  for (const LayerStatsSnapshot& s : layers) {
+    LayerState state = rendezvous_[s.layer]->State(s.group);
+    state.stats = s.stats;
+    slots.push_back(LayerSlot{s.group, s.layer, std::move(state)});
+  }
+  if (absl::Status st = store_->PutLayers(spec_.job_id, slots, false);
+      !st.ok()) {
+    return st;
+  }
+  for (const LayerStatsSnapshot& s : layers) {
+    rendezvous_[s.layer]->SetStats(s.group, s.stats);
+  }
+  return layers;
+}
+
+void Job::Answer(Answers& answers) {
+  for (auto& [done, result] : answers) done(result);
+}
+
+}  // namespace syncnorm

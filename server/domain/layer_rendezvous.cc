@@ -1,0 +1,545 @@
+#include "server/domain/layer_rendezvous.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/domain/bounded_text.h"
+
+namespace syncnorm {
+
+LayerRendezvous::GroupState::GroupState(const LayerConfig& layer, int capacity)
+    : phases{PhaseState(capacity), PhaseState(capacity)} {
+  state.stats.mean = layer.initial_running_mean;
+  state.stats.var = layer.initial_running_var;
+}
+
+LayerRendezvous::LayerRendezvous(const JobSpec& spec, const GroupLayout& groups,
+                                 int layer, int recent_capacity,
+                                 StateStore* store, RoundObserver* observer,
+                                 absl::Duration straggler_threshold)
+    : spec_(spec),
+      layout_(groups),
+      layer_(layer),
+      config_(spec.layers[layer]),
+      recent_capacity_(recent_capacity),
+      store_(store),
+      observer_(observer),
+      straggler_threshold_(straggler_threshold) {
+  groups_.reserve(spec.num_groups());
+  for (int g = 0; g < spec.num_groups(); ++g) {
+    groups_.emplace_back(config_, recent_capacity);
+  }
+}
+
+void LayerRendezvous::Load(const StoredLayer& stored) {
+  absl::MutexLock lock(&mu_);
+  GroupState& group = groups_[stored.slot.group];
+  group.state = stored.slot.state;
+  for (const StoredRound& r : stored.rounds) {
+    PhaseState& phase = group.phases[PhaseIndex(r.phase)];
+    if (phase.recent.Find(r.step) != nullptr) continue;
+    RecentRounds::Entry entry{r.step,
+                              std::make_shared<const RoundOutcome>(r.outcome),
+                              r.fingerprints, nullptr, r.fingerprint_kind};
+    if (r.stats_after.has_value()) {
+      entry.stats_after = std::make_shared<const RunningStats>(*r.stats_after);
+    }
+    phase.recent.Add(std::move(entry));
+    phase.persisted.push_back(r.step);  // the store lists them by step
+  }
+}
+
+void LayerRendezvous::Deliver(Deliveries& deliveries) {
+  for (Delivery& d : deliveries) d.done(*d.outcome);
+}
+
+LayerRendezvous::Delivery LayerRendezvous::Failure(RoundCallback done,
+                                                   absl::Status status) {
+  auto outcome = std::make_shared<RoundOutcome>();
+  outcome->status = std::move(status);
+  return Delivery{std::move(done), std::move(outcome)};
+}
+
+std::string LayerRendezvous::RoundLabel(const RoundKey& key) const {
+  const std::string group =
+      spec_.num_groups() > 1 ? absl::StrCat(", group ", std::get<0>(key)) : "";
+  return absl::StrCat("round (job ", BoundedText(spec_.job_id), group,
+                      ", layer ", layer_, ", step ", std::get<1>(key), ", ",
+                      PhaseName(std::get<2>(key)), ")");
+}
+
+LayerRendezvous::PhaseState& LayerRendezvous::StateOf(const RoundKey& key) {
+  return groups_[std::get<0>(key)].phases[PhaseIndex(std::get<2>(key))];
+}
+
+absl::Status LayerRendezvous::Superseded(const RoundKey& key,
+                                         int64_t latest) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step ", std::get<1>(key), " of layer ", layer_, " (",
+      PhaseName(std::get<2>(key)), ") is superseded: the layer has already ",
+      "applied step ", latest, "; steps must increase"));
+}
+
+absl::Status LayerRendezvous::BeforeForward(const RoundKey& key,
+                                            int64_t forward) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step ", std::get<1>(key), " of layer ", layer_,
+      " (BACKWARD) has no completed FORWARD round: the layer's forward "
+      "rounds have completed up to step ",
+      forward, "; send a step's backward after its forward"));
+}
+
+absl::Status LayerRendezvous::Conflict(const Contribution& c) const {
+  return absl::AbortedError(
+      absl::StrCat("a different payload was already received for (job ",
+                   BoundedText(c.job_id), ", layer ", c.layer, ", step ",
+                   c.step, ", ", PhaseName(c.phase), ", rank ", c.rank,
+                   "); a retry must resend the identical contribution"));
+}
+
+absl::Status LayerRendezvous::Replaced(const Contribution& c) const {
+  return absl::AbortedError(absl::StrCat(
+      "a newer retry of this contribution (job ", BoundedText(c.job_id),
+      ", layer ", c.layer, ", step ", c.step, ", ", PhaseName(c.phase),
+      ", rank ", c.rank, ") took its place: at most ",
+      Round::kMaxWaitersPerRank,
+      " retries of one rank wait for a round, the newest ones get its "
+      "result"));
+}
+
+bool LayerRendezvous::Contribute(Contribution c, RoundCallback done,
+                                 absl::Time now, Deliveries& out) {
+  bool applied = false;
+  std::vector<RoundReport> reports;
+  {
+    absl::MutexLock lock(&mu_);
+    ContributeLocked(std::move(c), std::move(done), now, out, applied);
+    reports.swap(reports_);
+  }
+  Notify(reports);
+  return applied;
+}
+
+void LayerRendezvous::ContributeLocked(Contribution c, RoundCallback done,
+                                       absl::Time now, Deliveries& out,
+                                       bool& applied) {
+  if (aborted_.has_value()) {
+    out.push_back(Failure(std::move(done), *aborted_));
+    return;
+  }
+  // The layer's own momentum, sent anyway, is no momentum of the round's.
+  if (c.update.momentum.has_value() &&
+      SameMomentum(*c.update.momentum, MomentumOf(config_.rule))) {
+    c.update.momentum.reset();
+  }
+  const RoundKey key(layout_.GroupOf(c.rank), c.step, c.phase);
+  if (auto it = rounds_.find(key); it != rounds_.end()) {
+    AddToRound(key, *it->second, std::move(c), std::move(done), now, out,
+               applied);
+    return;
+  }
+  const std::array<int64_t, 2>& latest =
+      groups_[std::get<0>(key)].state.latest_completed;
+  PhaseState& state = StateOf(key);
+  if (const RecentRounds::Entry* e = state.recent.Find(c.step)) {
+    AnswerRetry(*e, c, std::move(done), out);
+    return;
+  }
+  // Forward steps apply in order; a backward changes no state, so it only
+  // needs its forward done (autograd runs a reused layer's backwards in
+  // reverse).
+  const int64_t forward = latest[PhaseIndex(Phase::kForward)];
+  if (c.phase == Phase::kForward && c.step <= forward) {
+    out.push_back(Failure(std::move(done), Superseded(key, forward)));
+    return;
+  }
+  if (c.phase == Phase::kBackward && c.step > forward) {
+    out.push_back(Failure(std::move(done), BeforeForward(key, forward)));
+    return;
+  }
+  auto round = std::make_unique<Round>(layout_.Ranks(std::get<0>(key)),
+                                       now + spec_.round_timeout);
+  Round& r = *rounds_.emplace(key, std::move(round)).first->second;
+  AddToRound(key, r, std::move(c), std::move(done), now, out, applied);
+}
+
+void LayerRendezvous::AddToRound(const RoundKey& key, Round& round,
+                                 Contribution c, RoundCallback done,
+                                 absl::Time now, Deliveries& out,
+                                 bool& applied) {
+  RoundCallback evicted;
+  const Round::AddResult added =
+      round.Add(c.rank, std::move(c.payload), std::move(c.update),
+                std::move(done), now, &evicted);
+  if (evicted != nullptr) {
+    out.push_back(Failure(std::move(evicted), Replaced(c)));
+  }
+  if (added == Round::AddResult::kConflict) {
+    // The round keeps going unharmed; only this contribution is refused.
+    out.push_back(Failure(std::move(done), Conflict(c)));
+    return;
+  }
+  if (added == Round::AddResult::kAdded &&
+      (round.complete() || QuorumReached(round, now))) {
+    Complete(key, round, now, out, applied);
+  }
+}
+
+bool LayerRendezvous::QuorumReached(const Round& round, absl::Time now) const {
+  const QuorumPolicy& q = spec_.quorum;
+  return q.enabled() && round.received() >= q.min_ranks &&
+         now >= round.first_arrival() + q.grace;
+}
+
+void LayerRendezvous::Report(const RoundKey& key, const Round& round,
+                             const RoundOutcome& outcome, absl::Time now) {
+  if (observer_ == nullptr) return;
+  RoundReport r;
+  r.job_id = spec_.job_id;
+  r.group = std::get<0>(key);
+  r.layer = layer_;
+  r.step = std::get<1>(key);
+  r.phase = std::get<2>(key);
+  r.latency = now - round.first_arrival();
+  r.status = outcome.status;
+  r.contributors = round.PresentRanks();
+  r.missing_ranks = round.MissingRanks();
+  r.stragglers = round.Stragglers(straggler_threshold_);
+  r.last_arrival = round.LastArrival();
+  r.quorum = outcome.status.ok() && !round.complete();
+  r.ended = now;
+  reports_.push_back(std::move(r));
+}
+
+void LayerRendezvous::Notify(const std::vector<RoundReport>& reports) const {
+  for (const RoundReport& r : reports) {
+    if (r.status.code() == absl::StatusCode::kDeadlineExceeded) {
+      observer_->OnDeadline(r);
+    } else {
+      observer_->OnRoundCompleted(r);
+    }
+  }
+}
+
+void LayerRendezvous::AnswerRetry(const RecentRounds::Entry& entry,
+                                  const Contribution& c, RoundCallback done,
+                                  Deliveries& out) const {
+  const std::optional<uint64_t>& sent =
+      entry.fingerprints[layout_.IndexInGroup(c.rank)];
+  if (sent.has_value() &&
+      *sent != ContributionFingerprint(c.payload, c.update,
+                                       entry.fingerprint_kind)) {
+    out.push_back(Failure(std::move(done), Conflict(c)));
+    return;
+  }
+  out.push_back(Delivery{std::move(done), entry.outcome});
+}
+
+void LayerRendezvous::Complete(const RoundKey& key, Round& round,
+                               absl::Time now, Deliveries& out, bool& applied) {
+  GroupState& group = groups_[std::get<0>(key)];
+  const Phase phase = std::get<2>(key);
+  // The next state is built aside and installed only once it is stored.
+  LayerState next = group.state;
+  RoundOutcome outcome;
+  std::shared_ptr<const RunningStats> after;
+  if (phase == Phase::kForward) {
+    ApplyForward(key, round, next, outcome);
+    if (outcome.status.ok()) {
+      after = std::make_shared<const RunningStats>(next.stats);
+    }
+  } else {
+    outcome.grad_sums = round.SummedGradSums(config_.channels);
+    outcome.status = Refused(key, CheckFiniteResult(outcome.grad_sums));
+    if (!outcome.status.ok()) outcome.grad_sums = GradSums();
+    const RecentRounds::Entry* forward =
+        group.phases[PhaseIndex(Phase::kForward)].recent.Find(std::get<1>(key));
+    outcome.version = forward != nullptr && forward->outcome->status.ok()
+                          ? forward->outcome->version
+                          : group.state.stats.num_batches_tracked;
+  }
+  // A quorum round: these ranks were not counted (a late one is told so).
+  outcome.missing_ranks = round.MissingRanks();
+  if (!outcome.status.ok()) {
+    Report(key, round, outcome, now);
+    Finish(key, std::move(outcome), nullptr, out);
+    return;
+  }
+  int64_t& latest = next.latest_completed[PhaseIndex(phase)];
+  latest = std::max(latest, std::get<1>(key));
+  const absl::Status stored = Persist(key, next, outcome, round, after);
+  if (!stored.ok()) {
+    Drop(key,
+         absl::Status(stored.code(),
+                      absl::StrCat(RoundLabel(key),
+                                   " failed and was not applied: its result "
+                                   "could not be stored: ",
+                                   stored.message())),
+         out);
+    return;
+  }
+  group.state = std::move(next);
+  Report(key, round, outcome, now);
+  Finish(key, std::move(outcome), std::move(after), out);
+  if (phase == Phase::kForward) FailSuperseded(key, out);
+  applied = phase == Phase::kForward;
+}
+
+void LayerRendezvous::ApplyForward(const RoundKey& key, Round& round,
+                                   LayerState& next, RoundOutcome& outcome) {
+  const absl::StatusOr<RoundUpdate> update = round.AgreedUpdate();
+  if (!update.ok()) {
+    outcome.status = absl::InvalidArgumentError(
+        absl::StrCat(RoundLabel(key), " failed: ", update.status().message()));
+    outcome.reason = RoundErrorReason::kRanksDisagree;
+    return;
+  }
+  // Each check refuses a round whose result could not be used: every rank
+  // gets the error and the running statistics stay as they were.
+  absl::StatusOr<Moments> merged = round.MergedMoments(config_.channels);
+  if (!merged.ok()) {
+    outcome.status = Refused(key, merged.status());
+    return;
+  }
+  const RunningRule rule = RoundRule(config_.rule, *update);
+  outcome.status = Refused(key, CheckUpdatable(rule, merged->count));
+  if (!outcome.status.ok()) {
+    outcome.reason = RoundErrorReason::kSingleValuePerChannel;
+    return;
+  }
+  // The round starts from the imported statistics, if it carries them.
+  outcome.status = Refused(
+      key, CheckUpdatable(
+               rule, merged->count,
+               update->imported.has_value() ? *update->imported : next.stats));
+  if (!outcome.status.ok()) return;
+  GlobalMoments global = Finalize(*merged);
+  outcome.status = Refused(key, CheckFiniteResult(global));
+  if (!outcome.status.ok()) return;
+  ApplyRound(config_.rule, *update, global, next.stats);
+  outcome.status = Refused(key, CheckFiniteResult(next.stats));
+  if (!outcome.status.ok()) return;
+  next.last_applied = std::get<1>(key);
+  outcome.moments = std::move(global);
+  outcome.version = next.stats.num_batches_tracked;
+}
+
+absl::Status LayerRendezvous::Refused(const RoundKey& key,
+                                      const absl::Status& why) const {
+  if (why.ok()) return why;
+  return absl::Status(why.code(),
+                      absl::StrCat(RoundLabel(key), ": ", why.message(),
+                                   "; the round was not applied"));
+}
+
+absl::Status LayerRendezvous::Persist(
+    const RoundKey& key, const LayerState& next, const RoundOutcome& outcome,
+    const Round& round, const std::shared_ptr<const RunningStats>& after) {
+  PhaseState& phase = StateOf(key);
+  // The store keeps the same window of rounds as memory: the newest ones.
+  std::vector<int64_t> evicted;
+  while (phase.persisted.size() - evicted.size() >=
+         static_cast<size_t>(recent_capacity_)) {
+    evicted.push_back(phase.persisted[evicted.size()]);
+  }
+  StoredRound stored;
+  stored.phase = std::get<2>(key);
+  stored.step = std::get<1>(key);
+  stored.outcome = outcome;
+  stored.fingerprints = round.Fingerprints();
+  if (after != nullptr) stored.stats_after = *after;
+  const absl::Status s = store_->CommitRound(
+      spec_.job_id, LayerSlot{std::get<0>(key), layer_, next}, stored, evicted);
+  if (!s.ok()) return s;
+  phase.persisted.erase(phase.persisted.begin(),
+                        phase.persisted.begin() + evicted.size());
+  phase.persisted.push_back(std::get<1>(key));
+  return absl::OkStatus();
+}
+
+void LayerRendezvous::FailSuperseded(const RoundKey& completed,
+                                     Deliveries& out) {
+  // A later step of the same (group, phase) completed first: the earlier
+  // round could only be applied out of order, so it fails instead.
+  for (auto it = rounds_.begin(); it != rounds_.end();) {
+    const RoundKey& key = it->first;
+    if (std::get<0>(key) != std::get<0>(completed) ||
+        std::get<2>(key) != std::get<2>(completed) ||
+        std::get<1>(key) >= std::get<1>(completed)) {
+      ++it;
+      continue;
+    }
+    const absl::Status status = Superseded(key, std::get<1>(completed));
+    for (RoundCallback& done : it->second->TakeWaiters()) {
+      out.push_back(Failure(std::move(done), status));
+    }
+    it = rounds_.erase(it);
+  }
+}
+
+void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
+                             std::shared_ptr<const RunningStats> after,
+                             Deliveries& out) {
+  auto it = rounds_.find(key);
+  Round& round = *it->second;
+  auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
+  StateOf(key).recent.Add(RecentRounds::Entry{
+      std::get<1>(key), shared, round.Fingerprints(), std::move(after)});
+  for (RoundCallback& done : round.TakeWaiters()) {
+    out.push_back(Delivery{std::move(done), shared});
+  }
+  rounds_.erase(it);
+}
+
+void LayerRendezvous::Drop(const RoundKey& key, const absl::Status& status,
+                           Deliveries& out) {
+  auto it = rounds_.find(key);
+  for (RoundCallback& done : it->second->TakeWaiters()) {
+    out.push_back(Failure(std::move(done), status));
+  }
+  rounds_.erase(it);
+}
+
+bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
+  bool applied = false;
+  std::vector<RoundReport> reports;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<RoundKey> quorate;
+    std::vector<RoundKey> overdue;
+    for (const auto& [key, round] : rounds_) {
+      if (QuorumReached(*round, now)) {
+        quorate.push_back(key);
+      } else if (round->deadline() <= now) {
+        overdue.push_back(key);
+      }
+    }
+    // Ascending steps: completing one fails the earlier ones it supersedes,
+    // which are then gone from rounds_.
+    for (const RoundKey& key : quorate) {
+      auto it = rounds_.find(key);
+      if (it == rounds_.end()) continue;
+      bool forward = false;
+      Complete(key, *it->second, now, out, forward);
+      applied = applied || forward;
+    }
+    for (const RoundKey& key : overdue) {
+      auto it = rounds_.find(key);
+      if (it == rounds_.end()) continue;
+      RoundOutcome outcome;
+      outcome.missing_ranks = it->second->MissingRanks();
+      outcome.status = absl::DeadlineExceededError(
+          absl::StrCat(RoundLabel(key), " missed its ",
+                       absl::ToInt64Milliseconds(spec_.round_timeout),
+                       " ms deadline waiting for ranks [",
+                       absl::StrJoin(outcome.missing_ranks, ", "), "]"));
+      Report(key, *it->second, outcome, now);
+      Finish(key, std::move(outcome), nullptr, out);
+    }
+    reports.swap(reports_);
+  }
+  Notify(reports);
+  return applied;
+}
+
+void LayerRendezvous::Abort(const absl::Status& status) {
+  Deliveries out;
+  {
+    absl::MutexLock lock(&mu_);
+    aborted_ = status;
+    for (auto& [key, round] : rounds_) {
+      for (RoundCallback& done : round->TakeWaiters()) {
+        out.push_back(Failure(std::move(done), status));
+      }
+    }
+    rounds_.clear();
+  }
+  Deliver(out);
+}
+
+RunningStats LayerRendezvous::Stats(int group) const {
+  absl::MutexLock lock(&mu_);
+  return groups_[group].state.stats;
+}
+
+int64_t LayerRendezvous::LastAppliedStep(int group) const {
+  absl::MutexLock lock(&mu_);
+  return groups_[group].state.last_applied;
+}
+
+LayerState LayerRendezvous::State(int group) const {
+  absl::MutexLock lock(&mu_);
+  return groups_[group].state;
+}
+
+absl::StatusOr<LayerState> LayerRendezvous::StateAt(int group,
+                                                    int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  const GroupState& g = groups_[group];
+  if (g.state.last_applied <= step) return g.state;
+  // The window holds the newest finished steps, so if it holds any forward
+  // round at or before `step`, it holds every later one too: the newest of
+  // those is the last one applied at or before `step`.
+  const RecentRounds::Entry* best = nullptr;
+  for (const RecentRounds::Entry& e :
+       g.phases[PhaseIndex(Phase::kForward)].recent.entries()) {
+    if (e.step <= step && e.stats_after != nullptr &&
+        (best == nullptr || e.step > best->step)) {
+      best = &e;
+    }
+  }
+  if (best == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layer ", layer_, " ('", BoundedText(config_.name), "') of group ",
+        group, " has applied step ", g.state.last_applied,
+        " and no longer knows its ", "statistics at step ", step, " (the last ",
+        recent_capacity_, " rounds are kept); checkpoint a more recent step"));
+  }
+  LayerState s;
+  s.stats = *best->stats_after;
+  s.last_applied = best->step;
+  s.latest_completed = {best->step, best->step};
+  return s;
+}
+
+std::vector<RoundCallback> LayerRendezvous::Reset(
+    absl::Span<const LayerState> per_group) {
+  std::vector<RoundCallback> dropped;
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, round] : rounds_) {
+    for (RoundCallback& done : round->TakeWaiters()) {
+      dropped.push_back(std::move(done));
+    }
+  }
+  rounds_.clear();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].state = per_group[g];
+    for (PhaseState& phase : groups_[g].phases) {
+      phase.recent = RecentRounds(recent_capacity_);
+      phase.persisted.clear();
+    }
+  }
+  return dropped;
+}
+
+bool LayerRendezvous::Pristine() const {
+  absl::MutexLock lock(&mu_);
+  for (const GroupState& g : groups_) {
+    const RunningStats& s = g.state.stats;
+    if (g.state.last_applied != -1 || s.num_batches_tracked != 0 ||
+        s.mean != config_.initial_running_mean ||
+        s.var != config_.initial_running_var) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void LayerRendezvous::SetStats(int group, const RunningStats& stats) {
+  absl::MutexLock lock(&mu_);
+  groups_[group].state.stats = stats;
+}
+
+}  // namespace syncnorm

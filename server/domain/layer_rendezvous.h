@@ -1,0 +1,218 @@
+// The rendezvous of one layer of one job: its pending rounds, running
+// statistics and recent outcomes, for every group, behind one mutex.
+#ifndef SYNCNORM_SERVER_DOMAIN_LAYER_RENDEZVOUS_H_
+#define SYNCNORM_SERVER_DOMAIN_LAYER_RENDEZVOUS_H_
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/moments.h"
+#include "server/domain/contribution.h"
+#include "server/domain/group_layout.h"
+#include "server/domain/job_spec.h"
+#include "server/domain/recent_rounds.h"
+#include "server/domain/round.h"
+#include "server/domain/round_observer.h"
+#include "server/store/state_store.h"
+
+namespace syncnorm {
+
+// One (job, layer) stripe of the aggregator. Thread-safe. Callbacks are
+// always run after mu_ is released, on the calling thread (by Contribute's
+// caller, through Deliver, so that it too can release its locks first).
+//
+// Durability: a completed round's new layer state and outcome are written
+// to the store (one atomic write) before any contributor gets the result;
+// if that write fails, the round fails for all and nothing is applied.
+class LayerRendezvous {
+ public:
+  // `spec` (resolved), `groups` (its layout), `store` and `observer` (if
+  // not null) must outlive the rendezvous. `recent_capacity` finished rounds
+  // are kept per (group, phase) for retries. `observer` hears of every round
+  // that ends, with its contributors that arrived more than
+  // `straggler_threshold` after the first.
+  // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
+  LayerRendezvous(const JobSpec& spec, const GroupLayout& groups, int layer,
+                  int recent_capacity, StateStore* store,
+                  RoundObserver* observer, absl::Duration straggler_threshold);
+
+  LayerRendezvous(const LayerRendezvous&) = delete;
+  LayerRendezvous& operator=(const LayerRendezvous&) = delete;
+
+  // Installs a (group, layer)'s stored state and rounds, found at startup.
+  // REQUIRES: before any other call; stored.slot.layer is this layer and
+  // its group in range (the store checks both).
+  void Load(const StoredLayer& stored) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A callback with the outcome it is owed.
+  struct Delivery {
+    RoundCallback done;
+    std::shared_ptr<const RoundOutcome> outcome;
+  };
+  using Deliveries = std::vector<Delivery>;
+
+  // Calls every callback with its outcome. REQUIRES: no aggregator lock held.
+  static void Deliver(Deliveries& deliveries);
+
+  // Adds `c` to its round; `done` is answered exactly once: when the round
+  // completes or fails, at once for a retry of a finished round, or at once
+  // with ABORTED (conflicting payload), FAILED_PRECONDITION (a superseded
+  // FORWARD step, a BACKWARD before its FORWARD completed) or the status
+  // given to Abort. BACKWARD rounds of completed forward steps are taken in
+  // any order. The answers this call can give are appended to `out` for
+  // the caller to Deliver. Returns true when this call completed a forward
+  // round that was applied.
+  // REQUIRES: c is validated against the spec and c.layer is this layer.
+  bool Contribute(Contribution c, RoundCallback done, absl::Time now,
+                  Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Completes every round whose quorum grace period has passed with enough
+  // ranks present (spec.quorum), then fails every round whose deadline is
+  // at or before `now` with DEADLINE_EXCEEDED naming the missing ranks
+  // (running stats untouched). The answers go to `out` for the caller to
+  // Deliver. Returns true when a forward round was applied.
+  bool Expire(absl::Time now, Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Fails every pending round with `status` and answers every later
+  // contribution with it. REQUIRES: !status.ok().
+  void Abort(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The running statistics of `group`. REQUIRES: group in range.
+  RunningStats Stats(int group) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The step of the last forward round `group` applied; -1 before any.
+  int64_t LastAppliedStep(int group) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The state of `group` as of `step`: after the last forward round at or
+  // before it. FAILED_PRECONDITION when the layer has moved on beyond the
+  // rounds it remembers. REQUIRES: group in range.
+  absl::StatusOr<LayerState> StateAt(int group, int64_t step) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The latest state of `group`. REQUIRES: group in range.
+  LayerState State(int group) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Whether no group has moved from the layer's initial statistics: no
+  // forward round applied, no import, statistics as created.
+  bool Pristine() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A restore: drops every pending round and replaces every group's state
+  // (per_group[g]), forgetting the finished rounds. Returns the callbacks of
+  // the dropped rounds, for the caller to fail once it holds no lock. The
+  // caller has stored the new states. REQUIRES: one state per group.
+  std::vector<RoundCallback> Reset(absl::Span<const LayerState> per_group)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Replaces the running statistics of `group` (an import); steps and
+  // finished rounds stay. The caller has stored them.
+  void SetStats(int group, const RunningStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // (group, step, phase)
+  using RoundKey = std::tuple<int, int64_t, Phase>;
+
+  struct PhaseState {
+    explicit PhaseState(int capacity) : recent(capacity) {}
+    RecentRounds recent;
+    // Steps of this phase's rounds in the store, in the order they were
+    // stored (ascending after a restart), the first to go first.
+    std::deque<int64_t> persisted;
+  };
+
+  struct GroupState {
+    GroupState(const LayerConfig& layer, int capacity);
+    LayerState state;
+    std::array<PhaseState, 2> phases;  // FORWARD, BACKWARD
+  };
+
+  static Delivery Failure(RoundCallback done, absl::Status status);
+  static int PhaseIndex(Phase phase) {
+    return phase == Phase::kForward ? 0 : 1;
+  }
+
+  std::string RoundLabel(const RoundKey& key) const;
+  PhaseState& StateOf(const RoundKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void ContributeLocked(Contribution c, RoundCallback done, absl::Time now,
+                        Deliveries& out, bool& applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddToRound(const RoundKey& key, Round& round, Contribution c,
+                  RoundCallback done, absl::Time now, Deliveries& out,
+                  bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the quorum policy lets `round` complete at `now` without the
+  // ranks still missing.
+  bool QuorumReached(const Round& round, absl::Time now) const;
+  // Queues the observer's report of a round that ends at `now`.
+  void Report(const RoundKey& key, const Round& round,
+              const RoundOutcome& outcome, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `reports` (taken from reports_) to the observer: DEADLINE_EXCEEDED
+  // ones to OnDeadline, the rest to OnRoundCompleted. REQUIRES: mu_ not
+  // held.
+  void Notify(const std::vector<RoundReport>& reports) const;
+  void AnswerRetry(const RecentRounds::Entry& entry, const Contribution& c,
+                   RoundCallback done, Deliveries& out) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void Complete(const RoundKey& key, Round& round, absl::Time now,
+                Deliveries& out, bool& applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyForward(const RoundKey& key, Round& round, LayerState& next,
+                    RoundOutcome& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the round's result and the layer's next state to the store.
+  absl::Status Persist(const RoundKey& key, const LayerState& next,
+                       const RoundOutcome& outcome, const Round& round,
+                       const std::shared_ptr<const RunningStats>& after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailSuperseded(const RoundKey& completed, Deliveries& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the outcome of a finished round, hands it to its waiters and
+  // forgets the round.
+  void Finish(const RoundKey& key, RoundOutcome outcome,
+              std::shared_ptr<const RunningStats> after, Deliveries& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails a round's waiters with `status` and forgets it, remembering
+  // nothing (a retry starts the round afresh).
+  void Drop(const RoundKey& key, const absl::Status& status, Deliveries& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `why` (OK stays OK) as the failure of the round `key`, said so.
+  absl::Status Refused(const RoundKey& key, const absl::Status& why) const;
+  absl::Status Superseded(const RoundKey& key, int64_t latest) const;
+  absl::Status BeforeForward(const RoundKey& key, int64_t forward) const;
+  absl::Status Conflict(const Contribution& c) const;
+  // For the waiter a retry evicted (Round::kMaxWaitersPerRank).
+  absl::Status Replaced(const Contribution& c) const;
+
+  // Constant after construction.
+  const JobSpec& spec_;
+  const GroupLayout& layout_;
+  const int layer_;
+  const LayerConfig& config_;
+  const int recent_capacity_;
+  StateStore* const store_;
+  RoundObserver* const observer_;  // may be null
+  const absl::Duration straggler_threshold_;
+
+  mutable absl::Mutex mu_;
+  std::map<RoundKey, std::unique_ptr<Round>> rounds_ ABSL_GUARDED_BY(mu_);
+  std::vector<GroupState> groups_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> aborted_ ABSL_GUARDED_BY(mu_);
+  // Reports of rounds that ended, handed to observer_ once mu_ is released.
+  std::vector<RoundReport> reports_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_DOMAIN_LAYER_RENDEZVOUS_H_

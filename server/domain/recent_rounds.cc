@@ -1,0 +1,19 @@
+#include "server/domain/recent_rounds.h"
+
+#include <utility>
+
+namespace syncnorm {
+
+void RecentRounds::Add(Entry entry) {
+  entries_.push_back(std::move(entry));
+  if (entries_.size() > capacity_) entries_.erase(entries_.begin());
+}
+
+const RecentRounds::Entry* RecentRounds::Find(int64_t step) const {
+  for (const Entry& e : entries_) {
+    if (e.step == step) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,179 @@
+#include "server/domain/round.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace syncnorm {
+
+namespace {
+
+std::vector<int> Consecutive(int first_rank, int group_size) {
+  std::vector<int> ranks(group_size);
+  for (int i = 0; i < group_size; ++i) ranks[i] = first_rank + i;
+  return ranks;
+}
+
+}  // namespace
+
+Round::Round(std::vector<int> ranks, absl::Time deadline)
+    : ranks_(std::move(ranks)),
+      deadline_(deadline),
+      payloads_(ranks_.size()),
+      updates_(ranks_.size()),
+      fingerprints_(ranks_.size()),
+      arrivals_(ranks_.size(), absl::InfiniteFuture()),
+      waiting_(ranks_.size(), 0) {}
+
+Round::Round(int first_rank, int group_size, absl::Time deadline)
+    : Round(Consecutive(first_rank, group_size), deadline) {}
+
+int Round::IndexOf(int rank) const {
+  return static_cast<int>(std::lower_bound(ranks_.begin(), ranks_.end(), rank) -
+                          ranks_.begin());
+}
+
+Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
+                            RoundCallback&& done, absl::Time now,
+                            RoundCallback* evicted) {
+  const int index = IndexOf(rank);
+  std::optional<Payload>& slot = payloads_[index];
+  *evicted = nullptr;
+  if (slot.has_value()) {
+    if (!SamePayload(*slot, payload) || !SameUpdate(updates_[index], update)) {
+      return AddResult::kConflict;
+    }
+    if (waiting_[index] >= kMaxWaitersPerRank) {
+      auto oldest =
+          std::find_if(waiters_.begin(), waiters_.end(),
+                       [&](const Waiter& w) { return w.index == index; });
+      *evicted = std::move(oldest->done);
+      waiters_.erase(oldest);
+      --waiting_[index];
+    }
+    waiters_.push_back(Waiter{index, std::move(done)});
+    ++waiting_[index];
+    return AddResult::kDuplicate;
+  }
+  // The contributing thread hashes its own payload, so the thread that
+  // completes the round does not hash everyone's.
+  fingerprints_[index] = ContributionFingerprint(payload, update);
+  slot = std::move(payload);
+  updates_[index] = std::move(update);
+  arrivals_[index] = now;
+  first_arrival_ = std::min(first_arrival_, now);
+  ++received_;
+  waiters_.push_back(Waiter{index, std::move(done)});
+  ++waiting_[index];
+  return AddResult::kAdded;
+}
+
+std::vector<int> Round::MissingRanks() const {
+  std::vector<int> missing;
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (!payloads_[i].has_value()) {
+      missing.push_back(ranks_[i]);
+    }
+  }
+  return missing;
+}
+
+std::vector<int> Round::PresentRanks() const {
+  std::vector<int> present;
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (payloads_[i].has_value()) {
+      present.push_back(ranks_[i]);
+    }
+  }
+  return present;
+}
+
+std::vector<int> Round::Stragglers(absl::Duration threshold) const {
+  std::vector<std::pair<absl::Time, int>> late;
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (payloads_[i].has_value() && arrivals_[i] - first_arrival_ > threshold) {
+      late.emplace_back(arrivals_[i], ranks_[i]);
+    }
+  }
+  std::sort(late.begin(), late.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  std::vector<int> out;
+  for (const auto& [time, rank] : late) out.push_back(rank);
+  return out;
+}
+
+absl::Duration Round::LastArrival() const {
+  absl::Duration last = absl::ZeroDuration();
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (payloads_[i].has_value()) {
+      last = std::max(last, arrivals_[i] - first_arrival_);
+    }
+  }
+  return last;
+}
+
+absl::StatusOr<Moments> Round::MergedMoments(int channels) const {
+  // Rank order, always: the Chan merge is not associative in floating point,
+  // so a fixed order is what makes every arrival order give the same bits.
+  Moments acc = Moments::Zero(channels);
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (!payloads_[i].has_value()) continue;  // not counted (a quorum round)
+    const Moments& m = std::get<Moments>(*payloads_[i]);
+    if (absl::Status s = CheckMergeable(acc, m); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", ranks_[i], "'s count does not fit: ", s.message()));
+    }
+    MergeMoments(acc, m);
+  }
+  return acc;
+}
+
+GradSums Round::SummedGradSums(int channels) const {
+  GradSums acc;
+  acc.sum_dy.assign(channels, 0.0);
+  acc.sum_dy_xmu.assign(channels, 0.0);
+  for (const std::optional<Payload>& p : payloads_) {
+    if (!p.has_value()) continue;
+    AddGradSums(acc, std::get<GradSums>(*p));
+  }
+  return acc;
+}
+
+absl::StatusOr<RoundUpdate> Round::AgreedUpdate() const {
+  const RoundUpdate* first = nullptr;
+  int first_rank = 0;
+  for (size_t i = 0; i < payloads_.size(); ++i) {
+    if (!payloads_[i].has_value()) continue;
+    if (first == nullptr) {
+      first = &updates_[i];
+      first_rank = ranks_[i];
+    } else if (!SameUpdate(*first, updates_[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", ranks_[i],
+          " sent a different momentum or imported_stats "
+          "than rank ",
+          first_rank,
+          ": every rank of a group must change the "
+          "layer alike (the same momentum; the same statistics after "
+          "load_state_dict, reset_running_stats or a write to the buffers)"));
+    }
+  }
+  return *first;
+}
+
+const std::vector<std::optional<uint64_t>>& Round::Fingerprints() const {
+  return fingerprints_;
+}
+
+std::vector<RoundCallback> Round::TakeWaiters() {
+  std::vector<RoundCallback> out;
+  out.reserve(waiters_.size());
+  for (Waiter& w : waiters_) out.push_back(std::move(w.done));
+  waiters_.clear();
+  std::fill(waiting_.begin(), waiting_.end(), 0);
+  return out;
+}
+
+}  // namespace syncnorm

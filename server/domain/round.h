@@ -1,0 +1,119 @@
+// One pending round: the contributions of one (job, group, layer, step,
+// phase), collected until every rank of the group has sent, the job's
+// quorum policy lets it complete with the ranks present, or the deadline
+// passes.
+#ifndef SYNCNORM_SERVER_DOMAIN_ROUND_H_
+#define SYNCNORM_SERVER_DOMAIN_ROUND_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/moments.h"
+#include "kernels/round_update.h"
+#include "server/domain/contribution.h"
+
+namespace syncnorm {
+
+// Collects payloads per rank and the callbacks of every contributor
+// (including retries). Not thread-safe: its owner's mutex guards it.
+//
+// Memory: at most kMaxWaitersPerRank callbacks wait per rank; a retry
+// beyond that evicts the oldest one of its rank (whose caller, a broken
+// stream or a cancelled call, is most likely gone), so retries cannot grow
+// a round without bound.
+class Round {
+ public:
+  static constexpr int kMaxWaitersPerRank = 8;
+
+  enum class AddResult {
+    kAdded,      // first contribution of this rank
+    kDuplicate,  // same payload again: the callback also gets the outcome
+    kConflict,   // a different payload: refused, callback not kept
+  };
+
+  // A round of the group of `ranks` that expires at `deadline`.
+  // REQUIRES: ranks ascending, distinct, not empty.
+  Round(std::vector<int> ranks, absl::Time deadline);
+  // A round of ranks [first_rank, first_rank + group_size).
+  // REQUIRES: group_size > 0.
+  Round(int first_rank, int group_size, absl::Time deadline);
+
+  Round(const Round&) = delete;
+  Round& operator=(const Round&) = delete;
+
+  // Records `rank`'s payload, round update and callback; see AddResult: a
+  // duplicate has the same payload and update. `done` is moved from only
+  // when kept (kAdded, kDuplicate); on kConflict the caller still owns it.
+  // `now` is when the payload arrived (kAdded). A kDuplicate that finds
+  // kMaxWaitersPerRank callbacks of its rank waiting moves the oldest into
+  // `*evicted` (left empty otherwise), which the caller must answer.
+  // REQUIRES: rank within the group; evicted not null.
+  AddResult Add(int rank, Payload payload, RoundUpdate update,
+                RoundCallback&& done, absl::Time now, RoundCallback* evicted);
+
+  bool complete() const { return received_ == payloads_.size(); }
+  // Ranks that have contributed.
+  int received() const { return static_cast<int>(received_); }
+  absl::Time deadline() const { return deadline_; }
+  // When the first payload arrived; InfiniteFuture before any.
+  absl::Time first_arrival() const { return first_arrival_; }
+
+  // Global ranks that have not contributed, ascending.
+  std::vector<int> MissingRanks() const;
+  // Global ranks that have contributed, ascending.
+  std::vector<int> PresentRanks() const;
+  // Ranks that arrived more than `threshold` after the first one, latest
+  // first.
+  std::vector<int> Stragglers(absl::Duration threshold) const;
+  // How long after the first payload the latest one arrived.
+  absl::Duration LastArrival() const;
+
+  // The Chan merge of the moments present, folded in rank order so the
+  // result does not depend on arrival order (absent ranks are skipped: a
+  // quorum round). INVALID_ARGUMENT naming the rank when the counts sum
+  // past INT64_MAX. REQUIRES: FORWARD payloads.
+  absl::StatusOr<Moments> MergedMoments(int channels) const;
+
+  // The rank-order sum of the gradient sums present. REQUIRES: BACKWARD.
+  GradSums SummedGradSums(int channels) const;
+
+  // The update every rank present sent; INVALID_ARGUMENT naming a rank
+  // whose update differs from the lowest rank's.
+  // REQUIRES: at least one rank present.
+  absl::StatusOr<RoundUpdate> AgreedUpdate() const;
+
+  // Per rank of the group: the fingerprint of its payload and update
+  // (ContributionFingerprint, kFingerprintKind, computed when it was
+  // added), or nullopt if absent.
+  const std::vector<std::optional<uint64_t>>& Fingerprints() const;
+
+  // Moves out every callback collected so far.
+  std::vector<RoundCallback> TakeWaiters();
+
+ private:
+  // The position of `rank` in ranks_.
+  int IndexOf(int rank) const;
+
+  const std::vector<int> ranks_;  // ascending
+  const absl::Time deadline_;
+  // Indexed by position in ranks_ (as are the vectors below).
+  std::vector<std::optional<Payload>> payloads_;
+  std::vector<RoundUpdate> updates_;
+  std::vector<std::optional<uint64_t>> fingerprints_;  // of both
+  std::vector<absl::Time> arrivals_;
+  absl::Time first_arrival_ = absl::InfiniteFuture();
+  size_t received_ = 0;
+  struct Waiter {
+    int index;  // position in ranks_
+    RoundCallback done;
+  };
+  std::vector<Waiter> waiters_;  // oldest first
+  std::vector<int> waiting_;     // waiters per position
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_DOMAIN_ROUND_H_

@@ -1,0 +1,60 @@
+// syncnorm's own Prometheus metrics: rounds and checkpoints.
+#ifndef SYNCNORM_SERVER_METRICS_ROUND_METRICS_H_
+#define SYNCNORM_SERVER_METRICS_ROUND_METRICS_H_
+
+#include "prometheus/counter.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/domain/round_observer.h"
+
+namespace syncnorm {
+
+// A RoundObserver that counts into `registry` (over all jobs: a label per
+// job would grow without bound):
+//   syncnorm_round_latency_seconds{phase,outcome}  histogram; outcome is
+//       ok, quorum, failed (the merge failed) or deadline
+//   syncnorm_round_contributors{phase}   histogram of ranks counted per round
+//   syncnorm_stragglers_total{phase}     contributions later than the
+//                                        straggler threshold
+//   syncnorm_deadline_failures_total{phase}  rounds failed at their deadline
+//   syncnorm_quorum_rounds_total{phase}  rounds completed by a quorum
+//   syncnorm_state_versions_total        running-statistics versions
+//                                        applied (forward rounds that ended OK)
+//   syncnorm_checkpoint_duration_seconds{outcome}  histogram of checkpoint
+//                                        cuts (snapshot and store write)
+// phase is FORWARD or BACKWARD. Thread-safe; `registry` must outlive it.
+class RoundMetrics final : public RoundObserver {
+ public:
+  explicit RoundMetrics(prometheus::Registry& registry);
+
+  void OnRoundCompleted(const RoundReport& report) override;
+  void OnDeadline(const RoundReport& report) override;
+  void OnCheckpoint(const CheckpointReport& report) override;
+
+ private:
+  enum Outcome { kOk, kQuorum, kFailed, kDeadline, kNumOutcomes };
+  // The series of one phase, made once (Family::Add takes a lock).
+  struct PerPhase {
+    prometheus::Histogram* latency[kNumOutcomes];
+    prometheus::Histogram* contributors;
+    prometheus::Counter* stragglers;
+    prometheus::Counter* deadline_failures;
+    prometheus::Counter* quorum_rounds;
+  };
+
+  PerPhase& Of(Phase phase) {
+    return phase == Phase::kBackward ? backward_ : forward_;
+  }
+  void Record(const RoundReport& report, Outcome outcome);
+
+  // Constant after construction; the series are owned by the registry.
+  PerPhase forward_;
+  PerPhase backward_;
+  prometheus::Counter* versions_;
+  prometheus::Histogram* checkpoint_ok_;
+  prometheus::Histogram* checkpoint_failed_;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_METRICS_ROUND_METRICS_H_

@@ -1,0 +1,171 @@
+#include "server/rpc/connection_guard.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "server/domain/log.h"
+
+namespace syncnorm {
+namespace {
+
+// A connection's record outlives its last call by this much, so that a
+// client whose calls come one at a time keeps its counts.
+constexpr absl::Duration kKeepIdleRecord = absl::Minutes(1);
+constexpr absl::Duration kPrunePeriod = absl::Seconds(1);
+// A closed connection's calls still waiting in gRPC start within about a
+// second of its close; a call that starts later comes from a new
+// connection from the same address and port, which is judged afresh.
+constexpr absl::Duration kNewConnectionAfter = absl::Seconds(3);
+
+}  // namespace
+
+const char* CloseReasonName(CloseReason reason) {
+  switch (reason) {
+    case CloseReason::kOverload:
+      return "overload";
+    case CloseReason::kRapidReset:
+      return "rapid_reset";
+    case CloseReason::kUnauthenticated:
+      return "unauthenticated";
+  }
+  return "unknown";
+}
+
+// All fields are guarded by the guard's mu_.
+struct ConnectionGuard::Connection {
+  std::string peer;
+  int64_t started = 0;
+  int64_t in_progress = 0;
+  int64_t early_cancels = 0;       // cancelled by the client before their end
+  int64_t unauthenticated = 0;     // refused UNAUTHENTICATED
+  int64_t started_overloaded = 0;  // in the current overload
+  absl::Time last_seen;
+  bool closed = false;
+  absl::Time closed_at;
+};
+
+ConnectionGuard::ConnectionGuard(ConnectionGuardOptions options,
+                                 ConnectionCloser* closer, const Clock* clock)
+    : options_(options), closer_(closer), clock_(clock) {}
+
+ConnectionGuard::~ConnectionGuard() = default;
+
+std::shared_ptr<ConnectionGuard::Connection> ConnectionGuard::CallStarted(
+    absl::string_view peer) {
+  if (!absl::StartsWith(peer, "ipv4:") && !absl::StartsWith(peer, "ipv6:")) {
+    return nullptr;
+  }
+  const bool overloaded =
+      options_.max_calls > 0 && calls_held() > options_.max_calls;
+  std::shared_ptr<Connection> c;
+  CloseReason reason;
+  bool close = false;
+  int64_t started, early_cancels, unauthenticated;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    PruneLocked(now);
+    std::shared_ptr<Connection>& slot = connections_[peer];
+    if (slot == nullptr) {
+      slot = std::make_shared<Connection>();
+      slot->peer = std::string(peer);
+    }
+    c = slot;
+    if (c->closed && now - c->closed_at > kNewConnectionAfter) {
+      const int64_t in_progress = c->in_progress;
+      *c = Connection();
+      c->peer = std::string(peer);
+      c->in_progress = in_progress;
+    }
+    ++c->started;
+    ++c->in_progress;
+    c->last_seen = now;
+    c->started_overloaded = overloaded ? c->started_overloaded + 1 : 0;
+    close = Judge(*c, overloaded, reason);
+    started = c->started;
+    early_cancels = c->early_cancels;
+    unauthenticated = c->unauthenticated;
+  }
+  // peer is constant after the record is made.
+  if (close) {
+    CloseConnection(c->peer, reason, started, early_cancels, unauthenticated);
+  }
+  return c;
+}
+
+void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code,
+                                absl::Duration lifetime) {
+  CloseReason reason;
+  bool close = false;
+  int64_t started, early_cancels, unauthenticated;
+  {
+    absl::MutexLock lock(&mu_);
+    --c.in_progress;
+    c.last_seen = clock_->Now();
+    if (code == absl::StatusCode::kCancelled && lifetime < kEarlyCancel) {
+      ++c.early_cancels;
+    }
+    if (code == absl::StatusCode::kUnauthenticated) ++c.unauthenticated;
+    close = Judge(c, /*overloaded=*/false, reason);
+    started = c.started;
+    early_cancels = c.early_cancels;
+    unauthenticated = c.unauthenticated;
+  }
+  if (close) {
+    CloseConnection(c.peer, reason, started, early_cancels, unauthenticated);
+  }
+}
+
+bool ConnectionGuard::Judge(Connection& c, bool overloaded,
+                            CloseReason& reason) const {
+  if (c.closed) return false;
+  if (overloaded && c.started_overloaded > options_.overload_calls) {
+    reason = CloseReason::kOverload;
+  } else if (c.early_cancels >= options_.early_cancels &&
+             2 * c.early_cancels > c.started) {
+    reason = CloseReason::kRapidReset;
+  } else if (c.unauthenticated >= options_.unauthenticated_calls) {
+    reason = CloseReason::kUnauthenticated;
+  } else {
+    return false;
+  }
+  c.closed = true;
+  c.closed_at = clock_->Now();
+  return true;
+}
+
+void ConnectionGuard::CloseConnection(const std::string& peer,
+                                      CloseReason reason, int64_t started,
+                                      int64_t early_cancels,
+                                      int64_t unauthenticated) {
+  const bool found = closer_->Close(peer);
+  closed_[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
+  LogLine("connection_closed")
+      .Add("peer", peer)
+      .Add("reason", CloseReasonName(reason))
+      .Add("calls", started)
+      .Add("early_cancels", early_cancels)
+      .Add("unauthenticated", unauthenticated)
+      .Add("calls_held", calls_held())
+      .Add("found", found ? "true" : "false");
+}
+
+void ConnectionGuard::PruneLocked(absl::Time now) {
+  if (now < next_prune_) return;
+  next_prune_ = now + kPrunePeriod;
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    const Connection& c = *it->second;
+    auto next = std::next(it);
+    if (c.in_progress == 0 && now - c.last_seen > kKeepIdleRecord) {
+      connections_.erase(it);
+    }
+    it = next;
+  }
+}
+
+int ConnectionGuard::tracked() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(connections_.size());
+}
+
+}  // namespace syncnorm

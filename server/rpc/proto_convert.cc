@@ -1,0 +1,217 @@
+#include "server/rpc/proto_convert.h"
+
+#include <utility>
+#include <vector>
+
+#include "google/protobuf/repeated_field.h"
+
+namespace syncnorm {
+namespace {
+
+std::vector<double> ToVector(const google::protobuf::RepeatedField<double>& f) {
+  return std::vector<double>(f.begin(), f.end());
+}
+
+void ToRepeated(const std::vector<double>& v,
+                google::protobuf::RepeatedField<double>* f) {
+  f->Assign(v.begin(), v.end());
+}
+
+LayerConfig LayerFromProto(const v1::LayerSpec& spec) {
+  LayerConfig layer;
+  layer.name = spec.name();
+  layer.channels = spec.num_features();
+  layer.rule.mode = static_cast<MomentumMode>(spec.momentum_mode());
+  layer.rule.momentum = spec.momentum();
+  layer.rule.biased_var = spec.biased_running_var();
+  layer.rule.track = !spec.no_running_stats();
+  layer.initial_running_mean = ToVector(spec.initial_running_mean());
+  layer.initial_running_var = ToVector(spec.initial_running_var());
+  return layer;
+}
+
+void LayerToProto(const LayerConfig& layer, v1::LayerSpec& spec) {
+  spec.set_name(layer.name);
+  spec.set_num_features(layer.channels);
+  spec.set_momentum_mode(static_cast<v1::MomentumMode>(layer.rule.mode));
+  spec.set_momentum(layer.rule.momentum);
+  spec.set_biased_running_var(layer.rule.biased_var);
+  spec.set_no_running_stats(!layer.rule.track);
+  ToRepeated(layer.initial_running_mean, spec.mutable_initial_running_mean());
+  ToRepeated(layer.initial_running_var, spec.mutable_initial_running_var());
+}
+
+}  // namespace
+
+JobSpec JobSpecFromProto(const v1::CreateJobRequest& request) {
+  JobSpec spec;
+  spec.job_id = request.job_id();
+  spec.world_size = request.world_size();
+  spec.group_size = request.group_size();
+  spec.round_timeout = absl::Milliseconds(request.round_timeout_ms());
+  for (const v1::LayerSpec& layer : request.layers()) {
+    spec.layers.push_back(LayerFromProto(layer));
+  }
+  for (const v1::RankGroup& group : request.groups()) {
+    spec.groups.emplace_back(group.ranks().begin(), group.ranks().end());
+  }
+  spec.quorum.min_ranks = request.quorum().min_ranks();
+  spec.quorum.grace = absl::Milliseconds(request.quorum().grace_ms());
+  if (request.has_shard()) {
+    spec.shard.shard = request.shard().shard();
+    spec.shard.num_shards = request.shard().num_shards();
+    spec.shard.owned_layers.assign(request.shard().owned_layers().begin(),
+                                   request.shard().owned_layers().end());
+  }
+  return spec;
+}
+
+void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
+  const JobSpec& spec = job.spec;
+  info.set_job_id(spec.job_id);
+  info.set_world_size(spec.world_size);
+  info.set_group_size(spec.group_size);
+  info.set_round_timeout_ms(absl::ToInt64Milliseconds(spec.round_timeout));
+  info.set_committed_step(job.committed_step);
+  for (const LayerConfig& layer : spec.layers) {
+    LayerToProto(layer, *info.add_layers());
+  }
+  for (const std::vector<int>& group : spec.groups) {
+    info.add_groups()->mutable_ranks()->Assign(group.begin(), group.end());
+  }
+  if (spec.quorum.enabled()) {
+    info.mutable_quorum()->set_min_ranks(spec.quorum.min_ranks);
+    info.mutable_quorum()->set_grace_ms(
+        absl::ToInt64Milliseconds(spec.quorum.grace));
+  }
+  if (spec.shard.sharded()) {
+    v1::ShardAssignment* shard = info.mutable_shard();
+    shard->set_shard(spec.shard.shard);
+    shard->set_num_shards(spec.shard.num_shards);
+    for (int layer : spec.shard.owned_layers) shard->add_owned_layers(layer);
+  }
+}
+
+Contribution ContributionFromProto(v1::Contribution&& proto) {
+  Contribution c;
+  c.job_id = std::move(*proto.mutable_job_id());
+  c.layer = proto.layer();
+  c.step = proto.step();
+  c.phase = static_cast<Phase>(proto.phase());
+  c.rank = proto.rank();
+  if (proto.has_momentum()) {
+    c.update.momentum = RoundMomentum{
+        static_cast<MomentumMode>(proto.momentum().momentum_mode()),
+        proto.momentum().momentum()};
+  }
+  if (proto.has_imported_stats()) {
+    const v1::ImportedStats& i = proto.imported_stats();
+    c.update.imported =
+        RunningStats{i.num_batches_tracked(), ToVector(i.running_mean()),
+                     ToVector(i.running_var())};
+  }
+  if (proto.has_moments()) {
+    Moments m;
+    m.count = proto.moments().count();
+    m.mean = ToVector(proto.moments().mean());
+    m.m2 = ToVector(proto.moments().m2());
+    c.payload = std::move(m);
+  } else if (proto.has_grad_sums()) {
+    GradSums g;
+    g.sum_dy = ToVector(proto.grad_sums().sum_dy());
+    g.sum_dy_xmu = ToVector(proto.grad_sums().sum_dy_xmu());
+    c.payload = std::move(g);
+  }
+  return c;
+}
+
+void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
+                        v1::RoundResult& result) {
+  result.set_job_id(key.job_id);
+  result.set_layer(key.layer);
+  result.set_step(key.step);
+  result.set_phase(static_cast<v1::Phase>(key.phase));
+  if (!outcome.status.ok()) {
+    v1::RoundError* error = result.mutable_error();
+    error->set_code(static_cast<int>(outcome.status.code()));
+    error->set_message(std::string(outcome.status.message()));
+    for (int rank : outcome.missing_ranks) error->add_missing_ranks(rank);
+    error->set_reason(static_cast<v1::RoundError::Reason>(outcome.reason));
+    return;
+  }
+  result.set_version(outcome.version);
+  for (int rank : outcome.missing_ranks) result.add_missing_ranks(rank);
+  if (key.phase == Phase::kForward) {
+    v1::GlobalMoments* m = result.mutable_moments();
+    m->set_count(outcome.moments.count);
+    ToRepeated(outcome.moments.mean, m->mutable_mean());
+    ToRepeated(outcome.moments.var, m->mutable_var());
+  } else {
+    v1::GradSums* g = result.mutable_grad_sums();
+    ToRepeated(outcome.grad_sums.sum_dy, g->mutable_sum_dy());
+    ToRepeated(outcome.grad_sums.sum_dy_xmu, g->mutable_sum_dy_xmu());
+  }
+}
+
+void LayerStatsToProto(const LayerStatsSnapshot& layer, v1::LayerStats& out) {
+  out.set_layer(layer.layer);
+  out.set_name(layer.name);
+  out.set_group(layer.group);
+  out.set_num_batches_tracked(layer.stats.num_batches_tracked);
+  ToRepeated(layer.stats.mean, out.mutable_running_mean());
+  ToRepeated(layer.stats.var, out.mutable_running_var());
+}
+
+void RunningStatsToProto(const RunningStatsSnapshot& stats,
+                         v1::RunningStats& proto) {
+  proto.set_job_id(stats.job_id);
+  proto.set_step(stats.committed_step);
+  for (const LayerStatsSnapshot& layer : stats.layers) {
+    LayerStatsToProto(layer, *proto.add_layers());
+  }
+}
+
+std::vector<LayerStatsSnapshot> LayerStatsFromProto(
+    const v1::SetRunningStatsRequest& request) {
+  std::vector<LayerStatsSnapshot> out;
+  for (const v1::LayerStats& l : request.layers()) {
+    LayerStatsSnapshot s;
+    s.layer = l.layer();
+    s.name = l.name();
+    s.group = l.group();
+    s.stats.num_batches_tracked = l.num_batches_tracked();
+    s.stats.mean = ToVector(l.running_mean());
+    s.stats.var = ToVector(l.running_var());
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void CheckpointToProto(const CheckpointMeta& meta, v1::CheckpointInfo& info) {
+  info.set_job_id(meta.job_id);
+  info.set_step(meta.step);
+  info.set_tag(meta.tag);
+  info.set_created_unix_ms(meta.created_unix_ms);
+}
+
+void BackupToProto(const BackupSummary& backup, v1::BackupInfo& info) {
+  info.set_name(backup.name);
+  info.set_shard(backup.shard);
+  info.set_created_unix_ms(absl::ToUnixMillis(backup.created));
+  info.set_version(backup.version);
+  info.set_job_id(backup.job_id);
+  for (const JobSnapshot& job : backup.jobs) {
+    JobInfoToProto(job, *info.add_jobs());
+  }
+  info.set_path(backup.path);
+  info.set_bytes(backup.bytes);
+}
+
+void RestoreToProto(const JobRestore& restore, v1::RestoreBackupJob& job) {
+  job.set_job_id(restore.job_id);
+  job.set_restored(restore.restored);
+  job.set_committed_step(restore.committed_step);
+  job.set_note(restore.note);
+}
+
+}  // namespace syncnorm

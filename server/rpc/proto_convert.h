@@ -1,0 +1,47 @@
+// Translation between syncnorm.v1 messages and the domain types. No
+// validation here: the domain validates and reports.
+#ifndef SYNCNORM_SERVER_RPC_PROTO_CONVERT_H_
+#define SYNCNORM_SERVER_RPC_PROTO_CONVERT_H_
+
+#include <vector>
+
+#include "server/domain/aggregator.h"
+#include "server/domain/contribution.h"
+#include "server/domain/job.h"
+#include "server/domain/job_spec.h"
+#include "server/store/backup_root.h"
+#include "server/store/state_store.h"
+#include "syncnorm/v1/aggregator.pb.h"
+
+namespace syncnorm {
+
+// The spec as requested (unresolved; enum values carried as they are).
+JobSpec JobSpecFromProto(const v1::CreateJobRequest& request);
+
+// A job's resolved spec and committed step.
+void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info);
+
+// The contribution, its payload moved out of `proto`.
+Contribution ContributionFromProto(v1::Contribution&& proto);
+
+// The result for `key` (its job, layer, step and phase are echoed); a failed
+// outcome becomes RoundResult.error.
+void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
+                        v1::RoundResult& result);
+
+void RunningStatsToProto(const RunningStatsSnapshot& stats,
+                         v1::RunningStats& proto);
+void LayerStatsToProto(const LayerStatsSnapshot& layer, v1::LayerStats& out);
+
+// The entries of an import, as sent (validated by the domain).
+std::vector<LayerStatsSnapshot> LayerStatsFromProto(
+    const v1::SetRunningStatsRequest& request);
+
+void CheckpointToProto(const CheckpointMeta& meta, v1::CheckpointInfo& info);
+
+void BackupToProto(const BackupSummary& backup, v1::BackupInfo& info);
+void RestoreToProto(const JobRestore& restore, v1::RestoreBackupJob& job);
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_RPC_PROTO_CONVERT_H_

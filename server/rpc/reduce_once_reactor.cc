@@ -1,0 +1,50 @@
+#include "server/rpc/reduce_once_reactor.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/rpc/grpc_status.h"
+#include "server/rpc/proto_convert.h"
+
+namespace syncnorm {
+
+ReduceOnceReactor::ReduceOnceReactor(Aggregator* aggregator,
+                                     v1::Contribution request,
+                                     v1::RoundResult* response,
+                                     std::shared_ptr<WaitingCalls> waiting)
+    : WaitingCallReactor(std::move(waiting)), response_(response) {
+  Contribution c = ContributionFromProto(std::move(request));
+  Contribution key;
+  key.job_id = c.job_id;
+  key.layer = c.layer;
+  key.step = c.step;
+  key.phase = c.phase;
+  aggregator->Contribute(
+      std::move(c), [this, key = std::move(key)](const RoundOutcome& outcome) {
+        Answer(key, outcome);
+        Unref();
+      });
+}
+
+void ReduceOnceReactor::Answer(const Contribution& key,
+                               const RoundOutcome& outcome) {
+  if (!Claim()) return;
+  if (outcome.status.ok()) {
+    RoundResultToProto(key, outcome, *response_);
+    Finish(grpc::Status::OK);
+    return;
+  }
+  absl::Status status = outcome.status;
+  if (!outcome.missing_ranks.empty() &&
+      status.message().find("ranks [") == absl::string_view::npos) {
+    status = absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), " (missing ranks [",
+                     absl::StrJoin(outcome.missing_ranks, ", "), "])"));
+  }
+  Finish(ToGrpcStatus(status));
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,267 @@
+#include "server/rpc/reduce_reactor.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/domain/limits.h"
+#include "server/rpc/grpc_status.h"
+#include "server/rpc/proto_convert.h"
+#include "server/rpc/stream_set.h"
+
+namespace syncnorm {
+
+// Invariants: gRPC's Start*/Finish are never called under mu_ (a reaction
+// may run inline); a write is started only by the party that set writing_,
+// and Finish only when !writing_, so no write is ever started after Finish.
+
+namespace {
+
+// A stream counts against --max_streams only once its caller is known:
+// without a token in force it ends before it takes a slot.
+StreamSet* Admit(const Authenticator* auth, const std::string& authorization,
+                 StreamSet* streams, ReduceReactor* reactor,
+                 absl::Status& refused) {
+  if (auth != nullptr) {
+    refused = auth->Authenticate(authorization);
+    if (!refused.ok()) return nullptr;
+  }
+  if (streams == nullptr) return nullptr;
+  refused = streams->Enter(reactor);
+  return refused.ok() ? streams : nullptr;
+}
+
+const Clock* ClockOf(const StreamSet* streams) {
+  return streams != nullptr ? &streams->clock() : nullptr;
+}
+
+}  // namespace
+
+ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
+                             std::string authorization, StreamSet* streams,
+                             int64_t max_message_bytes)
+    : RefCountedReactor(1),  // gRPC's, until OnDone
+      aggregator_(aggregator),
+      auth_(auth),
+      authorization_(std::move(authorization)),
+      clock_(ClockOf(streams)),
+      max_message_bytes_(max_message_bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_active_ = Now();
+  }
+  // Last: from here on StreamSet's threads may reach this stream.
+  streams_ = Admit(auth_, authorization_, streams, this, refused_);
+  if (!refused_.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+    }
+    Finish(ToGrpcStatus(refused_));
+    return;
+  }
+  StartRead(&request_);
+}
+
+bool ReduceReactor::FullLocked() const {
+  return pending_ + queue_.size() >= static_cast<size_t>(kMaxUnanswered) ||
+         (max_message_bytes_ > 0 &&
+          held_bytes_ >= kHeldMessages * max_message_bytes_);
+}
+
+bool ReduceReactor::RoomLocked() const {
+  return pending_ + queue_.size() < static_cast<size_t>(kMaxUnanswered / 2) &&
+         (max_message_bytes_ <= 0 ||
+          held_bytes_ < kHeldMessages * max_message_bytes_ / 2);
+}
+
+void ReduceReactor::OnReadDone(bool ok) {
+  if (!ok) {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      finish = TakeFinish();
+    }
+    if (finish.has_value()) Finish(*std::move(finish));
+    return;
+  }
+  const size_t bytes = request_.ByteSizeLong();
+  absl::Status refused =
+      CheckMessageSize(bytes, "a Reduce stream message", max_message_bytes_);
+  // An oversized payload goes no further than this check.
+  if (!refused.ok()) request_.clear_payload();
+  Contribution c = ContributionFromProto(std::move(request_));
+  request_.Clear();
+  bool read_now = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;  // ended meanwhile (closed): the client resends
+    last_active_ = Now();
+    ++pending_;
+    held_bytes_ += bytes;
+    // A client that sends without reading its results, or faster than its
+    // rounds complete, waits until the stream holds less.
+    read_now = !FullLocked();
+    read_paused_ = !read_now;
+  }
+  Ref();  // the aggregator callback's
+  // Safe even after Finish: this reaction holds the call open until it
+  // returns, and a read on a finished call just fails.
+  if (read_now) StartRead(&request_);
+  Contribution key;
+  key.job_id = c.job_id;
+  key.layer = c.layer;
+  key.step = c.step;
+  key.phase = c.phase;
+  if (refused.ok() && auth_ != nullptr) {
+    refused = auth_->AuthorizeJob(authorization_, c.job_id);
+  }
+  if (!refused.ok()) {
+    RoundOutcome outcome;
+    outcome.status = std::move(refused);
+    Answer(key, bytes, outcome);
+    Unref();
+    return;
+  }
+  aggregator_->Contribute(std::move(c), [this, key = std::move(key),
+                                         bytes](const RoundOutcome& outcome) {
+    Answer(key, bytes, outcome);
+    Unref();
+  });
+}
+
+void ReduceReactor::Answer(const Contribution& key, size_t bytes,
+                           const RoundOutcome& outcome) {
+  const v1::RoundResult* next = nullptr;
+  std::optional<grpc::Status> finish;
+  {
+    absl::MutexLock lock(&mu_);
+    --pending_;
+    held_bytes_ -= static_cast<int64_t>(bytes);
+    last_active_ = Now();
+    if (!cancelled_ && !finished_) {
+      queue_.emplace_back();
+      RoundResultToProto(key, outcome, queue_.back());
+      held_bytes_ += static_cast<int64_t>(queue_.back().ByteSizeLong());
+      if (!writing_) {
+        writing_ = true;
+        next = &queue_.front();
+      }
+    }
+    finish = TakeFinish();
+  }
+  if (next != nullptr) StartWrite(next);
+  if (finish.has_value()) Finish(*std::move(finish));
+}
+
+void ReduceReactor::OnWriteDone(bool ok) {
+  const v1::RoundResult* next = nullptr;
+  std::optional<grpc::Status> finish;
+  bool resume_reading = false;
+  {
+    absl::MutexLock lock(&mu_);
+    // Serialized already, so the size is cached.
+    held_bytes_ -= static_cast<int64_t>(queue_.front().GetCachedSize());
+    queue_.pop_front();
+    last_active_ = Now();
+    if (!ok) cancelled_ = true;  // the stream is broken
+    if (cancelled_) {
+      for (const v1::RoundResult& r : queue_) held_bytes_ -= r.GetCachedSize();
+      queue_.clear();
+    }
+    if (read_paused_ && !cancelled_ && RoomLocked()) {
+      read_paused_ = false;
+      resume_reading = true;
+    }
+    if (queue_.empty()) {
+      writing_ = false;
+      finish = TakeFinish();
+    } else {
+      next = &queue_.front();  // deque references survive push_back
+    }
+  }
+  // As in OnReadDone, a reaction: safe even after Finish.
+  if (resume_reading) StartRead(&request_);
+  if (next != nullptr) StartWrite(next);
+  if (finish.has_value()) Finish(*std::move(finish));
+}
+
+void ReduceReactor::Close() {
+  std::optional<grpc::Status> finish;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closing_) {
+      closing_ = true;
+      close_status_ = grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          "the server is shutting down; reconnect to a running server and "
+          "resend what is unanswered");
+    }
+    finish = TakeFinish();
+  }
+  if (finish.has_value()) Finish(*std::move(finish));
+}
+
+bool ReduceReactor::CloseIfIdle(absl::Time now, absl::Duration timeout) {
+  std::optional<grpc::Status> finish;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_ || finished_ || pending_ > 0 || !queue_.empty() ||
+        now - last_active_ < timeout) {
+      return false;
+    }
+    closing_ = true;
+    close_status_ = grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("the stream was idle for ",
+                     absl::ToInt64Milliseconds(now - last_active_),
+                     " ms, past the server's --stream_idle_timeout_ms=",
+                     absl::ToInt64Milliseconds(timeout),
+                     "; open a new stream to send more (the syncnorm "
+                     "clients do so by themselves)"));
+    finish = TakeFinish();
+  }
+  if (finish.has_value()) Finish(*std::move(finish));
+  return true;
+}
+
+// Holds a reference while it runs. gRPC calls OnDone only after OnCancel
+// has returned, but orders the two with an atomic inside libgrpc++; the
+// reference orders our deletion after OnCancel in our own code, where
+// ThreadSanitizer sees it too.
+void ReduceReactor::OnCancel() {
+  Ref();
+  std::optional<grpc::Status> finish;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    finish = TakeFinish();
+  }
+  if (finish.has_value()) Finish(*std::move(finish));
+  Unref();
+}
+
+std::optional<grpc::Status> ReduceReactor::TakeFinish() {
+  if (finished_ || writing_) return std::nullopt;
+  if (cancelled_) {
+    finished_ = true;
+    return grpc::Status::CANCELLED;
+  }
+  if (reads_done_ && pending_ == 0 && queue_.empty()) {
+    finished_ = true;
+    return grpc::Status::OK;
+  }
+  if (closing_ && pending_ == 0 && queue_.empty()) {
+    finished_ = true;
+    return close_status_;
+  }
+  return std::nullopt;
+}
+
+void ReduceReactor::OnDone() {
+  if (streams_ != nullptr) streams_->Leave(this);
+  Unref();
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,137 @@
+// The server side of one Reduce stream.
+#ifndef SYNCNORM_SERVER_RPC_REDUCE_REACTOR_H_
+#define SYNCNORM_SERVER_RPC_REDUCE_REACTOR_H_
+
+#include <deque>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/support/server_callback.h"
+#include "grpcpp/support/status.h"
+#include "server/domain/aggregator.h"
+#include "server/domain/clock.h"
+#include "server/domain/contribution.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/ref_counted_reactor.h"
+#include "syncnorm/v1/aggregator.pb.h"
+
+namespace syncnorm {
+
+class StreamSet;
+
+// Reads contributions continuously (one read always outstanding) and hands
+// each to the Aggregator; every outcome is queued as a RoundResult and
+// written one at a time, in completion order. Failed rounds go in-band; the
+// stream ends (OK) once the client half-closes and every result is written,
+// or (CANCELLED) when the call is cancelled or a write fails.
+//
+// With an Authenticator, a stream whose `authorization` metadata holds no
+// token in force ends at once (UNAUTHENTICATED), before it counts against
+// StreamSet's limit. Each contribution is then checked against that token
+// at the time it is read, so a revoked token stops working on open streams
+// too; a refused one is answered in-band (RoundError UNAUTHENTICATED or
+// PERMISSION_DENIED) and the stream stays usable.
+//
+// Limits: a stream beyond StreamSet's limit ends at once
+// (RESOURCE_EXHAUSTED). A stream that reads, answers and writes nothing
+// for StreamSet's idle timeout ends UNAVAILABLE (CloseIfIdle). A message over
+// max_message_bytes is answered in-band (RoundError RESOURCE_EXHAUSTED naming
+// --max_message_bytes; its job, layer, step and phase echoed) and goes no
+// further; the stream stays usable. What one stream holds is bounded: while
+// kMaxUnanswered contributions are unanswered or results unwritten, or they
+// hold kHeldMessages x max_message_bytes (a client that sends without reading,
+// or sends faster than its rounds complete), no more contributions are
+// read. Close() (shutdown) ends the stream UNAVAILABLE once every
+// contribution it read is answered and written.
+//
+// Lifetime: deletes itself once gRPC is done with it (OnDone) and every
+// aggregator callback it issued has fired (RefCountedReactor); StreamSet
+// holds a reference while it closes the stream. Thread-safe.
+class ReduceReactor final
+    : public RefCountedReactor<
+          grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>> {
+ public:
+  static constexpr int kMaxUnanswered = 256;
+  static constexpr int64_t kHeldMessages = 16;
+
+  // `aggregator` must outlive every callback the reactor hands it; `auth`
+  // (null: no checks) and `streams` (null: not counted) the reactor.
+  // `authorization` is the stream's authorization metadata;
+  // `max_message_bytes` <= 0: no limit.
+  ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
+                std::string authorization, StreamSet* streams,
+                int64_t max_message_bytes);
+  explicit ReduceReactor(Aggregator* aggregator)
+      : ReduceReactor(aggregator, nullptr, "", nullptr, 0) {}
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+  // See the class comment; for StreamSet.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the stream (UNAVAILABLE, naming --stream_idle_timeout_ms) if it
+  // holds no contribution or result and has read or written nothing since
+  // `now - timeout`; true if it did.
+  bool CloseIfIdle(absl::Time now, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  ~ReduceReactor() override = default;
+
+  // Queues the answer to `key`, a contribution that held `bytes`; called
+  // by the aggregator exactly once per contribution, from any thread.
+  void Answer(const Contribution& key, size_t bytes,
+              const RoundOutcome& outcome) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the stream holds all it may (no more reads), and whether a
+  // paused one holds little enough again (half) to read on.
+  bool FullLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time Now() const {
+    return clock_ != nullptr ? clock_->Now() : absl::Now();
+  }
+  // Decides, under mu_, whether the stream may finish now; marks it so.
+  std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Aggregator* const aggregator_;
+  const Authenticator* const auth_;
+  const std::string authorization_;  // a secret: never logged
+  absl::Status refused_;  // why it was refused at its start, if it was
+  // Null when refused or not counted. Set once, in the constructor, once
+  // every other member is built: StreamSet's threads reach the stream as
+  // soon as it is registered.
+  StreamSet* streams_ = nullptr;
+  // StreamSet's clock, which outlives the aggregator (and so every
+  // callback); null: the wall clock. The StreamSet itself may be gone when
+  // the aggregator answers at shutdown.
+  const Clock* const clock_;
+  const int64_t max_message_bytes_;  // <= 0: no limit
+  // Only the read path touches it, and only one read is outstanding.
+  v1::Contribution request_;
+
+  absl::Mutex mu_;
+  // Results not yet written; the front is in flight while writing_.
+  std::deque<v1::RoundResult> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // What the stream ends with once closing_ (shutdown or idle).
+  grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
+  // When it last read, answered or wrote anything (StreamSet's clock).
+  absl::Time last_active_ ABSL_GUARDED_BY(mu_);
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // contributions not yet answered
+  // Serialized bytes of the unanswered contributions and unwritten results.
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_RPC_REDUCE_REACTOR_H_

@@ -1,0 +1,165 @@
+// The gRPC face of the Aggregator: syncnorm.v1.Aggregator over the callback
+// API. Translates protos to domain calls and back, nothing more.
+#ifndef SYNCNORM_SERVER_RPC_SERVICE_H_
+#define SYNCNORM_SERVER_RPC_SERVICE_H_
+
+#include <memory>
+
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/server_callback.h"
+#include "server/domain/aggregator.h"
+#include "server/domain/clock.h"
+#include "server/domain/limits.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/stream_set.h"
+#include "server/rpc/waiting_calls.h"
+#include "server/store/backup_root.h"
+#include "syncnorm/v1/aggregator.grpc.pb.h"
+
+namespace syncnorm {
+
+struct ServiceOptions {
+  // Checks every call's bearer token; null: no authentication. Job-scoped
+  // calls need a token for that job (or admin); ListJobs needs admin; the
+  // Reduce stream checks each contribution (refusals in-band). Must outlive
+  // the service.
+  const Authenticator* auth = nullptr;
+  // Open Reduce streams at most (--max_streams); <= 0: no limit.
+  int max_streams = 0;
+  // ReduceOnce and Checkpoint calls the server holds at most, from their
+  // start until both gRPC and the aggregator are done with them (a
+  // cancelled call's contribution or pending checkpoint is held until its
+  // round or deadline ends) (--max_waiting_calls); one more is refused at
+  // once, before the aggregator sees it. <= 0: no limit.
+  int max_waiting_calls = 0;
+  // Largest request message, each message of a stream included, by its
+  // serialized size (--max_message_bytes); <= 0: no limit.
+  int64_t max_message_bytes = 0;
+  // Where Backup writes and RestoreBackup reads (--backup_dir); null: those
+  // calls are FAILED_PRECONDITION. Must outlive the service.
+  BackupRoot* backups = nullptr;
+  // A Reduce stream that reads, answers and writes nothing for this long
+  // ends UNAVAILABLE (--stream_idle_timeout_ms); <= 0: never.
+  absl::Duration stream_idle_timeout = absl::ZeroDuration();
+  // Tells the streams' idle time; null: the wall clock. Must outlive the
+  // service.
+  const Clock* clock = nullptr;
+};
+
+// Thread-safe; no thread per call or stream (a Checkpoint that waits for
+// its step holds no thread either).
+class AggregatorService final : public v1::Aggregator::CallbackService {
+ public:
+  // `aggregator` must outlive the service and every call it serves.
+  explicit AggregatorService(Aggregator* aggregator,
+                             ServiceOptions options = {});
+
+  // Shutdown: ends every Reduce stream (UNAVAILABLE) once it has answered
+  // what it read, and refuses new ones.
+  void CloseStreams() { streams_.CloseAll(); }
+  int open_streams() const { return streams_.size(); }
+  // ReduceOnce and Checkpoint calls held now (--max_waiting_calls).
+  int waiting_calls() const { return waiting_->size(); }
+
+  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
+                                      const v1::CreateJobRequest* request,
+                                      v1::JobInfo* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::JobInfo* response) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
+                                      const v1::DeleteJobRequest* request,
+                                      v1::DeleteJobResponse* response) override;
+  grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>* Reduce(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ReduceOnce(grpc::CallbackServerContext* context,
+                                       const v1::Contribution* request,
+                                       v1::RoundResult* response) override;
+  grpc::ServerUnaryReactor* GetRunningStats(
+      grpc::CallbackServerContext* context,
+      const v1::GetRunningStatsRequest* request,
+      v1::RunningStats* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const v1::CheckpointRequest* request,
+                                       v1::CheckpointInfo* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(
+      grpc::CallbackServerContext* context,
+      const v1::ListCheckpointsRequest* request,
+      v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* RestoreCheckpoint(
+      grpc::CallbackServerContext* context,
+      const v1::RestoreCheckpointRequest* request,
+      v1::JobInfo* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* SetRunningStats(
+      grpc::CallbackServerContext* context,
+      const v1::SetRunningStatsRequest* request,
+      v1::RunningStats* response) override;
+  grpc::ServerUnaryReactor* Backup(grpc::CallbackServerContext* context,
+                                   const v1::BackupRequest* request,
+                                   v1::BackupInfo* response) override;
+  grpc::ServerUnaryReactor* ListBackups(
+      grpc::CallbackServerContext* context,
+      const v1::ListBackupsRequest* request,
+      v1::ListBackupsResponse* response) override;
+  grpc::ServerUnaryReactor* RestoreBackup(
+      grpc::CallbackServerContext* context,
+      const v1::RestoreBackupRequest* request,
+      v1::RestoreBackupResponse* response) override;
+
+ private:
+  // OK when the call may use `job_id`; UNAUTHENTICATED / PERMISSION_DENIED
+  // otherwise. Always OK without an Authenticator.
+  absl::Status AuthorizeJob(const grpc::CallbackServerContext* context,
+                            absl::string_view job_id) const;
+  absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* context) const;
+
+  // The admission of a call, before anything is done with its request: OK,
+  // or the status the call is refused with. `what` names the request in
+  // that status ("a GetJob request").
+  //
+  // A job's call: the request against --max_message_bytes, then
+  // AuthorizeJob.
+  absl::Status Admit(const grpc::CallbackServerContext* context,
+                     const google::protobuf::MessageLite& request,
+                     absl::string_view what, absl::string_view job_id) const;
+  // A server-wide call: the request against --max_message_bytes, then
+  // AuthorizeAdmin.
+  absl::Status AdmitAdmin(const grpc::CallbackServerContext* context,
+                          const google::protobuf::MessageLite& request,
+                          absl::string_view what) const;
+  // A backup call: AdmitAdmin, then FAILED_PRECONDITION without a backup
+  // root.
+  absl::Status AdmitBackupCall(const grpc::CallbackServerContext* context,
+                               const google::protobuf::MessageLite& request,
+                               absl::string_view what) const;
+  // A job's call that may wait (ReduceOnce, Checkpoint; `call` names it for
+  // --max_waiting_calls): Admit, then WaitingCalls::Enter; once OK, its
+  // reactor leaves waiting_.
+  absl::Status AdmitWaitingCall(const grpc::CallbackServerContext* context,
+                                const google::protobuf::MessageLite& request,
+                                absl::string_view what,
+                                absl::string_view job_id,
+                                absl::string_view call);
+
+  // RestoreBackup once admitted: reads the backup's jobs and restores them;
+  // fills `response` when OK.
+  absl::Status RestoreBackupAdmitted(const v1::RestoreBackupRequest& request,
+                                     v1::RestoreBackupResponse& response);
+
+  Aggregator* const aggregator_;
+  const Authenticator* const auth_;
+  const int64_t max_message_bytes_;
+  BackupRoot* const backups_;
+  StreamSet streams_;
+  // Shared with the reactors: a call leaves it when the aggregator has
+  // answered it too, which may be after the service is gone (the
+  // aggregator's destructor answers what still waits).
+  const std::shared_ptr<WaitingCalls> waiting_;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_RPC_SERVICE_H_

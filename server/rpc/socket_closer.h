@@ -1,0 +1,41 @@
+// Closing a client connection of the gRPC server from outside gRPC.
+#ifndef SYNCNORM_SERVER_RPC_SOCKET_CLOSER_H_
+#define SYNCNORM_SERVER_RPC_SOCKET_CLOSER_H_
+
+#include <atomic>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "server/rpc/connection_guard.h"
+
+namespace syncnorm {
+
+// Closes a TCP connection of the server by shutting its socket down (both
+// ways): gRPC sees the connection end as if the peer had closed it, closes
+// it and cancels its calls. gRPC's API has no way to close one connection,
+// so the socket is found among the process's descriptors (/proc/self/fd):
+// the one whose local port is the server's and whose peer address is
+// `peer`. What the connection sent and gRPC has not read yet is dropped,
+// so that gRPC does not go on parsing requests from a connection that is
+// being closed. The descriptor stays gRPC's; only the connection ends.
+// Thread-safe.
+class SocketCloser final : public ConnectionCloser {
+ public:
+  // Matches nothing until set_server_port().
+  SocketCloser() = default;
+  void set_server_port(int port) { port_.store(port); }
+
+  // `peer` as gRPC spells it: "ipv4:10.0.0.7:51234", "ipv6:[::1]:51234".
+  bool Close(absl::string_view peer) override;
+
+  // gRPC's spelling of the peer of socket `fd` on the server's port; "" if
+  // it is not such a socket.
+  std::string PeerOf(int fd) const;
+
+ private:
+  std::atomic<int> port_{0};
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_RPC_SOCKET_CLOSER_H_

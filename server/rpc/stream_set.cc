@@ -1,0 +1,89 @@
+#include "server/rpc/stream_set.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "server/domain/limits.h"
+#include "server/domain/log.h"
+#include "server/rpc/reduce_reactor.h"
+
+namespace syncnorm {
+
+StreamSet::StreamSet(int max_streams, absl::Duration idle_timeout,
+                     const Clock* clock)
+    : max_streams_(max_streams), idle_timeout_(idle_timeout), clock_(clock) {
+  if (idle_timeout_ > absl::ZeroDuration()) {
+    const absl::Duration period =
+        std::clamp(idle_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+    sweeper_ =
+        std::make_unique<PeriodicThread>(period, [this] { CloseIdle(); });
+  }
+}
+
+StreamSet::~StreamSet() = default;
+
+absl::Status StreamSet::Enter(ReduceReactor* stream) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return absl::UnavailableError(
+        "the server is shutting down; open the stream on a running server");
+  }
+  if (max_streams_ > 0 && open_.size() >= static_cast<size_t>(max_streams_)) {
+    return LimitExceeded("a new Reduce stream: the open streams", "max_streams",
+                         max_streams_);
+  }
+  open_.insert(stream);
+  return absl::OkStatus();
+}
+
+void StreamSet::Leave(ReduceReactor* stream) {
+  absl::MutexLock lock(&mu_);
+  open_.erase(stream);
+}
+
+void StreamSet::CloseAll() {
+  std::vector<ReduceReactor*> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    for (ReduceReactor* s : open_) {
+      s->Ref();  // kept alive until Close() returns
+      streams.push_back(s);
+    }
+  }
+  // Not under mu_: closing may end a stream inline, which removes it.
+  for (ReduceReactor* s : streams) {
+    s->Close();
+    s->Unref();
+  }
+}
+
+int StreamSet::CloseIdle() {
+  std::vector<ReduceReactor*> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    for (ReduceReactor* s : open_) {
+      s->Ref();
+      streams.push_back(s);
+    }
+  }
+  const absl::Time now = clock_->Now();
+  int closed = 0;
+  for (ReduceReactor* s : streams) {
+    if (s->CloseIfIdle(now, idle_timeout_)) ++closed;
+    s->Unref();
+  }
+  if (closed > 0) {
+    LogLine("streams_idle_closed")
+        .Add("streams", closed)
+        .Add("idle_timeout_ms", absl::ToInt64Milliseconds(idle_timeout_));
+  }
+  return closed;
+}
+
+int StreamSet::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(open_.size());
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,351 @@
+#include "server/store/kv_state_store.h"
+
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "server/domain/bounded_text.h"
+#include "server/store/state_codec.h"
+
+namespace syncnorm {
+namespace {
+
+std::string Step(int64_t step) { return absl::StrFormat("%020d", step); }
+
+std::string JobKey(absl::string_view job) { return absl::StrCat("j/", job); }
+
+std::string LayerKey(absl::string_view job, int group, int layer) {
+  return absl::StrCat("l/", job, "/", group, "/", layer);
+}
+
+std::string RoundKey(absl::string_view job, int group, int layer, Phase phase,
+                     int64_t step) {
+  return absl::StrCat("r/", job, "/", group, "/", layer, "/",
+                      static_cast<int>(phase), "/", Step(step));
+}
+
+std::string CheckpointKey(absl::string_view job, int64_t step) {
+  return absl::StrCat("c/", job, "/", Step(step));
+}
+
+// Every key of `kind` ("l", "r", "c") of a job: [begin, end).
+void DeleteAllOf(KvBatch& batch, absl::string_view kind,
+                 absl::string_view job) {
+  // '0' follows '/' in ASCII, so the range ends right after the prefix.
+  batch.DeleteRange(absl::StrCat(kind, "/", job, "/"),
+                    absl::StrCat(kind, "/", job, "0"));
+}
+
+// The numeric fields of a key after its kind and job: "l/job/1/2" -> {1, 2}.
+bool ParseKey(absl::string_view key, size_t fields, std::string& job,
+              std::vector<int64_t>& numbers) {
+  std::vector<absl::string_view> parts = absl::StrSplit(key, '/');
+  if (parts.size() != fields + 2) return false;
+  job = std::string(parts[1]);
+  numbers.clear();
+  for (size_t i = 2; i < parts.size(); ++i) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(parts[i], &v) || v < 0) return false;
+    numbers.push_back(v);
+  }
+  return true;
+}
+
+bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() &&
+         (a.empty() ||
+          std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+}
+
+bool SameBits(const RunningStats& a, const RunningStats& b) {
+  return a.num_batches_tracked == b.num_batches_tracked &&
+         SameBits(a.mean, b.mean) && SameBits(a.var, b.var);
+}
+
+}  // namespace
+
+KvStateStore::KvStateStore(std::unique_ptr<KvEngine> engine)
+    : engine_(std::move(engine)) {}
+
+absl::Status KvStateStore::Corrupt(absl::string_view key,
+                                   const absl::Status& cause) const {
+  return absl::DataLossError(absl::StrCat(
+      Describe(), ": record '", key, "' is corrupt: ", cause.message(),
+      "; restore the folder from a backup, or move it away to start empty"));
+}
+
+absl::StatusOr<std::vector<StoredJob>> KvStateStore::LoadAll() {
+  std::vector<StoredJob> jobs;
+  std::vector<LayerId> stats_in_round;
+  absl::Status s = LoadJobs(jobs);
+  if (s.ok()) s = LoadLayers(jobs, stats_in_round);
+  if (s.ok()) s = LoadRounds(jobs);
+  if (s.ok()) s = TakeStatsFromRounds(jobs, stats_in_round);
+  if (s.ok()) s = LoadCheckpoints(jobs);
+  if (!s.ok()) return s;
+  return jobs;
+}
+
+absl::Status KvStateStore::LoadJobs(std::vector<StoredJob>& jobs) {
+  return engine_->Scan(
+      "j/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        absl::StatusOr<JobSpec> spec = DecodeJob(value);
+        if (!spec.ok()) return Corrupt(key, spec.status());
+        if (JobKey(spec->job_id) != key) {
+          return Corrupt(key, absl::DataLossError("it names another job"));
+        }
+        jobs.push_back(StoredJob{*std::move(spec), {}, {}});
+        return absl::OkStatus();
+      });
+}
+
+namespace {
+
+StoredJob* FindJob(std::vector<StoredJob>& jobs, const std::string& id) {
+  for (StoredJob& j : jobs) {
+    if (j.spec.job_id == id) return &j;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+absl::Status KvStateStore::LoadLayers(std::vector<StoredJob>& jobs,
+                                      std::vector<LayerId>& stats_in_round) {
+  return engine_->Scan(
+      "l/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        std::string id;
+        std::vector<int64_t> n;
+        if (!ParseKey(key, 2, id, n)) {
+          return Corrupt(key, absl::DataLossError("malformed key"));
+        }
+        StoredJob* job = FindJob(jobs, id);
+        if (job == nullptr) return absl::OkStatus();  // unreachable leftovers
+        if (n[0] >= job->spec.num_groups() ||
+            n[1] >= static_cast<int64_t>(job->spec.layers.size())) {
+          return Corrupt(key,
+                         absl::DataLossError("group or layer out of range"));
+        }
+        bool in_round = false;
+        absl::StatusOr<LayerState> state =
+            DecodeLayer(value, job->spec.layers[n[1]], &in_round);
+        if (!state.ok()) return Corrupt(key, state.status());
+        if (in_round) {
+          stats_in_round.emplace_back(id, static_cast<int>(n[0]),
+                                      static_cast<int>(n[1]));
+        }
+        job->layers.push_back(
+            StoredLayer{LayerSlot{static_cast<int>(n[0]),
+                                  static_cast<int>(n[1]), *std::move(state)},
+                        {}});
+        return absl::OkStatus();
+      });
+}
+
+absl::Status KvStateStore::LoadRounds(std::vector<StoredJob>& jobs) {
+  return engine_->Scan(
+      "r/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        std::string id;
+        std::vector<int64_t> n;
+        if (!ParseKey(key, 4, id, n)) {
+          return Corrupt(key, absl::DataLossError("malformed key"));
+        }
+        StoredJob* job = FindJob(jobs, id);
+        if (job == nullptr) return absl::OkStatus();
+        StoredLayer* layer = nullptr;
+        for (StoredLayer& l : job->layers) {
+          if (l.slot.group == n[0] && l.slot.layer == n[1]) layer = &l;
+        }
+        if (layer == nullptr) {
+          return Corrupt(key, absl::DataLossError("a round without its layer"));
+        }
+        absl::StatusOr<StoredRound> round =
+            DecodeRound(value, job->spec, layer->slot.group, layer->slot.layer);
+        if (!round.ok()) return Corrupt(key, round.status());
+        if (static_cast<int64_t>(round->phase) != n[2] || round->step != n[3]) {
+          return Corrupt(key,
+                         absl::DataLossError("the key and value disagree"));
+        }
+        layer->rounds.push_back(*std::move(round));
+        return absl::OkStatus();
+      });
+}
+
+absl::Status KvStateStore::TakeStatsFromRounds(
+    std::vector<StoredJob>& jobs, const std::vector<LayerId>& layers) {
+  for (const auto& [id, group, index] : layers) {
+    StoredLayer* layer = nullptr;
+    for (StoredLayer& l : FindJob(jobs, id)->layers) {
+      if (l.slot.group == group && l.slot.layer == index) layer = &l;
+    }
+    LayerState& state = layer->slot.state;
+    const StoredRound* source = nullptr;
+    for (const StoredRound& r : layer->rounds) {
+      if (r.phase == Phase::kForward && r.step == state.last_applied &&
+          r.stats_after.has_value()) {
+        source = &r;
+      }
+    }
+    if (source == nullptr) {
+      return Corrupt(LayerKey(id, group, index),
+                     absl::DataLossError(absl::StrCat(
+                         "its statistics are those after the forward round "
+                         "of step ",
+                         state.last_applied, ", whose record is missing")));
+    }
+    state.stats = *source->stats_after;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStateStore::LoadCheckpoints(std::vector<StoredJob>& jobs) {
+  return engine_->Scan(
+      "c/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        std::string id;
+        std::vector<int64_t> n;
+        if (!ParseKey(key, 1, id, n)) {
+          return Corrupt(key, absl::DataLossError("malformed key"));
+        }
+        StoredJob* job = FindJob(jobs, id);
+        if (job == nullptr) return absl::OkStatus();
+        absl::StatusOr<CheckpointData> c = DecodeCheckpoint(value, job->spec);
+        if (!c.ok()) return Corrupt(key, c.status());
+        if (c->meta.step != n[0] || c->meta.job_id != id) {
+          return Corrupt(key,
+                         absl::DataLossError("the key and value disagree"));
+        }
+        job->checkpoints.push_back(std::move(c->meta));
+        return absl::OkStatus();
+      });
+}
+
+absl::Status KvStateStore::PutJob(const JobSpec& spec) {
+  KvBatch batch;
+  batch.Put(JobKey(spec.job_id), EncodeJob(spec));
+  return engine_->Write(batch);
+}
+
+absl::Status KvStateStore::DeleteJob(const std::string& job_id) {
+  KvBatch batch;
+  batch.Delete(JobKey(job_id));
+  for (const char* kind : {"l", "r", "c"}) DeleteAllOf(batch, kind, job_id);
+  return engine_->Write(batch);
+}
+
+absl::Status KvStateStore::PutJobImage(const JobImage& image) {
+  const JobSpec& spec = image.job.spec;
+  KvBatch batch;
+  for (const char* kind : {"l", "r", "c"}) {
+    DeleteAllOf(batch, kind, spec.job_id);
+  }
+  batch.Put(JobKey(spec.job_id), EncodeJob(spec));
+  for (const StoredLayer& layer : image.job.layers) {
+    // With its statistics: the round that holds them may have been evicted
+    // in the source store's retry window, never here.
+    batch.Put(LayerKey(spec.job_id, layer.slot.group, layer.slot.layer),
+              EncodeLayer(layer.slot.state));
+    for (const StoredRound& round : layer.rounds) {
+      batch.Put(RoundKey(spec.job_id, layer.slot.group, layer.slot.layer,
+                         round.phase, round.step),
+                EncodeRound(round));
+    }
+  }
+  for (const CheckpointData& c : image.checkpoints) {
+    batch.Put(CheckpointKey(spec.job_id, c.meta.step), EncodeCheckpoint(c));
+  }
+  return engine_->Write(batch);
+}
+
+absl::StatusOr<std::vector<JobImage>> KvStateStore::LoadImages() {
+  absl::StatusOr<std::vector<StoredJob>> jobs = LoadAll();
+  if (!jobs.ok()) return jobs.status();
+  std::vector<JobImage> images;
+  for (StoredJob& job : *jobs) {
+    JobImage image;
+    for (const CheckpointMeta& meta : job.checkpoints) {
+      absl::StatusOr<CheckpointData> c =
+          GetCheckpoint(job.spec.job_id, meta.step);
+      if (!c.ok()) return c.status();
+      image.checkpoints.push_back(*std::move(c));
+    }
+    image.job = std::move(job);
+    images.push_back(std::move(image));
+  }
+  return images;
+}
+
+absl::Status KvStateStore::CommitRound(const std::string& job_id,
+                                       const LayerSlot& slot,
+                                       const StoredRound& round,
+                                       absl::Span<const int64_t> evicted) {
+  KvBatch batch;
+  // A forward round's stats_after are the layer's new statistics: stored
+  // once, in the round record (a third of the bytes of every such commit).
+  const bool stats_in_round = round.phase == Phase::kForward &&
+                              round.step == slot.state.last_applied &&
+                              round.stats_after.has_value() &&
+                              SameBits(*round.stats_after, slot.state.stats);
+  batch.Put(LayerKey(job_id, slot.group, slot.layer),
+            EncodeLayer(slot.state, stats_in_round));
+  batch.Put(RoundKey(job_id, slot.group, slot.layer, round.phase, round.step),
+            EncodeRound(round));
+  for (int64_t step : evicted) {
+    batch.Delete(RoundKey(job_id, slot.group, slot.layer, round.phase, step));
+  }
+  return engine_->Write(batch);
+}
+
+absl::Status KvStateStore::PutLayers(const std::string& job_id,
+                                     absl::Span<const LayerSlot> layers,
+                                     bool drop_rounds) {
+  KvBatch batch;
+  if (drop_rounds) DeleteAllOf(batch, "r", job_id);
+  for (const LayerSlot& slot : layers) {
+    batch.Put(LayerKey(job_id, slot.group, slot.layer),
+              EncodeLayer(slot.state));
+  }
+  return engine_->Write(batch);
+}
+
+absl::Status KvStateStore::PutCheckpoint(const CheckpointData& checkpoint,
+                                         absl::Span<const int64_t> drop) {
+  KvBatch batch;
+  batch.Put(CheckpointKey(checkpoint.meta.job_id, checkpoint.meta.step),
+            EncodeCheckpoint(checkpoint));
+  for (int64_t step : drop) {
+    batch.Delete(CheckpointKey(checkpoint.meta.job_id, step));
+  }
+  return engine_->Write(batch);
+}
+
+absl::StatusOr<CheckpointData> KvStateStore::GetCheckpoint(
+    const std::string& job_id, int64_t step) {
+  const std::string key = CheckpointKey(job_id, step);
+  absl::StatusOr<std::optional<std::string>> value = engine_->Get(key);
+  if (!value.ok()) return value.status();
+  if (!value->has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        "job '", BoundedText(job_id), "' has no checkpoint at step ", step,
+        "; ListCheckpoints shows the steps it has"));
+  }
+  absl::StatusOr<std::optional<std::string>> job = engine_->Get(JobKey(job_id));
+  if (!job.ok()) return job.status();
+  if (!job->has_value()) {
+    return Corrupt(key, absl::DataLossError("its job record is missing"));
+  }
+  absl::StatusOr<JobSpec> spec = DecodeJob(**job);
+  if (!spec.ok()) return Corrupt(JobKey(job_id), spec.status());
+  absl::StatusOr<CheckpointData> c = DecodeCheckpoint(**value, *spec);
+  if (!c.ok()) return Corrupt(key, c.status());
+  return c;
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,345 @@
+#include "server/store/state_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/store/state.pb.h"
+
+namespace syncnorm {
+namespace {
+
+namespace pb = ::syncnorm::storage;
+
+std::vector<double> ToVector(const google::protobuf::RepeatedField<double>& f) {
+  return std::vector<double>(f.begin(), f.end());
+}
+
+void ToRepeated(const std::vector<double>& v,
+                google::protobuf::RepeatedField<double>* f) {
+  f->Assign(v.begin(), v.end());
+}
+
+absl::Status Bad(absl::string_view what) {
+  return absl::DataLossError(std::string(what));
+}
+
+template <typename Message>
+absl::Status Parse(absl::string_view value, Message& m, const char* kind) {
+  if (!m.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+    return Bad(absl::StrCat("the ", kind, " record does not parse"));
+  }
+  if (m.format() == 0 || m.format() > kStateFormat) {
+    return Bad(absl::StrCat("the ", kind, " record has format ", m.format(),
+                            "; this build reads formats 1..", kStateFormat,
+                            " (was it written by a newer syncnorm?)"));
+  }
+  return absl::OkStatus();
+}
+
+void StatsToProto(const RunningStats& s, pb::Stats* out) {
+  out->set_num_batches_tracked(s.num_batches_tracked);
+  ToRepeated(s.mean, out->mutable_mean());
+  ToRepeated(s.var, out->mutable_var());
+}
+
+absl::StatusOr<RunningStats> StatsFromProto(const pb::Stats& p, int channels) {
+  if (p.mean_size() != channels || p.var_size() != channels) {
+    return Bad(absl::StrCat("running statistics of ", p.mean_size(), "/",
+                            p.var_size(), " channels for a layer of ",
+                            channels));
+  }
+  if (p.num_batches_tracked() < 0) {
+    return Bad("negative num_batches_tracked");
+  }
+  RunningStats s;
+  s.num_batches_tracked = p.num_batches_tracked();
+  s.mean = ToVector(p.mean());
+  s.var = ToVector(p.var());
+  return s;
+}
+
+void StateToProto(const LayerState& s, pb::LayerState* out) {
+  StatsToProto(s.stats, out->mutable_stats());
+  out->set_last_applied(s.last_applied);
+  out->set_latest_forward(s.latest_completed[0]);
+  out->set_latest_backward(s.latest_completed[1]);
+}
+
+// Without `with_stats` the statistics must be absent and stay empty.
+absl::StatusOr<LayerState> StateFromProto(const pb::LayerState& p, int channels,
+                                          bool with_stats = true) {
+  RunningStats stats;
+  if (with_stats) {
+    absl::StatusOr<RunningStats> decoded = StatsFromProto(p.stats(), channels);
+    if (!decoded.ok()) return decoded.status();
+    stats = *std::move(decoded);
+  } else if (p.has_stats()) {
+    return Bad("statistics both in the layer and in a round record");
+  }
+  if (p.last_applied() < -1 || p.latest_forward() < -1 ||
+      p.latest_backward() < -1) {
+    return Bad("a step below -1");
+  }
+  LayerState s;
+  s.stats = std::move(stats);
+  s.last_applied = p.last_applied();
+  s.latest_completed = {p.latest_forward(), p.latest_backward()};
+  return s;
+}
+
+LayerConfig LayerFromProto(const pb::Layer& p) {
+  LayerConfig l;
+  l.name = p.name();
+  l.channels = p.channels();
+  l.rule.mode = static_cast<MomentumMode>(p.momentum_mode());
+  l.rule.momentum = p.momentum();
+  l.rule.biased_var = p.biased_var();
+  l.rule.track = p.track();
+  l.initial_running_mean = ToVector(p.initial_mean());
+  l.initial_running_var = ToVector(p.initial_var());
+  return l;
+}
+
+void LayerToProto(const LayerConfig& l, pb::Layer* p) {
+  p->set_name(l.name);
+  p->set_channels(l.channels);
+  p->set_momentum_mode(static_cast<int>(l.rule.mode));
+  p->set_momentum(l.rule.momentum);
+  p->set_biased_var(l.rule.biased_var);
+  p->set_track(l.rule.track);
+  ToRepeated(l.initial_running_mean, p->mutable_initial_mean());
+  ToRepeated(l.initial_running_var, p->mutable_initial_var());
+}
+
+absl::Status CheckRoundSizes(const pb::RoundRecord& p, int channels) {
+  const bool forward = p.phase() == static_cast<int>(Phase::kForward);
+  const int a = forward ? p.mean_size() : p.sum_dy_size();
+  const int b = forward ? p.var_size() : p.sum_dy_xmu_size();
+  if (a != channels || b != channels) {
+    return Bad(absl::StrCat("a round result of ", a, "/", b,
+                            " channels for a layer of ", channels));
+  }
+  return absl::OkStatus();
+}
+
+// A quorum round's missing ranks: ascending, of the round's group (`ranks`,
+// ascending), and each one's fingerprint absent.
+absl::Status CheckMissing(const pb::RoundRecord& p,
+                          const std::vector<int>& ranks) {
+  for (int i = 0; i < p.missing_ranks_size(); ++i) {
+    const int rank = p.missing_ranks(i);
+    const auto at = std::lower_bound(ranks.begin(), ranks.end(), rank);
+    if (at == ranks.end() || *at != rank ||
+        (i > 0 && rank <= p.missing_ranks(i - 1)) ||
+        p.fingerprints(static_cast<int>(at - ranks.begin())).present()) {
+      return Bad(absl::StrCat("a round whose missing rank ", rank,
+                              " is out of range, out of order or present"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeJob(const JobSpec& spec) {
+  pb::JobRecord p;
+  p.set_format(kStateFormat);
+  p.set_job_id(spec.job_id);
+  p.set_world_size(spec.world_size);
+  p.set_group_size(spec.group_size);
+  p.set_round_timeout_ms(absl::ToInt64Milliseconds(spec.round_timeout));
+  for (const LayerConfig& l : spec.layers) LayerToProto(l, p.add_layers());
+  p.set_quorum_min_ranks(spec.quorum.min_ranks);
+  p.set_quorum_grace_ms(absl::ToInt64Milliseconds(spec.quorum.grace));
+  p.set_shard(spec.shard.shard);
+  p.set_num_shards(spec.shard.num_shards);
+  for (int layer : spec.shard.owned_layers) p.add_owned_layers(layer);
+  for (const std::vector<int>& group : spec.groups) {
+    p.add_groups()->mutable_ranks()->Assign(group.begin(), group.end());
+  }
+  return p.SerializeAsString();
+}
+
+absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
+  pb::JobRecord p;
+  if (absl::Status s = Parse(value, p, "job"); !s.ok()) return s;
+  JobSpec spec;
+  spec.job_id = p.job_id();
+  spec.world_size = p.world_size();
+  spec.group_size = p.group_size();
+  // Builds before the bounds took a round timeout above kMaxRoundTimeout
+  // and a negative num_shards (meaning 0): such a job loads with the bound
+  // as its timeout, unsharded, rather than stopping the start.
+  spec.round_timeout =
+      std::min(absl::Milliseconds(p.round_timeout_ms()), kMaxRoundTimeout);
+  for (const pb::Layer& l : p.layers())
+    spec.layers.push_back(LayerFromProto(l));
+  spec.quorum.min_ranks = p.quorum_min_ranks();
+  spec.quorum.grace = absl::Milliseconds(p.quorum_grace_ms());
+  spec.shard.shard = p.shard();
+  spec.shard.num_shards = std::max(0, p.num_shards());
+  spec.shard.owned_layers.assign(p.owned_layers().begin(),
+                                 p.owned_layers().end());
+  for (const pb::RankGroup& group : p.groups()) {
+    spec.groups.emplace_back(group.ranks().begin(), group.ranks().end());
+  }
+  // A stored spec was resolved before it was written: resolving it again
+  // must change nothing, which also validates it.
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, absl::Seconds(1));
+  if (!resolved.ok() || *resolved != spec) {
+    return Bad(absl::StrCat("the job spec is not valid",
+                            resolved.ok() ? "" : ": ",
+                            resolved.ok() ? "" : resolved.status().message()));
+  }
+  return spec;
+}
+
+std::string EncodeLayer(const LayerState& state, bool stats_in_round) {
+  pb::LayerRecord p;
+  p.set_format(kStateFormat);
+  StateToProto(state, p.mutable_state());
+  if (stats_in_round) {
+    p.mutable_state()->clear_stats();
+    p.set_stats_in_round(true);
+  }
+  return p.SerializeAsString();
+}
+
+absl::StatusOr<LayerState> DecodeLayer(absl::string_view value,
+                                       const LayerConfig& layer,
+                                       bool* stats_in_round) {
+  pb::LayerRecord p;
+  if (absl::Status s = Parse(value, p, "layer"); !s.ok()) return s;
+  if (p.stats_in_round() && stats_in_round == nullptr) {
+    return Bad("its statistics are kept in a round record");
+  }
+  if (stats_in_round != nullptr) *stats_in_round = p.stats_in_round();
+  return StateFromProto(p.state(), layer.channels, !p.stats_in_round());
+}
+
+std::string EncodeRound(const StoredRound& round) {
+  pb::RoundRecord p;
+  p.set_format(kStateFormat);
+  p.set_phase(static_cast<int>(round.phase));
+  p.set_step(round.step);
+  p.set_version(round.outcome.version);
+  p.set_count(round.outcome.moments.count);
+  ToRepeated(round.outcome.moments.mean, p.mutable_mean());
+  ToRepeated(round.outcome.moments.var, p.mutable_var());
+  ToRepeated(round.outcome.grad_sums.sum_dy, p.mutable_sum_dy());
+  ToRepeated(round.outcome.grad_sums.sum_dy_xmu, p.mutable_sum_dy_xmu());
+  for (const std::optional<uint64_t>& f : round.fingerprints) {
+    pb::Fingerprint* out = p.add_fingerprints();
+    out->set_present(f.has_value());
+    out->set_value(f.value_or(0));
+  }
+  p.set_fingerprint_kind(static_cast<uint32_t>(round.fingerprint_kind));
+  if (round.stats_after.has_value()) {
+    StatsToProto(*round.stats_after, p.mutable_stats_after());
+  }
+  for (int rank : round.outcome.missing_ranks) p.add_missing_ranks(rank);
+  return p.SerializeAsString();
+}
+
+absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
+                                        const JobSpec& spec, int group,
+                                        int layer) {
+  pb::RoundRecord p;
+  if (absl::Status s = Parse(value, p, "round"); !s.ok()) return s;
+  const int channels = spec.layers[layer].channels;
+  const bool forward = p.phase() == static_cast<int>(Phase::kForward);
+  if (!forward && p.phase() != static_cast<int>(Phase::kBackward)) {
+    return Bad(absl::StrCat("a round of phase ", p.phase()));
+  }
+  if (absl::Status s = CheckRoundSizes(p, channels); !s.ok()) return s;
+  const std::vector<int> ranks = GroupRanks(spec, group);
+  if (p.fingerprints_size() != static_cast<int>(ranks.size())) {
+    return Bad(absl::StrCat("a round of ", p.fingerprints_size(),
+                            " ranks in a group of ", ranks.size()));
+  }
+  StoredRound r;
+  r.phase = static_cast<Phase>(p.phase());
+  r.step = p.step();
+  r.outcome.version = p.version();
+  if (forward) {
+    r.outcome.moments.count = p.count();
+    r.outcome.moments.mean = ToVector(p.mean());
+    r.outcome.moments.var = ToVector(p.var());
+    absl::StatusOr<RunningStats> after =
+        StatsFromProto(p.stats_after(), channels);
+    if (!after.ok()) return after.status();
+    r.stats_after = *std::move(after);
+  } else {
+    r.outcome.grad_sums.sum_dy = ToVector(p.sum_dy());
+    r.outcome.grad_sums.sum_dy_xmu = ToVector(p.sum_dy_xmu());
+  }
+  for (const pb::Fingerprint& f : p.fingerprints()) {
+    r.fingerprints.push_back(f.present() ? std::optional<uint64_t>(f.value())
+                                         : std::nullopt);
+  }
+  if (p.fingerprint_kind() >
+      static_cast<uint32_t>(FingerprintKind::kWordLanes)) {
+    return Bad(absl::StrCat("a round with fingerprint kind ",
+                            p.fingerprint_kind(), " (this build knows 0..",
+                            static_cast<int>(FingerprintKind::kWordLanes),
+                            ")"));
+  }
+  r.fingerprint_kind = static_cast<FingerprintKind>(p.fingerprint_kind());
+  if (absl::Status s = CheckMissing(p, ranks); !s.ok()) return s;
+  r.outcome.missing_ranks.assign(p.missing_ranks().begin(),
+                                 p.missing_ranks().end());
+  return r;
+}
+
+std::string EncodeCheckpoint(const CheckpointData& checkpoint) {
+  pb::CheckpointRecord p;
+  p.set_format(kStateFormat);
+  p.set_job_id(checkpoint.meta.job_id);
+  p.set_step(checkpoint.meta.step);
+  p.set_tag(checkpoint.meta.tag);
+  p.set_created_unix_ms(checkpoint.meta.created_unix_ms);
+  for (const LayerSlot& slot : checkpoint.layers) {
+    pb::CheckpointLayer* l = p.add_layers();
+    l->set_group(slot.group);
+    l->set_layer(slot.layer);
+    StateToProto(slot.state, l->mutable_state());
+  }
+  return p.SerializeAsString();
+}
+
+absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
+                                                const JobSpec& spec) {
+  pb::CheckpointRecord p;
+  if (absl::Status s = Parse(value, p, "checkpoint"); !s.ok()) return s;
+  const int layers = static_cast<int>(spec.layers.size());
+  CheckpointData c;
+  c.meta = CheckpointMeta{p.job_id(), p.step(), p.tag(), p.created_unix_ms()};
+  std::set<std::pair<int, int>> seen;
+  for (const pb::CheckpointLayer& l : p.layers()) {
+    if (l.group() < 0 || l.group() >= spec.num_groups() || l.layer() < 0 ||
+        l.layer() >= layers || !spec.shard.owns(l.layer()) ||
+        !seen.emplace(l.group(), l.layer()).second) {
+      return Bad(absl::StrCat("the checkpoint has a bad or repeated (group ",
+                              l.group(), ", layer ", l.layer(), ")"));
+    }
+    absl::StatusOr<LayerState> state =
+        StateFromProto(l.state(), spec.layers[l.layer()].channels);
+    if (!state.ok()) return state.status();
+    c.layers.push_back(LayerSlot{l.group(), l.layer(), *std::move(state)});
+  }
+  // A shard's checkpoint holds exactly the layers it owns.
+  const int owned = spec.shard.sharded()
+                        ? static_cast<int>(spec.shard.owned_layers.size())
+                        : layers;
+  if (static_cast<int>(seen.size()) != owned * spec.num_groups()) {
+    return Bad(absl::StrCat("the checkpoint holds ", seen.size(), " of ",
+                            owned * spec.num_groups(), " (group, layer)s"));
+  }
+  return c;
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,229 @@
+// KvStateStore over RocksDB and over memory: records round-trip through a
+// reopen, deletes remove everything of a job, and a record that does not
+// decode or fit its job stops LoadAll with DATA_LOSS naming the folder and
+// the key.
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "rocksdb/db.h"
+#include "server/store/kv_state_store.h"
+#include "server/store/memory_engine.h"
+#include "server/store/rocksdb_engine.h"
+#include "server/store/state_codec.h"
+
+namespace syncnorm {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+}
+
+JobSpec Spec(const std::string& id) {
+  JobSpec s;
+  s.job_id = id;
+  s.world_size = 2;
+  s.group_size = 2;
+  s.round_timeout = absl::Seconds(3);
+  LayerConfig l;
+  l.name = "bn";
+  l.channels = 2;
+  l.rule.mode = MomentumMode::kTorch;
+  l.rule.momentum = 0.1;
+  l.initial_running_mean = {0, 0};
+  l.initial_running_var = {1, 1};
+  s.layers.push_back(l);
+  return s;
+}
+
+LayerSlot Slot(double x) {
+  LayerSlot slot;
+  slot.state.stats = RunningStats{3, {x, -x}, {1.5, 2.5}};
+  slot.state.last_applied = 4;
+  slot.state.latest_completed = {4, 3};
+  return slot;
+}
+
+StoredRound Round(int64_t step) {
+  StoredRound r;
+  r.phase = Phase::kForward;
+  r.step = step;
+  r.outcome.version = step + 1;
+  r.outcome.moments = GlobalMoments{6, {0.5, 1.5}, {2, 3}};
+  r.fingerprints = {123u, std::nullopt};
+  r.stats_after = RunningStats{step + 1, {1, 2}, {3, 4}};
+  return r;
+}
+
+void Fill(StateStore& store) {
+  ASSERT_TRUE(store.PutJob(Spec("a")).ok());
+  ASSERT_TRUE(store.PutJob(Spec("b")).ok());
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<int64_t> evicted;
+    if (step == 2) evicted.push_back(0);
+    ASSERT_TRUE(store.CommitRound("a", Slot(step), Round(step), evicted).ok());
+  }
+  CheckpointData c;
+  c.meta = CheckpointMeta{"a", 2, "t", 99};
+  c.layers.push_back(Slot(7));
+  ASSERT_TRUE(store.PutCheckpoint(c, {}).ok());
+}
+
+void CheckFilled(StateStore& store) {
+  auto jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  const StoredJob& a = (*jobs)[0];
+  EXPECT_TRUE(a.spec == Spec("a"));
+  ASSERT_EQ(a.layers.size(), 1u);
+  EXPECT_EQ(a.layers[0].slot.state.stats.mean, Slot(2).state.stats.mean);
+  EXPECT_EQ(a.layers[0].slot.state.latest_completed[1], 3);
+  ASSERT_EQ(a.layers[0].rounds.size(), 2u);  // step 0 was evicted
+  EXPECT_EQ(a.layers[0].rounds[0].step, 1);
+  EXPECT_EQ(a.layers[0].rounds[1].fingerprints,
+            (std::vector<std::optional<uint64_t>>{123u, std::nullopt}));
+  EXPECT_EQ(a.layers[0].rounds[1].stats_after->num_batches_tracked, 3);
+  ASSERT_EQ(a.checkpoints.size(), 1u);
+  EXPECT_EQ(a.checkpoints[0].tag, "t");
+  auto c = store.GetCheckpoint("a", 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->layers[0].state.stats.mean, Slot(7).state.stats.mean);
+  EXPECT_EQ(store.GetCheckpoint("a", 3).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(StateStoreTest, RoundTripInMemory) {
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  Fill(store);
+  CheckFilled(store);
+  ASSERT_TRUE(store.DeleteJob("a").ok());
+  auto jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].spec.job_id, "b");
+}
+
+TEST(StateStoreTest, RoundTripThroughRocksDbAndAReopen) {
+  const std::string dir = TempDir("roundtrip/nested/data");
+  {
+    auto engine = RocksDbEngine::Open(dir, /*sync_writes=*/true);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    KvStateStore store(*std::move(engine));
+    Fill(store);
+    // A second store on the same folder is refused while this one is open.
+    auto second = RocksDbEngine::Open(dir, false);
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(second.status().message(), "another"))
+        << second.status();
+  }
+  auto engine = RocksDbEngine::Open(dir, false);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  KvStateStore store(*std::move(engine));
+  CheckFilled(store);
+  // A restore drops every stored round of the job.
+  ASSERT_TRUE(store.PutLayers("a", {Slot(9)}, /*drop_rounds=*/true).ok());
+  auto jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_TRUE((*jobs)[0].layers[0].rounds.empty());
+  EXPECT_EQ((*jobs)[0].layers[0].slot.state.stats.mean[0], 9);
+}
+
+// A forward round whose stats_after are the layer's new statistics, as the
+// aggregator commits it.
+void CommitConsistent(StateStore& store, int64_t step, double x) {
+  LayerSlot slot = Slot(x);
+  slot.state.last_applied = step;
+  slot.state.latest_completed = {step, step - 1};
+  StoredRound round = Round(step);
+  round.stats_after = slot.state.stats;
+  ASSERT_TRUE(store.CommitRound("a", slot, round, {}).ok());
+}
+
+TEST(StateStoreTest, ForwardCommitStoresTheStatisticsOnceAndReloadsThem) {
+  auto engine = std::make_unique<MemoryEngine>();
+  MemoryEngine* raw = engine.get();
+  KvStateStore store(std::move(engine));
+  ASSERT_TRUE(store.PutJob(Spec("a")).ok());
+  CommitConsistent(store, 5, 0.25);
+  CommitConsistent(store, 6, -3.5);
+  auto layer = raw->Get("l/a/0/0");
+  ASSERT_TRUE(layer.ok() && layer->has_value());
+  LayerState full = Slot(-3.5).state;
+  full.last_applied = 6;
+  EXPECT_LT((*layer)->size(), EncodeLayer(full).size());
+  auto jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  const LayerState& loaded = (*jobs)[0].layers[0].slot.state;
+  EXPECT_EQ(loaded.stats.num_batches_tracked, 3);
+  EXPECT_EQ(loaded.stats.mean, (std::vector<double>{-3.5, 3.5}));
+  EXPECT_EQ(loaded.stats.var, (std::vector<double>{1.5, 2.5}));
+  EXPECT_EQ(loaded.last_applied, 6);
+  // Any other commit (here one whose stats_after differ) stores them whole.
+  ASSERT_TRUE(store.CommitRound("a", Slot(8), Round(7), {}).ok());
+  jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ((*jobs)[0].layers[0].slot.state.stats.mean,
+            (std::vector<double>{8, -8}));
+}
+
+// Writes `value` under `key` behind the store's back.
+void Poke(const std::string& dir, const std::string& key,
+          const std::string& value) {
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Options options;
+  ASSERT_TRUE(rocksdb::DB::Open(options, dir, &raw).ok());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), key, value).ok());
+}
+
+TEST(StateStoreTest, BadRecordsAreDataLossNamingFolderAndKey) {
+  struct Case {
+    const char* what;
+    std::string key, value;
+  };
+  LayerState three_channels;
+  three_channels.stats = RunningStats{1, {1, 2, 3}, {1, 2, 3}};
+  StoredRound newer = Round(5);
+  std::string newer_bytes = EncodeLayer(Slot(1).state);
+  LayerState in_lost_round = Slot(1).state;
+  in_lost_round.last_applied = 77;
+  newer_bytes[1] = 9;  // format field 1, varint value 1 -> 9
+  const Case cases[] = {
+      {"garbage layer", "l/a/0/0", "\xff\xff\xff garbage"},
+      {"wrong channel count", "l/a/0/0", EncodeLayer(three_channels)},
+      {"group out of range", "l/a/5/0", EncodeLayer(Slot(1).state)},
+      {"statistics in a missing round", "l/a/0/0",
+       EncodeLayer(in_lost_round, /*stats_in_round=*/true)},
+      {"newer format", "l/a/0/0", newer_bytes},
+      {"round under the wrong step", "r/a/0/0/1/00000000000000000007",
+       EncodeRound(newer)},
+      {"malformed key", "r/a/zero", "x"},
+      {"garbage job", "j/c", "not a job"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string dir = TempDir(absl::StrCat("bad", n++));
+    {
+      auto engine = RocksDbEngine::Open(dir, false);
+      ASSERT_TRUE(engine.ok());
+      KvStateStore store(*std::move(engine));
+      Fill(store);
+    }
+    Poke(dir, c.key, c.value);
+    auto engine = RocksDbEngine::Open(dir, false);
+    ASSERT_TRUE(engine.ok()) << c.what << ": " << engine.status();
+    KvStateStore store(*std::move(engine));
+    absl::Status s = store.LoadAll().status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.what << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), dir)) << c.what << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.key)) << c.what << ": " << s;
+  }
+}
+
+}  // namespace
+}  // namespace syncnorm
