@@ -20,12 +20,9 @@
 #include "kernels/moments.h"
 #include "kernels/round_update.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
+#include "wire/round_error.h"  // kRoundErrorReasonUrl, for callers
 
 namespace syncnorm {
-
-// The status payload (absl::Status::GetPayload) of a failed round's
-// RoundError.reason, e.g. "SINGLE_VALUE_PER_CHANNEL", when it has one.
-inline constexpr char kRoundErrorReasonUrl[] = "syncnorm.v1.RoundError.reason";
 
 // Sends one rank's contributions of a job over one bidirectional Reduce
 // stream and waits for each round's result.

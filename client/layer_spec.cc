@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/layer_rule.h"
+#include "wire/convert.h"
 
 namespace syncnorm {
 
@@ -14,14 +15,10 @@ absl::StatusOr<v1::LayerSpec> ToLayerSpec(const SyncBatchNormOptions& options,
         "layer '", name, "' has num_features ", options.num_features,
         "; give the channel count so that the job can be created"));
   }
-  const RunningRule rule = RuleOf(options);
   v1::LayerSpec spec;
   spec.set_name(name);
   spec.set_num_features(c);
-  spec.set_momentum_mode(static_cast<v1::MomentumMode>(rule.mode));
-  spec.set_momentum(rule.momentum);
-  spec.set_biased_running_var(rule.biased_var);
-  spec.set_no_running_stats(!rule.track);
+  ToProto(RuleOf(options), spec);
   spec.mutable_initial_running_mean()->Assign(
       options.initial_running_mean.begin(), options.initial_running_mean.end());
   spec.mutable_initial_running_var()->Assign(

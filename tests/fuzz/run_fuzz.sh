@@ -10,8 +10,8 @@
 # Run by //tests:fuzz_test (tags "local": it finds the checkout through its
 # own path) and by hand. The sources it compiles are the srcs of
 # //server:aggregator, //server:job_spec, //server:bounded_text,
-# //kernels:moments and //kernels:round_update, read from their BUILD
-# files, so it follows them.
+# //kernels:moments, //kernels:round_update and //wire, read from their
+# BUILD files, so it follows them.
 set -euo pipefail
 seconds="${1:-${FUZZ_SECONDS:-30}}"
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)"
@@ -40,8 +40,8 @@ PY
 sources=(server/request_fuzz.cc server/proto_convert.cc
          $(srcs_of server/BUILD aggregator) $(srcs_of server/BUILD job_spec)
          $(srcs_of server/BUILD bounded_text) $(srcs_of kernels/BUILD moments)
-         $(srcs_of kernels/BUILD round_update))
-hash=$(cat "${sources[@]}" server/*.h kernels/*.h server/state.proto \
+         $(srcs_of kernels/BUILD round_update) $(srcs_of wire/BUILD wire))
+hash=$(cat "${sources[@]}" server/*.h kernels/*.h wire/*.h server/state.proto \
          proto/syncnorm/v1/aggregator.proto "$0" | sha256sum | cut -c1-16)
 out="${TEST_TMPDIR:-${TMPDIR:-/tmp}}/syncnorm-fuzz-$hash"
 mkdir -p "$out/gen/server" "$out/obj"
