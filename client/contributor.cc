@@ -80,7 +80,7 @@ void Contributor::EndStream(Stream& stream) {
   // answer, ends the stream OK (its metrics count it so). Cancelled only
   // when the server does not end it within kEndGrace (unreachable, or still
   // holding a round this client gave up on).
-  constexpr absl::Duration kEndGrace = absl::Seconds(1);
+  static constexpr absl::Duration kEndGrace = absl::Seconds(1);
   absl::Notification ended;
   std::thread canceller([&stream, &ended] {
     if (!ended.WaitForNotificationWithTimeout(kEndGrace)) {

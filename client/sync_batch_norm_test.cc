@@ -49,6 +49,11 @@ constexpr int kSteps = 3;
 // every call; a set error fails the following rounds.
 class FakeAggregator : public NodeGroup {
  public:
+  // The node's way to fail a round; FailForward(status) below sets the
+  // fake's own answer.
+  using NodeGroup::FailBackward;
+  using NodeGroup::FailForward;
+
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                            const Moments& merged) override {
     absl::MutexLock lock(&mu_);
