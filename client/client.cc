@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/shard_router.h"
 #include "client/sharded_node_group.h"
+#include "client/solo_node_group.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/client_interceptor.h"

@@ -14,7 +14,9 @@
 #include "absl/time/time.h"
 #include "client/client_options.h"
 #include "client/contributor.h"
+#include "client/layer_spec.h"
 #include "client/node_group.h"
+#include "client/solo_node_group.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
 namespace syncnorm {

@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/proto_convert.h"
 #include "grpcpp/client_context.h"
+#include "wire/convert.h"
 
 namespace syncnorm {
 
@@ -79,7 +80,7 @@ void Contributor::EndStream(Stream& stream) {
   // answer, ends the stream OK (its metrics count it so). Cancelled only
   // when the server does not end it within kEndGrace (unreachable, or still
   // holding a round this client gave up on).
-  constexpr absl::Duration kEndGrace = absl::Seconds(1);
+  static constexpr absl::Duration kEndGrace = absl::Seconds(1);
   absl::Notification ended;
   std::thread canceller([&stream, &ended] {
     if (!ended.WaitForNotificationWithTimeout(kEndGrace)) {
@@ -266,8 +267,8 @@ absl::StatusOr<ForwardReply> Contributor::ReduceForward(
   std::unique_ptr<v1::Contribution> c = TakeMessage(v1::FORWARD);
   c->set_layer(layer);
   c->set_step(step);
-  ToProto(local, c->mutable_moments());
-  ToProto(update, c.get());
+  ToProto(local, *c->mutable_moments());
+  ToProto(update, *c);
   absl::StatusOr<v1::RoundResult> r = Round(*c);
   auto give_back = absl::MakeCleanup([&] { ReturnMessage(std::move(c)); });
   if (!r.ok()) return r.status();
@@ -285,7 +286,7 @@ absl::StatusOr<GradSums> Contributor::ReduceBackward(int layer, int64_t step,
   std::unique_ptr<v1::Contribution> c = TakeMessage(v1::BACKWARD);
   c->set_layer(layer);
   c->set_step(step);
-  ToProto(local, c->mutable_grad_sums());
+  ToProto(local, *c->mutable_grad_sums());
   absl::StatusOr<v1::RoundResult> r = Round(*c);
   auto give_back = absl::MakeCleanup([&] { ReturnMessage(std::move(c)); });
   if (!r.ok()) return r.status();

@@ -15,27 +15,14 @@
 #include "absl/time/time.h"
 #include "client/client_clock.h"
 #include "client/client_options.h"
+#include "client/forward_reply.h"
 #include "grpcpp/channel.h"
 #include "kernels/moments.h"
 #include "kernels/round_update.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
+#include "wire/round_error.h"  // kRoundErrorReasonUrl, for callers
 
 namespace syncnorm {
-
-// The status payload (absl::Status::GetPayload) of a failed round's
-// RoundError.reason, e.g. "SINGLE_VALUE_PER_CHANNEL", when it has one.
-inline constexpr char kRoundErrorReasonUrl[] = "syncnorm.v1.RoundError.reason";
-
-// The answer to a forward round.
-struct ForwardReply {
-  GlobalMoments global;
-  int64_t version = 0;  // the layer's running-stats version after the round
-  // Ranks of the group whose contributions the round did not count,
-  // ascending: a round the job's quorum policy completed without them
-  // (RoundResult.missing_ranks). It names the receiver itself when its
-  // contribution came too late. Empty when every rank was counted.
-  std::vector<int> missing_ranks;
-};
 
 // Sends one rank's contributions of a job over one bidirectional Reduce
 // stream and waits for each round's result.

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "wire/convert.h"
 
 namespace syncnorm {
 
@@ -36,11 +37,7 @@ absl::Status LoadRunningStats(Client& client, const std::string& job_id,
                        l.running_mean_size(),
                        " channels on the aggregator and ", channels, " here"));
     }
-    RunningStats s;
-    s.num_batches_tracked = l.num_batches_tracked();
-    s.mean.assign(l.running_mean().begin(), l.running_mean().end());
-    s.var.assign(l.running_var().begin(), l.running_var().end());
-    loaded.push_back(std::move(s));
+    loaded.push_back(FromProto(l));
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     if (absl::Status s = layers[i]->SetRunningStats(loaded[i]); !s.ok()) {

@@ -1,6 +1,5 @@
 #include "client/sync_batch_norm_options.h"
 
-#include "absl/strings/str_cat.h"
 #include "client/layer_rule.h"
 
 namespace syncnorm {
@@ -21,30 +20,6 @@ RunningRule RuleOf(const SyncBatchNormOptions& options) {
     rule.momentum = 1.0;
   }
   return rule;
-}
-
-absl::StatusOr<v1::LayerSpec> ToLayerSpec(const SyncBatchNormOptions& options,
-                                          const std::string& name,
-                                          int channels) {
-  const int c = options.num_features > 0 ? options.num_features : channels;
-  if (c <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer '", name, "' has num_features ", options.num_features,
-        "; give the channel count so that the job can be created"));
-  }
-  const RunningRule rule = RuleOf(options);
-  v1::LayerSpec spec;
-  spec.set_name(name);
-  spec.set_num_features(c);
-  spec.set_momentum_mode(static_cast<v1::MomentumMode>(rule.mode));
-  spec.set_momentum(rule.momentum);
-  spec.set_biased_running_var(rule.biased_var);
-  spec.set_no_running_stats(!rule.track);
-  spec.mutable_initial_running_mean()->Assign(
-      options.initial_running_mean.begin(), options.initial_running_mean.end());
-  spec.mutable_initial_running_var()->Assign(
-      options.initial_running_var.begin(), options.initial_running_var.end());
-  return spec;
 }
 
 }  // namespace syncnorm

@@ -3,12 +3,9 @@
 #ifndef SYNCNORM_CLIENT_SYNC_BATCH_NORM_OPTIONS_H_
 #define SYNCNORM_CLIENT_SYNC_BATCH_NORM_OPTIONS_H_
 
-#include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "kernels/formulas.h"
-#include "syncnorm/v1/aggregator.pb.h"
 
 namespace syncnorm {
 
@@ -64,13 +61,6 @@ struct SyncBatchNormOptions {
   std::vector<double> initial_running_mean;
   std::vector<double> initial_running_var;
 };
-
-// The wire spec of a layer with these options, for CreateJob. REQUIRES a
-// known channel count: num_features, or `channels` when that is 0.
-// INVALID_ARGUMENT when neither is positive.
-absl::StatusOr<v1::LayerSpec> ToLayerSpec(const SyncBatchNormOptions& options,
-                                          const std::string& name,
-                                          int channels = 0);
 
 }  // namespace syncnorm
 

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "client/layer_rule.h"
+#include "client/layer_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/formulas.h"

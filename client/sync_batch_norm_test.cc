@@ -24,12 +24,16 @@
 #include "gtest/gtest.h"
 #include "kernels/moments.h"
 #include "kernels/round_update.h"
+#include "kernels/testing/batch_norm_reference.h"
+#include "kernels/testing/expect_close.h"
 
 namespace syncnorm {
 namespace {
 
+using reference::ExpectClose;
+using reference::Normalization;
 using ::testing::HasSubstr;
-using LongVec = std::vector<long double>;
+using LongVec = reference::Reals;
 
 constexpr float kNaNf = std::numeric_limits<float>::quiet_NaN();
 constexpr double kOutputTol = 1e-6;    // fp32 outputs, relative to max |ref|
@@ -45,6 +49,11 @@ constexpr int kSteps = 3;
 // every call; a set error fails the following rounds.
 class FakeAggregator : public NodeGroup {
  public:
+  // The node's way to fail a round; FailForward(status) below sets the
+  // fake's own answer.
+  using NodeGroup::FailBackward;
+  using NodeGroup::FailForward;
+
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                            const Moments& merged) override {
     absl::MutexLock lock(&mu_);
@@ -142,8 +151,7 @@ void RunWorkers(int k, const std::function<void(int)>& fn) {
 // ---- tensors
 // ------------------------------------------------------------------
 
-// One worker's tensor shape and the reference index math for both layouts,
-// written out independently of the kernels' Geometry.
+// One worker's tensor shape; the reference's Layout does the index math.
 struct Layout {
   int64_t batch = 0;
   int64_t channels = 0;
@@ -163,28 +171,15 @@ struct Layout {
     return p;
   }
   int64_t size() const { return batch * channels * positions(); }
-  int64_t At(int64_t b, int64_t ch, int64_t s) const {
-    return channels_last ? (b * positions() + s) * channels + ch
-                         : (b * channels + ch) * positions() + s;
-  }
+  reference::Layout AsReference() const { return {shape(), channels_last}; }
 };
-
-// Calls fn(channel, flat offset) for every element.
-void ForEachElement(const Layout& l,
-                    const std::function<void(int64_t, int64_t)>& fn) {
-  for (int64_t b = 0; b < l.batch; ++b) {
-    for (int64_t ch = 0; ch < l.channels; ++ch) {
-      for (int64_t s = 0; s < l.positions(); ++s) fn(ch, l.At(b, ch, s));
-    }
-  }
-}
 
 // Random data, never zero; channel ch has its own offset and spread.
 std::vector<float> RandomTensor(const Layout& l, std::mt19937_64& rng,
                                 double offset, double spread) {
   std::normal_distribution<double> unit(0.0, 1.0);
   std::vector<float> t(l.size());
-  ForEachElement(l, [&](int64_t ch, int64_t i) {
+  reference::ForEachElement(l.AsReference(), [&](int64_t ch, int64_t i) {
     double v = offset + 0.9 * ch - 1.1 + spread * (0.5 + ch % 3) * unit(rng);
     if (v == 0) v = 0.125;
     t[i] = static_cast<float>(v);
@@ -207,35 +202,15 @@ TensorRef Ref(std::vector<float>& data, const Layout& l) {
   return t;
 }
 
-// ---- long-double reference of plain batch norm
-// --------------------------------
+// ---- the float64 reference of plain batch norm -----------------------------
 
-// Per-channel statistics used to normalize.
-struct RefStats {
-  int64_t count = 0;
-  LongVec mean, var;  // var biased
-};
-
-// Mean and biased variance over the concatenation of the shards.
-RefStats BatchStats(const std::vector<Layout>& layouts,
-                    const std::vector<const std::vector<float>*>& xs,
-                    int64_t channels) {
-  RefStats r{0, LongVec(channels, 0), LongVec(channels, 0)};
-  for (size_t w = 0; w < layouts.size(); ++w) {
-    r.count += layouts[w].batch * layouts[w].positions();
-    ForEachElement(layouts[w],
-                   [&](int64_t ch, int64_t i) { r.mean[ch] += (*xs[w])[i]; });
-  }
-  if (r.count == 0) return r;
-  for (long double& m : r.mean) m /= r.count;
-  for (size_t w = 0; w < layouts.size(); ++w) {
-    ForEachElement(layouts[w], [&](int64_t ch, int64_t i) {
-      const long double d = (*xs[w])[i] - r.mean[ch];
-      r.var[ch] += d * d;
-    });
-  }
-  for (long double& v : r.var) v /= r.count;
-  return r;
+// Mean and M2 over the concatenation of the shards.
+reference::Stats BatchStats(const std::vector<Layout>& layouts,
+                            const std::vector<const std::vector<float>*>& xs,
+                            int64_t channels) {
+  std::vector<reference::Layout> refs;
+  for (const Layout& l : layouts) refs.push_back(l.AsReference());
+  return reference::Moments(channels, refs, xs);
 }
 
 // The affine parameters as the reference sees them.
@@ -243,30 +218,21 @@ struct RefAffine {
   LongVec gamma, beta;  // ones and zeros when the option is off
 };
 
+// Normalization by `mean` and the biased `var`, then the affine parameters.
+Normalization NormOf(const LongVec& mean, const LongVec& var,
+                     const RefAffine& a, double eps) {
+  return reference::Normalize(mean, var, eps, a.gamma, a.beta);
+}
+
 struct RefOutputs {
   LongVec y, grad_input, grad_z, grad_weight, grad_bias;
 };
 
-LongVec InvStd(const LongVec& var, double eps) {
-  LongVec r(var.size());
-  for (size_t c = 0; c < var.size(); ++c) r[c] = 1.0L / std::sqrt(var[c] + eps);
-  return r;
-}
-
-// y of one shard normalized with `stats`.
+// y of one shard.
 LongVec RefForward(const Layout& l, const std::vector<float>& x,
-                   const std::vector<float>* z, const RefStats& stats,
-                   const RefAffine& a, double eps, bool relu) {
-  const LongVec invstd = InvStd(stats.var, eps);
-  LongVec y(l.size());
-  ForEachElement(l, [&](int64_t ch, int64_t i) {
-    long double v =
-        (x[i] - stats.mean[ch]) * invstd[ch] * a.gamma[ch] + a.beta[ch];
-    if (z != nullptr) v += (*z)[i];
-    if (relu && v < 0) v = 0;
-    y[i] = v;
-  });
-  return y;
+                   const std::vector<float>* z, const Normalization& n,
+                   bool relu) {
+  return reference::Forward(l.AsReference(), x, n, z, relu);
 }
 
 // One shard's data.
@@ -275,117 +241,64 @@ struct Shard {
   std::vector<float> x, z, dy;
 };
 
-// Plain batch norm over the concatenated shards with statistics `stats`:
-// forward outputs and, for `global_backward`, the gradient of the loss
-// sum(dy * y) through the batch statistics; otherwise with the statistics
-// held constant (frozen).
+// Plain batch norm over the concatenated shards normalized by `n`: forward
+// outputs and, for `global_backward`, the gradient of the loss sum(dy * y)
+// through the batch statistics of the `count` values per channel;
+// otherwise with the statistics held constant (frozen).
 std::vector<RefOutputs> RefBatchNorm(const std::vector<Shard>& shards,
-                                     const RefStats& stats, const RefAffine& a,
-                                     double eps, bool residual, bool relu,
+                                     const Normalization& n, int64_t count,
+                                     bool residual, bool relu,
                                      bool global_backward) {
-  const int64_t channels = stats.mean.size();
-  const LongVec invstd = InvStd(stats.var, eps);
+  const size_t channels = n.mean.size();
   std::vector<RefOutputs> out(shards.size());
-  std::vector<LongVec> masked(shards.size());
-  LongVec sum_dy(channels, 0), sum_dy_xmu(channels, 0);
+  // The group's sums, then (global_backward) over its count; zeros: frozen.
+  LongVec mean_dy(channels, 0), mean_dy_xmu(channels, 0);
   for (size_t w = 0; w < shards.size(); ++w) {
     const Shard& s = shards[w];
+    const reference::Layout l = s.layout.AsReference();
     RefOutputs& o = out[w];
-    o.y = RefForward(s.layout, s.x, residual ? &s.z : nullptr, stats, a, eps,
-                     relu);
-    masked[w].assign(s.layout.size(), 0);
+    o.y = reference::Forward(l, s.x, n, residual ? &s.z : nullptr, relu);
+    const LongVec* mask = relu ? &o.y : nullptr;
+    const reference::GradSumsRef sums =
+        reference::BackwardSums(l, s.dy, s.x, mask, n.mean);
+    o.grad_bias = sums.sum_dy;
     o.grad_weight.assign(channels, 0);
-    o.grad_bias.assign(channels, 0);
-    ForEachElement(s.layout, [&](int64_t ch, int64_t i) {
-      const long double d = (!relu || o.y[i] > 0) ? s.dy[i] : 0.0L;
-      const long double xmu = s.x[i] - stats.mean[ch];
-      masked[w][i] = d;
-      sum_dy[ch] += d;
-      sum_dy_xmu[ch] += d * xmu;
-      o.grad_weight[ch] += d * xmu * invstd[ch];
-      o.grad_bias[ch] += d;
+    for (size_t ch = 0; ch < channels; ++ch) {
+      o.grad_weight[ch] = sums.sum_dy_xmu[ch] * n.invstd[ch];
+      if (global_backward) {
+        mean_dy[ch] += sums.sum_dy[ch];
+        mean_dy_xmu[ch] += sums.sum_dy_xmu[ch];
+      }
+    }
+    o.grad_z.assign(l.size(), 0);
+    reference::ForEachElement(l, [&](int64_t, int64_t i) {
+      o.grad_z[i] = reference::MaskedDy(s.dy, mask, i);
     });
+  }
+  for (size_t ch = 0; ch < channels && global_backward; ++ch) {
+    mean_dy[ch] /= count;
+    mean_dy_xmu[ch] /= count;
   }
   for (size_t w = 0; w < shards.size(); ++w) {
     const Shard& s = shards[w];
     RefOutputs& o = out[w];
-    o.grad_input.assign(s.layout.size(), 0);
-    o.grad_z = masked[w];
-    ForEachElement(s.layout, [&](int64_t ch, int64_t i) {
-      const long double xmu = s.x[i] - stats.mean[ch];
-      long double g = masked[w][i];
-      if (global_backward) {
-        const long double n = stats.count;
-        g -=
-            sum_dy[ch] / n + xmu * invstd[ch] * invstd[ch] * sum_dy_xmu[ch] / n;
-      }
-      o.grad_input[i] = a.gamma[ch] * invstd[ch] * g;
-    });
+    o.grad_input =
+        reference::GradInput(s.layout.AsReference(), s.dy, s.x,
+                             relu ? &o.y : nullptr, n, mean_dy, mean_dy_xmu);
   }
   return out;
 }
 
-// The running statistics after one round, by the rules' definitions.
-struct RefRunning {
-  int64_t tracked = 0;
-  LongVec mean, var;
-};
-
-void RefUpdate(const SyncBatchNormOptions& o, const RefStats& batch,
-               RefRunning& r) {
-  if (!o.track_running_stats || batch.count == 0) return;
-  ++r.tracked;
-  const long double default_m =
+// The running statistics after one round, by the options' rule (a negative
+// momentum is the rule's default).
+void RefUpdate(const SyncBatchNormOptions& o, const reference::Stats& batch,
+               reference::Running& r) {
+  if (!o.track_running_stats) return;
+  const reference::Real default_m =
       o.momentum_mode == MomentumMode::kDecay ? 0.9L : 0.1L;
-  const long double m = o.momentum < 0 ? default_m : o.momentum;
-  for (size_t c = 0; c < r.mean.size(); ++c) {
-    const long double n = batch.count;
-    const long double var =
-        o.biased_running_var ? batch.var[c] : batch.var[c] * n / (n - 1);
-    const long double values[2] = {batch.mean[c], var};
-    long double* running[2] = {&r.mean[c], &r.var[c]};
-    for (int k = 0; k < 2; ++k) {
-      long double& v = *running[k];
-      switch (o.momentum_mode) {
-        case MomentumMode::kTorch:
-          v = (1 - m) * v + m * values[k];
-          break;
-        case MomentumMode::kDecay:
-          v = m * v + (1 - m) * values[k];
-          break;
-        case MomentumMode::kCumulative:
-          v = v + (values[k] - v) / r.tracked;
-          break;
-      }
-    }
-  }
-}
-
-// ---- comparisons
-// ----------------------------------------------------------------
-
-long double MaxAbs(const LongVec& v) {
-  long double m = 0;
-  for (long double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-// Every got[i] within rel * max|ref| of ref[i]; NaN (unwritten) fails.
-template <typename T>
-void ExpectClose(const std::vector<T>& got, const LongVec& ref, double rel,
-                 const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  const long double tol = rel * std::max(MaxAbs(ref), 1e-30L);
-  int reported = 0;
-  for (size_t i = 0; i < ref.size() && reported < 5; ++i) {
-    const long double diff = std::fabs(got[i] - ref[i]);
-    if (!(diff <= tol)) {
-      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference "
-                    << static_cast<double>(ref[i]) << ", tolerance "
-                    << static_cast<double>(tol);
-      ++reported;
-    }
-  }
+  reference::UpdateRunning(o.momentum_mode,
+                           o.momentum < 0 ? default_m : o.momentum,
+                           o.biased_running_var, batch, r);
 }
 
 std::vector<float> Poisoned(const Layout& l) {
@@ -517,7 +430,7 @@ TEST_P(SyncBatchNormTest, MatchesPlainBatchNormOverTheWholeBatch) {
   });
 
   // Training steps against plain batch norm over the concatenated batch.
-  RefRunning running;
+  reference::Running running;
   running.mean.assign(kChannels, 0);
   running.var.assign(kChannels, 1);
   if (c.initial_stats) {
@@ -526,7 +439,7 @@ TEST_P(SyncBatchNormTest, MatchesPlainBatchNormOverTheWholeBatch) {
     running.var.assign(options.initial_running_var.begin(),
                        options.initial_running_var.end());
   }
-  const RefRunning initial = running;
+  const reference::Running initial = running;
   std::vector<int64_t> want_counts;
   for (int i = 0; i < kSteps; ++i) {
     std::vector<Layout> layouts;
@@ -535,12 +448,12 @@ TEST_P(SyncBatchNormTest, MatchesPlainBatchNormOverTheWholeBatch) {
       layouts.push_back(s.layout);
       xs.push_back(&s.x);
     }
-    const RefStats stats = BatchStats(layouts, xs, kChannels);
+    const reference::Stats stats = BatchStats(layouts, xs, kChannels);
     want_counts.push_back(stats.count);
     RefUpdate(options, stats, running);
-    const std::vector<RefOutputs> ref =
-        RefBatchNorm(steps[i], stats, affine, options.eps, c.residual, c.relu,
-                     /*global_backward=*/true);
+    const std::vector<RefOutputs> ref = RefBatchNorm(
+        steps[i], NormOf(stats.mean, stats.Var(), affine, options.eps),
+        stats.count, c.residual, c.relu, /*global_backward=*/true);
     for (int w = 0; w < kWorkers; ++w) {
       SCOPED_TRACE(testing::Message() << "step " << i << " worker " << w);
       const WorkerStep& out = got[i][w];
@@ -555,7 +468,7 @@ TEST_P(SyncBatchNormTest, MatchesPlainBatchNormOverTheWholeBatch) {
       ExpectClose(out.grad_bias, ref[w].grad_bias, 1e-9, "grad_bias");
       ExpectClose(out.running.mean, running.mean, kRunningTol, "running mean");
       ExpectClose(out.running.var, running.var, kRunningTol, "running var");
-      EXPECT_EQ(out.running.num_batches_tracked, running.tracked);
+      EXPECT_EQ(out.running.num_batches_tracked, running.num_batches_tracked);
       EXPECT_EQ(out.step, i + 1);
     }
   }
@@ -584,12 +497,15 @@ TEST_P(SyncBatchNormTest, MatchesPlainBatchNormOverTheWholeBatch) {
     const Shard& s = steps[kSteps][w];
     const WorkerStep& out = got[kSteps][w];
     ASSERT_TRUE(out.forward.ok()) << out.forward;
-    RefStats stats{0, running.mean, running.var};
-    if (!c.track) stats = BatchStats({s.layout}, {&s.x}, kChannels);
-    ExpectClose(out.y,
-                RefForward(s.layout, s.x, c.residual ? &s.z : nullptr, stats,
-                           affine, options.eps, c.relu),
-                kOutputTol, "eval y");
+    Normalization n = NormOf(running.mean, running.var, affine, options.eps);
+    if (!c.track) {
+      const reference::Stats batch = BatchStats({s.layout}, {&s.x}, kChannels);
+      n = NormOf(batch.mean, batch.Var(), affine, options.eps);
+    }
+    ExpectClose(
+        out.y,
+        RefForward(s.layout, s.x, c.residual ? &s.z : nullptr, n, c.relu),
+        kOutputTol, "eval y");
     EXPECT_EQ(eval_backward[w].code(), absl::StatusCode::kFailedPrecondition)
         << eval_backward[w];
   }
@@ -710,11 +626,9 @@ TEST_P(SyncBatchNormFreezeTest, NormalizesWithRunningStatsWithoutARound) {
   std::vector<float> gamma(g.begin(), g.end()), beta(b.begin(), b.end());
   RefAffine affine{LongVec(gamma.begin(), gamma.end()),
                    LongVec(beta.begin(), beta.end())};
-  const RefStats stats{0,
-                       LongVec(options.initial_running_mean.begin(),
-                               options.initial_running_mean.end()),
-                       LongVec(options.initial_running_var.begin(),
-                               options.initial_running_var.end())};
+  const Normalization frozen = NormOf(
+      reference::ToReals(options.initial_running_mean),
+      reference::ToReals(options.initial_running_var), affine, options.eps);
 
   std::vector<Shard> shards(kWorkers);
   for (int w = 0; w < kWorkers; ++w) {
@@ -750,7 +664,7 @@ TEST_P(SyncBatchNormFreezeTest, NormalizesWithRunningStatsWithoutARound) {
   // grad_input = dy * invstd * gamma (after the ReLU mask): the statistics
   // are constants.
   const std::vector<RefOutputs> ref =
-      RefBatchNorm(shards, stats, affine, options.eps, /*residual=*/true,
+      RefBatchNorm(shards, frozen, /*count=*/0, /*residual=*/true,
                    /*relu=*/true, /*global_backward=*/false);
   for (int w = 0; w < kWorkers; ++w) {
     SCOPED_TRACE(testing::Message() << "worker " << w);
@@ -826,27 +740,12 @@ TEST(SyncBatchNormQuorumTest, LastMissingRanksFollowTheRounds) {
 
 // ---- changes after construction ----------------------------------------
 
-// The batch of `x` (N x C x spatial) of channel c: mean and unbiased var,
-// two passes in long double.
+// The batch of `x` of channel c: mean and unbiased var, by the reference.
 std::pair<double, double> BatchMeanVar(const std::vector<float>& x,
                                        const Layout& l, int c) {
-  const int64_t inner = static_cast<int64_t>(x.size()) / (l.batch * l.channels);
-  long double sum = 0, n = 0;
-  for (int64_t i = 0; i < l.batch; ++i) {
-    for (int64_t j = 0; j < inner; ++j) {
-      sum += x[(i * l.channels + c) * inner + j];
-      n += 1;
-    }
-  }
-  const long double mean = sum / n;
-  long double m2 = 0;
-  for (int64_t i = 0; i < l.batch; ++i) {
-    for (int64_t j = 0; j < inner; ++j) {
-      const long double d = x[(i * l.channels + c) * inner + j] - mean;
-      m2 += d * d;
-    }
-  }
-  return {static_cast<double>(mean), static_cast<double>(m2 / (n - 1))};
+  const reference::Stats s = reference::Moments(l.AsReference(), x);
+  return {static_cast<double>(s.mean[c]),
+          static_cast<double>(s.m2[c] / (s.count - 1))};
 }
 
 // torch and apex read momentum at every forward: a round with another

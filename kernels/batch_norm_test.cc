@@ -18,59 +18,30 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "kernels/moments.h"
+#include "kernels/testing/batch_norm_reference.h"
+#include "kernels/testing/expect_close.h"
 #include "kernels/thread_pool.h"
 
 namespace syncnorm {
 namespace {
 
-using LongVec = std::vector<long double>;
+using reference::ExpectClose;
+using reference::ForEachElement;
+using reference::Layout;
+using reference::MaxAbs;
+using reference::ToReals;
+using LongVec = reference::Reals;
+
 constexpr float kNaNf = std::numeric_limits<float>::quiet_NaN();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kOutputTol = 1e-6;  // fp32 outputs, relative to max |ref|
 constexpr double kStatsTol = 1e-9;   // float64 statistics, relative
 
-// A tensor's shape in its own dimension order, and the reference index math
-// written out for both layouts (independent of Geometry).
-struct Layout {
-  std::vector<int64_t> shape;
-  bool channels_last = false;
-
-  bool last() const { return channels_last && shape.size() > 2; }
-  int64_t n() const { return shape[0]; }
-  int64_t c() const { return last() ? shape.back() : shape[1]; }
-  int64_t spatial() const {
-    int64_t s = 1;
-    const size_t end = last() ? shape.size() - 1 : shape.size();
-    for (size_t i = last() ? 1 : 2; i < end; ++i) s *= shape[i];
-    return s;
-  }
-  int64_t size() const { return n() * c() * spatial(); }
-  // Flat offset of batch item b, channel ch, spatial position s.
-  int64_t At(int64_t b, int64_t ch, int64_t s) const {
-    return last() ? (b * spatial() + s) * c() + ch
-                  : (b * c() + ch) * spatial() + s;
-  }
-  std::string Name() const {
-    return absl::StrCat(absl::StrJoin(shape, "x"),
-                        channels_last ? "_last" : "_first");
-  }
-  Geometry geometry() const {
-    absl::StatusOr<Geometry> g = MakeGeometry(shape, channels_last);
-    EXPECT_TRUE(g.ok()) << g.status();
-    return g.ok() ? *g : Geometry{};
-  }
-};
-
-void PrintTo(const Layout& l, std::ostream* os) { *os << l.Name(); }
-
-// Calls fn(channel, flat offset) for every element.
-void ForEachElement(const Layout& l,
-                    const std::function<void(int64_t, int64_t)>& fn) {
-  for (int64_t b = 0; b < l.n(); ++b) {
-    for (int64_t ch = 0; ch < l.c(); ++ch) {
-      for (int64_t s = 0; s < l.spatial(); ++s) fn(ch, l.At(b, ch, s));
-    }
-  }
+// The kernels' view of a layout, by the kernels' own MakeGeometry.
+Geometry GeometryOf(const Layout& l) {
+  absl::StatusOr<Geometry> g = MakeGeometry(l.shape, l.channels_last);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *g : Geometry{};
 }
 
 // Random data, never zero: channel ch has its own offset and spread.
@@ -97,24 +68,7 @@ std::vector<T> RandomVector(int64_t n, uint64_t seed, double lo, double hi) {
   return v;
 }
 
-// ---- float64 / long double references --------------------------------------
-
-struct RefMoments {
-  int64_t count = 0;
-  LongVec mean, m2;
-};
-
-RefMoments ReferenceMoments(const Layout& l, const std::vector<float>& x) {
-  RefMoments r{l.n() * l.spatial(), LongVec(l.c(), 0), LongVec(l.c(), 0)};
-  if (r.count == 0) return r;
-  ForEachElement(l, [&](int64_t ch, int64_t i) { r.mean[ch] += x[i]; });
-  for (long double& m : r.mean) m /= r.count;
-  ForEachElement(l, [&](int64_t ch, int64_t i) {
-    const long double d = x[i] - r.mean[ch];
-    r.m2[ch] += d * d;
-  });
-  return r;
-}
+// ---- inputs and the float64 reference ---------------------------------------
 
 struct ForwardInputs {
   std::vector<float> x, z, weight, bias;
@@ -123,16 +77,10 @@ struct ForwardInputs {
 
 LongVec ReferenceForward(const Layout& l, const ForwardInputs& in, bool use_z,
                          bool use_w, bool use_b, bool relu) {
-  LongVec y(l.size());
-  ForEachElement(l, [&](int64_t ch, int64_t i) {
-    long double v = (static_cast<long double>(in.x[i]) - in.mean[ch]) *
-                    in.invstd[ch] * (use_w ? in.weight[ch] : 1.0L);
-    if (use_b) v += in.bias[ch];
-    if (use_z) v += in.z[i];
-    if (relu && v < 0) v = 0;
-    y[i] = v;
-  });
-  return y;
+  const reference::Normalization n{ToReals(in.mean), ToReals(in.invstd),
+                                   use_w ? ToReals(in.weight) : LongVec(),
+                                   use_b ? ToReals(in.bias) : LongVec()};
+  return reference::Forward(l, in.x, n, use_z ? &in.z : nullptr, relu);
 }
 
 struct BackwardInputs {
@@ -140,60 +88,21 @@ struct BackwardInputs {
   std::vector<double> mean, invstd, mean_dy, mean_dy_xmu;
 };
 
-long double RefMaskedDy(const BackwardInputs& in, bool mask, int64_t i) {
-  return (!mask || in.y[i] > 0) ? static_cast<long double>(in.dy[i]) : 0.0L;
-}
-
-void ReferenceBackwardReduce(const Layout& l, const BackwardInputs& in,
-                             bool mask, LongVec& sum_dy, LongVec& sum_dy_xmu) {
-  sum_dy.assign(l.c(), 0);
-  sum_dy_xmu.assign(l.c(), 0);
-  ForEachElement(l, [&](int64_t ch, int64_t i) {
-    const long double d = RefMaskedDy(in, mask, i);
-    sum_dy[ch] += d;
-    sum_dy_xmu[ch] += d * (static_cast<long double>(in.x[i]) - in.mean[ch]);
-  });
+// y, the ReLU's output, when `mask`.
+const std::vector<float>* MaskOf(const BackwardInputs& in, bool mask) {
+  return mask ? &in.y : nullptr;
 }
 
 LongVec ReferenceGradInput(const Layout& l, const BackwardInputs& in, bool mask,
                            bool use_w) {
-  LongVec gi(l.size());
-  ForEachElement(l, [&](int64_t ch, int64_t i) {
-    const long double invstd = in.invstd[ch];
-    const long double w = use_w ? in.weight[ch] : 1.0L;
-    const long double xmu = static_cast<long double>(in.x[i]) - in.mean[ch];
-    gi[i] = w * invstd *
-            (RefMaskedDy(in, mask, i) - in.mean_dy[ch] -
-             xmu * invstd * invstd * in.mean_dy_xmu[ch]);
-  });
-  return gi;
+  const reference::Normalization n{ToReals(in.mean), ToReals(in.invstd),
+                                   use_w ? ToReals(in.weight) : LongVec(),
+                                   LongVec()};
+  return reference::GradInput(l, in.dy, in.x, MaskOf(in, mask), n,
+                              ToReals(in.mean_dy), ToReals(in.mean_dy_xmu));
 }
 
 // ---- comparisons -----------------------------------------------------------
-
-long double MaxAbs(const LongVec& v) {
-  long double m = 0;
-  for (long double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-// Every got[i] within rel * max|ref| of ref[i]; NaN (unwritten) fails.
-template <typename T>
-void ExpectClose(const std::vector<T>& got, const LongVec& ref, double rel,
-                 const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  const long double tol = rel * std::max(MaxAbs(ref), 1e-30L);
-  int reported = 0;
-  for (size_t i = 0; i < ref.size() && reported < 5; ++i) {
-    const long double diff = std::fabs(got[i] - ref[i]);
-    if (!(diff <= tol)) {
-      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference "
-                    << static_cast<double>(ref[i]) << ", tolerance "
-                    << static_cast<double>(tol);
-      ++reported;
-    }
-  }
-}
 
 // Per-channel statistics: relative to each value (floored at 1e-3 of the
 // largest, for values that cancel to near zero).
@@ -266,11 +175,11 @@ class KernelTest : public testing::TestWithParam<Layout> {
 TEST_P(KernelTest, LocalMomentsMatchesTwoPassReference) {
   const Layout& l = GetParam();
   const std::vector<float> x = RandomTensor(l, 21);
-  const RefMoments ref = ReferenceMoments(l, x);
+  const reference::Stats ref = reference::Moments(l, x);
   for (int threads : {0, 3}) {
     Moments m = PoisonedMoments();
     ASSERT_TRUE(LocalMoments(Context(threads), DType::kFloat32, x.data(),
-                             l.geometry(), &m)
+                             GeometryOf(l), &m)
                     .ok());
     EXPECT_EQ(m.count, ref.count);
     ExpectStatsClose(m.mean, ref.mean, "mean");
@@ -296,7 +205,7 @@ TEST_P(KernelTest, ForwardMatchesReferenceForEveryOption) {
     args.invstd = in.invstd.data();
     args.relu = relu;
     ASSERT_TRUE(
-        Forward(Context(mask % 3), DType::kFloat32, l.geometry(), args).ok());
+        Forward(Context(mask % 3), DType::kFloat32, GeometryOf(l), args).ok());
     ExpectClose(y, ReferenceForward(l, in, use_z, use_w, use_b, relu),
                 kOutputTol,
                 absl::StrCat("y(weight=", use_w, " bias=", use_b, " z=", use_z,
@@ -317,11 +226,11 @@ TEST_P(KernelTest, ForwardInPlaceEqualsOutOfPlace) {
   args.mean = in.mean.data();
   args.invstd = in.invstd.data();
   args.relu = true;
-  ASSERT_TRUE(Forward(Context(2), DType::kFloat32, l.geometry(), args).ok());
+  ASSERT_TRUE(Forward(Context(2), DType::kFloat32, GeometryOf(l), args).ok());
   std::vector<float> inplace = in.x;
   args.x = inplace.data();
   args.y = inplace.data();
-  ASSERT_TRUE(Forward(Context(2), DType::kFloat32, l.geometry(), args).ok());
+  ASSERT_TRUE(Forward(Context(2), DType::kFloat32, GeometryOf(l), args).ok());
   EXPECT_EQ(0, std::memcmp(y.data(), inplace.data(), y.size() * sizeof(float)));
 }
 
@@ -329,8 +238,9 @@ TEST_P(KernelTest, BackwardReduceMatchesReferenceWithAndWithoutMask) {
   const Layout& l = GetParam();
   const BackwardInputs in = MakeBackwardInputs(l);
   for (bool mask : {false, true}) {
-    LongVec ref_dy, ref_dy_xmu;
-    ReferenceBackwardReduce(l, in, mask, ref_dy, ref_dy_xmu);
+    const reference::GradSumsRef ref = reference::BackwardSums(
+        l, in.dy, in.x, MaskOf(in, mask), ToReals(in.mean));
+    const LongVec &ref_dy = ref.sum_dy, &ref_dy_xmu = ref.sum_dy_xmu;
     BackwardReduceArgs args;
     args.dy = in.dy.data();
     args.x = in.x.data();
@@ -340,7 +250,7 @@ TEST_P(KernelTest, BackwardReduceMatchesReferenceWithAndWithoutMask) {
     GradSums sums = PoisonedSums();
     std::vector<double> grad_weight(l.c(), kNaN), grad_bias(l.c(), kNaN);
     ASSERT_TRUE(BackwardReduce(Context(mask ? 3 : 0), DType::kFloat32,
-                               l.geometry(), args, &sums, grad_weight.data(),
+                               GeometryOf(l), args, &sums, grad_weight.data(),
                                grad_bias.data())
                     .ok());
     const std::string tag = mask ? " (masked)" : "";
@@ -353,7 +263,7 @@ TEST_P(KernelTest, BackwardReduceMatchesReferenceWithAndWithoutMask) {
     ExpectStatsClose(grad_bias, ref_dy, "grad_bias" + tag);
     // The gradient outputs are optional.
     GradSums again = PoisonedSums();
-    ASSERT_TRUE(BackwardReduce(Context(0), DType::kFloat32, l.geometry(), args,
+    ASSERT_TRUE(BackwardReduce(Context(0), DType::kFloat32, GeometryOf(l), args,
                                &again, nullptr, nullptr)
                     .ok());
     EXPECT_EQ(again.sum_dy, sums.sum_dy);
@@ -378,7 +288,7 @@ TEST_P(KernelTest, BackwardElementwiseMatchesReferenceForEveryOption) {
     args.grad_input = grad_input.data();
     args.grad_z = want_z ? grad_z.data() : nullptr;
     ASSERT_TRUE(BackwardElementwise(Context(mask % 3), DType::kFloat32,
-                                    l.geometry(), args)
+                                    GeometryOf(l), args)
                     .ok());
     const std::string tag = absl::StrCat("(weight=", use_w, " relu=", relu,
                                          " grad_z=", want_z, ")");
@@ -386,8 +296,9 @@ TEST_P(KernelTest, BackwardElementwiseMatchesReferenceForEveryOption) {
                 "grad_input" + tag);
     if (want_z) {
       LongVec ref_z(l.size());
-      ForEachElement(
-          l, [&](int64_t, int64_t i) { ref_z[i] = RefMaskedDy(in, relu, i); });
+      ForEachElement(l, [&](int64_t, int64_t i) {
+        ref_z[i] = reference::MaskedDy(in.dy, MaskOf(in, relu), i);
+      });
       ExpectClose(grad_z, ref_z, 0.0, "grad_z" + tag);
     } else {
       for (float v : grad_z) ASSERT_TRUE(std::isnan(v)) << "grad_z written";
@@ -433,10 +344,10 @@ TEST(LocalMomentsTest, StableWhenMeanIsFarLargerThanStd) {
     ForEachElement(l, [&](int64_t ch, int64_t i) {
       x[i] = static_cast<float>((ch == 0 ? 1e4 : -1e4) + unit(rng));
     });
-    const RefMoments ref = ReferenceMoments(l, x);
+    const reference::Stats ref = reference::Moments(l, x);
     Moments m = PoisonedMoments();
     ASSERT_TRUE(LocalMoments(KernelContext{}, DType::kFloat32, x.data(),
-                             l.geometry(), &m)
+                             GeometryOf(l), &m)
                     .ok());
     for (int c = 0; c < l.c(); ++c) {
       const long double ref_var = ref.m2[c] / ref.count;
@@ -467,7 +378,7 @@ struct AllOutputs {
 AllOutputs RunAll(const Layout& l, ThreadPool* pool) {
   KernelContext ctx;
   ctx.pool = pool;
-  const Geometry g = l.geometry();
+  const Geometry g = GeometryOf(l);
   const std::vector<float> x = RandomTensor(l, 41);
   const std::vector<float> dy = RandomTensor(l, 42, 0.1, 0.5);
   AllOutputs out;
@@ -544,7 +455,7 @@ TEST(EmptyBatchTest, CountZeroAndZerosWithNullTensors) {
   for (const Layout& l : {Layout{{0, 4}, false}, Layout{{0, 4, 5, 5}, false},
                           Layout{{0, 5, 5, 4}, true}, Layout{{3, 4, 0}, false},
                           Layout{{3, 0, 4}, true}}) {
-    const Geometry g = l.geometry();
+    const Geometry g = GeometryOf(l);
     const std::vector<double> ones(4, 1.0);
     for (int threads : {0, 2}) {
       std::unique_ptr<ThreadPool> pool =

@@ -9,13 +9,16 @@
 #include <sstream>
 
 #include "kernels/half.h"
+#include "kernels/testing/batch_norm_reference.h"
 
 namespace syncnorm {
 namespace check {
 namespace {
 
-using LD = long double;
-using LongVec = std::vector<LD>;
+using LD = reference::Real;
+using LongVec = reference::Reals;
+using reference::ForEachElement;
+using reference::ToReals;
 
 constexpr size_t kMaxFailures = 40;
 constexpr int kPerCompare = 3;
@@ -169,30 +172,14 @@ void Case::CompareOutput(const std::string& what,
   }
 }
 
-template <typename Fn>
-void ForEachElement(const Layout& l, Fn&& fn) {
-  for (int64_t b = 0; b < l.n(); ++b) {
-    for (int64_t ch = 0; ch < l.c(); ++ch) {
-      for (int64_t s = 0; s < l.spatial(); ++s) fn(ch, l.At(b, ch, s));
-    }
-  }
-}
-
 void Case::CheckMoments(const Inputs& in) {
   // Data whose mean is far larger than its spread, too.
   for (double offset : {0.0, 300.0}) {
     const std::vector<double> x =
         offset == 0 ? in.x : RandomTensor(l_, d_, 99, offset, 1.0);
-    const int64_t count = l_.n() * l_.spatial();
-    LongVec mean(l_.c(), 0), m2(l_.c(), 0);
-    if (count > 0) {
-      ForEachElement(l_, [&](int64_t ch, int64_t i) { mean[ch] += x[i]; });
-      for (LD& m : mean) m /= count;
-      ForEachElement(l_, [&](int64_t ch, int64_t i) {
-        const LD dd = x[i] - mean[ch];
-        m2[ch] += dd * dd;
-      });
-    }
+    const reference::Stats ref = reference::Moments(l_, x);
+    const int64_t count = ref.count;
+    const LongVec &mean = ref.mean, &m2 = ref.m2;
     Tensor tx(r_, Bytes(x));
     std::vector<double> got_mean(l_.c(), std::nan("")),
         got_m2(l_.c(), std::nan(""));
@@ -236,15 +223,11 @@ void Case::CheckForward(const Inputs& in) {
       {false, false, false, true, false},  {false, true, true, true, true}};
   Tensor tx(r_, Bytes(in.x)), tz(r_, Bytes(in.z));
   for (const Options& o : options) {
-    LongVec ref(l_.size());
-    ForEachElement(l_, [&](int64_t ch, int64_t i) {
-      LD v = (static_cast<LD>(in.x[i]) - in.mean[ch]) * in.invstd[ch] *
-             (o.w ? in.weight[ch] : 1.0L);
-      if (o.b) v += in.bias[ch];
-      if (o.z) v += in.z[i];
-      if (o.relu && v < 0) v = 0;
-      ref[i] = v;
-    });
+    const reference::Normalization n{ToReals(in.mean), ToReals(in.invstd),
+                                     o.w ? ToReals(in.weight) : LongVec(),
+                                     o.b ? ToReals(in.bias) : LongVec()};
+    const LongVec ref =
+        reference::Forward(l_, in.x, n, o.z ? &in.z : nullptr, o.relu);
     Tensor ty(r_, o.in_place ? Bytes(in.x) : Poison());
     ForwardArgs a;
     a.x = o.in_place ? ty.get() : tx.get();
@@ -267,16 +250,10 @@ void Case::CheckForward(const Inputs& in) {
 void Case::CheckBackwardReduce(const Inputs& in) {
   Tensor tdy(r_, Bytes(in.dy)), tx(r_, Bytes(in.x)), ty(r_, Bytes(in.y));
   for (bool mask : {false, true}) {
-    LongVec sum_dy(l_.c(), 0), sum_dy_xmu(l_.c(), 0), mag_dy(l_.c(), 0),
-        mag_xmu(l_.c(), 0);
-    ForEachElement(l_, [&](int64_t ch, int64_t i) {
-      const LD d = (!mask || in.y[i] > 0) ? static_cast<LD>(in.dy[i]) : 0.0L;
-      const LD t = d * (static_cast<LD>(in.x[i]) - in.mean[ch]);
-      sum_dy[ch] += d;
-      sum_dy_xmu[ch] += t;
-      mag_dy[ch] += std::fabs(d);
-      mag_xmu[ch] += std::fabs(t);
-    });
+    const reference::GradSumsRef ref = reference::BackwardSums(
+        l_, in.dy, in.x, mask ? &in.y : nullptr, ToReals(in.mean));
+    const LongVec &sum_dy = ref.sum_dy, &sum_dy_xmu = ref.sum_dy_xmu,
+                  &mag_dy = ref.abs_dy, &mag_xmu = ref.abs_dy_xmu;
     BackwardReduceArgs a;
     a.dy = tdy.get();
     a.x = tx.get();
@@ -322,15 +299,15 @@ void Case::CheckBackwardElementwise(const Inputs& in) {
                              {true, true, true}};
   Tensor tdy(r_, Bytes(in.dy)), tx(r_, Bytes(in.x)), ty(r_, Bytes(in.y));
   for (const Options& o : options) {
-    LongVec gi(l_.size()), gz(l_.size());
-    ForEachElement(l_, [&](int64_t ch, int64_t i) {
-      const LD invstd = in.invstd[ch];
-      const LD w = o.w ? in.weight[ch] : 1.0L;
-      const LD d = (!o.mask || in.y[i] > 0) ? static_cast<LD>(in.dy[i]) : 0.0L;
-      const LD xmu = static_cast<LD>(in.x[i]) - in.mean[ch];
-      gi[i] = w * invstd *
-              (d - in.mean_dy[ch] - xmu * invstd * invstd * in.mean_dy_xmu[ch]);
-      gz[i] = d;
+    const std::vector<double>* y = o.mask ? &in.y : nullptr;
+    const reference::Normalization n{ToReals(in.mean), ToReals(in.invstd),
+                                     o.w ? ToReals(in.weight) : LongVec(),
+                                     LongVec()};
+    const LongVec gi = reference::GradInput(
+        l_, in.dy, in.x, y, n, ToReals(in.mean_dy), ToReals(in.mean_dy_xmu));
+    LongVec gz(l_.size());
+    ForEachElement(l_, [&](int64_t, int64_t i) {
+      gz[i] = reference::MaskedDy(in.dy, y, i);
     });
     Tensor tgi(r_, Poison()), tgz(r_, Poison());
     BackwardElementwiseArgs a;
@@ -385,34 +362,6 @@ Tolerance CpuTolerance() { return Tolerance{1e-9, 1e-9, 1e-6}; }
 // float32: at most 9.7e-8 of max |ref| beyond rounding to the element type
 // (a float32 unit is 6e-8), bounded by 5e-7.
 Tolerance GpuTolerance() { return Tolerance{1e-12, 1e-12, 5e-7}; }
-
-int64_t Layout::spatial() const {
-  int64_t s = 1;
-  const size_t end = last() ? shape.size() - 1 : shape.size();
-  for (size_t i = last() ? 1 : 2; i < end; ++i) s *= shape[i];
-  return s;
-}
-
-int64_t Layout::At(int64_t b, int64_t ch, int64_t s) const {
-  return last() ? (b * spatial() + s) * c() + ch
-                : (b * c() + ch) * spatial() + s;
-}
-
-Geometry Layout::geometry() const {
-  Geometry g;
-  g.channels = c();
-  g.outer = last() || shape.size() == 2 ? n() * spatial() : n();
-  g.inner = last() || shape.size() == 2 ? 1 : spatial();
-  return g;
-}
-
-std::string Layout::Name() const {
-  std::string s;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    s += (i ? "x" : "") + std::to_string(shape[i]);
-  }
-  return s + (channels_last ? "_last" : "_first");
-}
 
 std::vector<Layout> StandardLayouts(bool large) {
   std::vector<Layout> v = {

@@ -1,6 +1,7 @@
-// A self-checking sweep of the batch-norm kernels against float64 (long
-// double) references, for every dtype, both layouts and ranks 2 to 5, on
-// fresh random data, with every output poisoned (NaN) before the call.
+// A self-checking sweep of the batch-norm kernels against the float64
+// reference (kernels/testing/batch_norm_reference.h), for every dtype, both
+// layouts and ranks 2 to 5, on fresh random data, with every output
+// poisoned (NaN) before the call.
 //
 // Free of Abseil, gtest and CUDA types: the CPU tests, the Bazel GPU test and
 // the standalone device check (tests/gpu/device_check.sh, built by nvcc
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "kernels/batch_norm_types.h"
+#include "kernels/testing/batch_norm_reference.h"
 
 namespace syncnorm {
 namespace check {
@@ -66,21 +68,8 @@ struct Accuracy {
 Tolerance CpuTolerance();
 Tolerance GpuTolerance();
 
-// A tensor's shape and layout.
-struct Layout {
-  std::vector<int64_t> shape;
-  bool channels_last = false;
-
-  bool last() const { return channels_last && shape.size() > 2; }
-  int64_t n() const { return shape[0]; }
-  int64_t c() const { return last() ? shape.back() : shape[1]; }
-  int64_t spatial() const;
-  int64_t size() const { return n() * c() * spatial(); }
-  // Flat offset of batch item b, channel ch, spatial position s.
-  int64_t At(int64_t b, int64_t ch, int64_t s) const;
-  Geometry geometry() const;
-  std::string Name() const;
-};
+// A tensor's shape and layout: the float64 reference's.
+using Layout = reference::Layout;
 
 // Ranks 2 to 5 in both layouts, an empty batch, and shapes big enough to
 // span many GPU blocks. `large` adds shapes of a few million elements.

@@ -7,24 +7,27 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/testing/batch_norm_reference.h"
 
 namespace syncnorm {
 namespace {
 
-// Two-pass moments in long double: the independent reference.
+// The float64 reference's two-pass moments of values per channel, as an
+// (N, C) tensor. REQUIRES: every channel has N values.
 Moments Reference(const std::vector<std::vector<double>>& per_channel) {
-  Moments m = Moments::Zero(static_cast<int>(per_channel.size()));
-  for (size_t c = 0; c < per_channel.size(); ++c) {
-    const auto& v = per_channel[c];
-    m.count = static_cast<int64_t>(v.size());
-    if (v.empty()) continue;
-    long double sum = 0;
-    for (double x : v) sum += x;
-    const long double mean = sum / v.size();
-    long double m2 = 0;
-    for (double x : v) m2 += (x - mean) * (x - mean);
-    m.mean[c] = static_cast<double>(mean);
-    m.m2[c] = static_cast<double>(m2);
+  const int64_t channels = static_cast<int64_t>(per_channel.size());
+  const int64_t n = static_cast<int64_t>(per_channel[0].size());
+  const reference::Layout l{{n, channels}, false};
+  std::vector<double> x(l.size());
+  for (int64_t c = 0; c < channels; ++c) {
+    for (int64_t i = 0; i < n; ++i) x[l.At(i, c, 0)] = per_channel[c][i];
+  }
+  const reference::Stats s = reference::Moments(l, x);
+  Moments m = Moments::Zero(static_cast<int>(channels));
+  m.count = s.count;
+  for (int64_t c = 0; c < channels; ++c) {
+    m.mean[c] = static_cast<double>(s.mean[c]);
+    m.m2[c] = static_cast<double>(s.m2[c]);
   }
   return m;
 }

@@ -17,6 +17,7 @@
 #include "client/client.h"
 #include "client/contributor.h"
 #include "client/job_groups.h"
+#include "client/layer_spec.h"
 #include "client/running_stats.h"
 #include "client/sync_batch_norm.h"
 #include "client/sync_batch_norm_options.h"

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/layer_spec.h"
 #include "client/nccl_node_group.h"
 #include "client/sync_batch_norm.h"
 #include "client/sync_batch_norm_options.h"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "client/layer_spec.h"
 #include "client/sync_batch_norm.h"
 #include "client/sync_batch_norm_options.h"
 #include "gtest/gtest.h"

@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "google/protobuf/repeated_field.h"
+#include "wire/convert.h"
+#include "wire/round_error.h"
 
 namespace syncnorm {
 namespace {
@@ -21,10 +23,7 @@ LayerConfig LayerFromProto(const v1::LayerSpec& spec) {
   LayerConfig layer;
   layer.name = spec.name();
   layer.channels = spec.num_features();
-  layer.rule.mode = static_cast<MomentumMode>(spec.momentum_mode());
-  layer.rule.momentum = spec.momentum();
-  layer.rule.biased_var = spec.biased_running_var();
-  layer.rule.track = !spec.no_running_stats();
+  layer.rule = RuleFromProto(spec);
   layer.initial_running_mean = ToVector(spec.initial_running_mean());
   layer.initial_running_var = ToVector(spec.initial_running_var());
   return layer;
@@ -33,10 +32,7 @@ LayerConfig LayerFromProto(const v1::LayerSpec& spec) {
 void LayerToProto(const LayerConfig& layer, v1::LayerSpec& spec) {
   spec.set_name(layer.name);
   spec.set_num_features(layer.channels);
-  spec.set_momentum_mode(static_cast<v1::MomentumMode>(layer.rule.mode));
-  spec.set_momentum(layer.rule.momentum);
-  spec.set_biased_running_var(layer.rule.biased_var);
-  spec.set_no_running_stats(!layer.rule.track);
+  ToProto(layer.rule, spec);
   ToRepeated(layer.initial_running_mean, spec.mutable_initial_running_mean());
   ToRepeated(layer.initial_running_var, spec.mutable_initial_running_var());
 }
@@ -99,28 +95,11 @@ Contribution ContributionFromProto(v1::Contribution&& proto) {
   c.step = proto.step();
   c.phase = static_cast<Phase>(proto.phase());
   c.rank = proto.rank();
-  if (proto.has_momentum()) {
-    c.update.momentum = RoundMomentum{
-        static_cast<MomentumMode>(proto.momentum().momentum_mode()),
-        proto.momentum().momentum()};
-  }
-  if (proto.has_imported_stats()) {
-    const v1::ImportedStats& i = proto.imported_stats();
-    c.update.imported =
-        RunningStats{i.num_batches_tracked(), ToVector(i.running_mean()),
-                     ToVector(i.running_var())};
-  }
+  c.update = RoundUpdateFromProto(proto);
   if (proto.has_moments()) {
-    Moments m;
-    m.count = proto.moments().count();
-    m.mean = ToVector(proto.moments().mean());
-    m.m2 = ToVector(proto.moments().m2());
-    c.payload = std::move(m);
+    c.payload = FromProto(proto.moments());
   } else if (proto.has_grad_sums()) {
-    GradSums g;
-    g.sum_dy = ToVector(proto.grad_sums().sum_dy());
-    g.sum_dy_xmu = ToVector(proto.grad_sums().sum_dy_xmu());
-    c.payload = std::move(g);
+    c.payload = FromProto(proto.grad_sums());
   }
   return c;
 }
@@ -132,24 +111,17 @@ void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
   result.set_step(key.step);
   result.set_phase(static_cast<v1::Phase>(key.phase));
   if (!outcome.status.ok()) {
-    v1::RoundError* error = result.mutable_error();
-    error->set_code(static_cast<int>(outcome.status.code()));
-    error->set_message(std::string(outcome.status.message()));
-    for (int rank : outcome.missing_ranks) error->add_missing_ranks(rank);
-    error->set_reason(static_cast<v1::RoundError::Reason>(outcome.reason));
+    RoundErrorToProto(outcome.status, outcome.missing_ranks,
+                      static_cast<v1::RoundError::Reason>(outcome.reason),
+                      *result.mutable_error());
     return;
   }
   result.set_version(outcome.version);
   for (int rank : outcome.missing_ranks) result.add_missing_ranks(rank);
   if (key.phase == Phase::kForward) {
-    v1::GlobalMoments* m = result.mutable_moments();
-    m->set_count(outcome.moments.count);
-    ToRepeated(outcome.moments.mean, m->mutable_mean());
-    ToRepeated(outcome.moments.var, m->mutable_var());
+    ToProto(outcome.moments, *result.mutable_moments());
   } else {
-    v1::GradSums* g = result.mutable_grad_sums();
-    ToRepeated(outcome.grad_sums.sum_dy, g->mutable_sum_dy());
-    ToRepeated(outcome.grad_sums.sum_dy_xmu, g->mutable_sum_dy_xmu());
+    ToProto(outcome.grad_sums, *result.mutable_grad_sums());
   }
 }
 
@@ -157,9 +129,7 @@ void LayerStatsToProto(const LayerStatsSnapshot& layer, v1::LayerStats& out) {
   out.set_layer(layer.layer);
   out.set_name(layer.name);
   out.set_group(layer.group);
-  out.set_num_batches_tracked(layer.stats.num_batches_tracked);
-  ToRepeated(layer.stats.mean, out.mutable_running_mean());
-  ToRepeated(layer.stats.var, out.mutable_running_var());
+  ToProto(layer.stats, out);
 }
 
 void RunningStatsToProto(const RunningStatsSnapshot& stats,
@@ -179,9 +149,7 @@ std::vector<LayerStatsSnapshot> LayerStatsFromProto(
     s.layer = l.layer();
     s.name = l.name();
     s.group = l.group();
-    s.stats.num_batches_tracked = l.num_batches_tracked();
-    s.stats.mean = ToVector(l.running_mean());
-    s.stats.var = ToVector(l.running_var());
+    s.stats = FromProto(l);
     out.push_back(std::move(s));
   }
   return out;

@@ -1,5 +1,6 @@
-// Translation between syncnorm.v1 messages and the domain types. No
-// validation here: the domain validates and reports.
+// Translation between syncnorm.v1 messages and the domain types, over the
+// conversions the client shares (wire/). No validation here: the domain
+// validates and reports.
 #ifndef SYNCNORM_SERVER_RPC_PROTO_CONVERT_H_
 #define SYNCNORM_SERVER_RPC_PROTO_CONVERT_H_
 

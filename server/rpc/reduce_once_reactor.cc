@@ -3,10 +3,9 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/proto_convert.h"
+#include "wire/round_error.h"
 
 namespace syncnorm {
 
@@ -36,15 +35,7 @@ void ReduceOnceReactor::Answer(const Contribution& key,
     Finish(grpc::Status::OK);
     return;
   }
-  absl::Status status = outcome.status;
-  if (!outcome.missing_ranks.empty() &&
-      status.message().find("ranks [") == absl::string_view::npos) {
-    status = absl::Status(
-        status.code(),
-        absl::StrCat(status.message(), " (missing ranks [",
-                     absl::StrJoin(outcome.missing_ranks, ", "), "])"));
-  }
-  Finish(ToGrpcStatus(status));
+  Finish(ToGrpcStatus(WithMissingRanks(outcome.status, outcome.missing_ranks)));
 }
 
 }  // namespace syncnorm

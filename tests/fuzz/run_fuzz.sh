@@ -11,8 +11,8 @@
 # own path) and by hand. The sources it compiles are the srcs of
 # //server/domain:aggregator, :contribution, :job_spec, :bounded_text and
 # :periodic_thread, //server/store:state_codec, :kv_state_store and
-# :memory_engine, //kernels:moments and //kernels:round_update, read from
-# their BUILD files, so it follows them.
+# :memory_engine, //kernels:moments and //kernels:round_update, and //wire,
+# read from their BUILD files, so it follows them.
 set -euo pipefail
 seconds="${1:-${FUZZ_SECONDS:-30}}"
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)"
@@ -47,8 +47,9 @@ sources=(server/rpc/request_fuzz.cc server/rpc/proto_convert.cc
          $(srcs_of server/store/BUILD state_codec)
          $(srcs_of server/store/BUILD kv_state_store)
          $(srcs_of server/store/BUILD memory_engine)
-         $(srcs_of kernels/BUILD moments) $(srcs_of kernels/BUILD round_update))
-hash=$(cat "${sources[@]}" server/*/*.h kernels/*.h server/store/state.proto \
+         $(srcs_of kernels/BUILD moments) $(srcs_of kernels/BUILD round_update)
+         $(srcs_of wire/BUILD wire))
+hash=$(cat "${sources[@]}" server/*/*.h kernels/*.h wire/*.h server/store/state.proto \
          proto/syncnorm/v1/aggregator.proto "$0" | sha256sum | cut -c1-16)
 out="${TEST_TMPDIR:-${TMPDIR:-/tmp}}/syncnorm-fuzz-$hash"
 mkdir -p "$out/gen/server/store" "$out/obj"

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "client/layer_spec.h"
 #include "client/sync_batch_norm_options.h"
 
 namespace syncnorm::testing {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+
+#include "kernels/testing/batch_norm_reference.h"
 
 namespace syncnorm::testing {
 namespace {
@@ -15,111 +18,55 @@ struct Canon {
   double& at(int64_t s, int c, int64_t q) {
     return v[(s * channels + c) * p + q];
   }
+  reference::Layout layout() const { return {{n, channels, p}, false}; }
 };
 
 double Round(double x) { return static_cast<double>(static_cast<float>(x)); }
 
 struct LayerTape {
   Canon x, y;
-  std::vector<double> mean, invstd;
+  reference::Normalization norm;  // the batch's, with the layer's gamma, beta
 };
 
-void UpdateRunning(const StackConfig& config, int64_t n,
-                   const std::vector<double>& mean,
-                   const std::vector<double>& var, ReferenceStats& s) {
-  if (n == 0) return;
-  s.num_batches_tracked += 1;
-  const double m = config.momentum;
-  for (size_t c = 0; c < mean.size(); ++c) {
-    // torch: unbiased = biased * n / (n - 1).
-    const double v = config.biased_running_var
-                         ? var[c]
-                         : var[c] * static_cast<double>(n) / (n - 1);
-    switch (config.mode) {
-      case MomentumMode::kTorch:
-        s.mean[c] = (1 - m) * s.mean[c] + m * mean[c];
-        s.var[c] = (1 - m) * s.var[c] + m * v;
-        break;
-      case MomentumMode::kDecay:
-        s.mean[c] = m * s.mean[c] + (1 - m) * mean[c];
-        s.var[c] = m * s.var[c] + (1 - m) * v;
-        break;
-      case MomentumMode::kCumulative: {
-        const double k = static_cast<double>(s.num_batches_tracked);
-        s.mean[c] += (mean[c] - s.mean[c]) / k;
-        s.var[c] += (v - s.var[c]) / k;
-        break;
-      }
-    }
-  }
-}
-
 LayerTape ForwardLayer(const StackConfig& config, int layer, Canon x,
-                       ReferenceStats& running) {
+                       reference::Running& running) {
   LayerTape t;
   const int C = x.channels;
-  t.mean.assign(C, 0.0);
-  t.invstd.assign(C, 0.0);
-  std::vector<double> var(C, 0.0);
-  const double count = static_cast<double>(x.n * x.p);
-  for (int c = 0; c < C && x.n > 0; ++c) {
-    double sum = 0;
-    for (int64_t s = 0; s < x.n; ++s)
-      for (int64_t q = 0; q < x.p; ++q) sum += x.at(s, c, q);
-    const double mean = sum / count;
-    double m2 = 0;
-    for (int64_t s = 0; s < x.n; ++s)
-      for (int64_t q = 0; q < x.p; ++q)
-        m2 += (x.at(s, c, q) - mean) * (x.at(s, c, q) - mean);
-    t.mean[c] = mean;
-    var[c] = m2 / count;
-    t.invstd[c] = 1.0 / std::sqrt(var[c] + config.eps);
+  const reference::Stats stats = reference::Moments(x.layout(), x.v);
+  reference::Reals gamma(C), beta(C);
+  for (int c = 0; c < C; ++c) {
+    gamma[c] = Gamma(config, layer, c);
+    beta[c] = Beta(config, layer, c);
   }
-  UpdateRunning(config, static_cast<int64_t>(count), t.mean, var, running);
+  t.norm = reference::Normalize(stats.mean, stats.Var(), config.eps,
+                                std::move(gamma), std::move(beta));
+  reference::UpdateRunning(config.mode, config.momentum,
+                           config.biased_running_var, stats, running);
+  const std::vector<double>* no_z = nullptr;
+  const reference::Reals y =
+      reference::Forward(x.layout(), x.v, t.norm, no_z, config.fuse_relu);
   t.y = x;
-  for (int64_t s = 0; s < x.n; ++s) {
-    for (int c = 0; c < C; ++c) {
-      for (int64_t q = 0; q < x.p; ++q) {
-        double v = (x.at(s, c, q) - t.mean[c]) * t.invstd[c] *
-                       Gamma(config, layer, c) +
-                   Beta(config, layer, c);
-        if (config.fuse_relu) v = std::max(v, 0.0);
-        t.y.at(s, c, q) = Round(v);
-      }
-    }
-  }
+  for (size_t i = 0; i < y.size(); ++i) t.y.v[i] = Round(y[i]);
   t.x = std::move(x);
   return t;
 }
 
-Canon BackwardLayer(const StackConfig& config, int layer, const LayerTape& t,
+Canon BackwardLayer(const StackConfig& config, const LayerTape& t,
                     const Canon& dy) {
-  Canon dx = dy;
   const int C = dy.channels;
   const double count = static_cast<double>(dy.n * dy.p);
-  for (int c = 0; c < C && dy.n > 0; ++c) {
-    auto masked = [&](int64_t s, int64_t q) {
-      const double g = dy.v[(s * C + c) * dy.p + q];
-      return config.fuse_relu && t.y.v[(s * C + c) * dy.p + q] <= 0 ? 0.0 : g;
-    };
-    double sum_dy = 0, sum_dy_xmu = 0;
-    for (int64_t s = 0; s < dy.n; ++s) {
-      for (int64_t q = 0; q < dy.p; ++q) {
-        sum_dy += masked(s, q);
-        sum_dy_xmu +=
-            masked(s, q) * (t.x.v[(s * C + c) * dy.p + q] - t.mean[c]);
-      }
-    }
-    const double k = Gamma(config, layer, c) * t.invstd[c];
-    for (int64_t s = 0; s < dy.n; ++s) {
-      for (int64_t q = 0; q < dy.p; ++q) {
-        const double xmu = t.x.v[(s * C + c) * dy.p + q] - t.mean[c];
-        dx.at(s, c, q) =
-            Round(k * (masked(s, q) - sum_dy / count -
-                       xmu * t.invstd[c] * t.invstd[c] * sum_dy_xmu / count));
-      }
-    }
+  const std::vector<double>* mask = config.fuse_relu ? &t.y.v : nullptr;
+  const reference::GradSumsRef sums =
+      reference::BackwardSums(dy.layout(), dy.v, t.x.v, mask, t.norm.mean);
+  reference::Reals mean_dy(C, 0), mean_dy_xmu(C, 0);
+  for (int c = 0; c < C && count > 0; ++c) {
+    mean_dy[c] = sums.sum_dy[c] / count;
+    mean_dy_xmu[c] = sums.sum_dy_xmu[c] / count;
   }
+  const reference::Reals gi = reference::GradInput(
+      dy.layout(), dy.v, t.x.v, mask, t.norm, mean_dy, mean_dy_xmu);
+  Canon dx = dy;
+  for (size_t i = 0; i < gi.size(); ++i) dx.v[i] = Round(gi[i]);
   return dx;
 }
 
@@ -170,11 +117,12 @@ ReferenceResult RunReference(const StackConfig& config) {
   const int k = config.ranks_per_group();
   const int groups = config.world_size / k;
   ReferenceResult r;
-  r.running.assign(groups, std::vector<ReferenceStats>(L));
+  std::vector<std::vector<reference::Running>> running(
+      groups, std::vector<reference::Running>(L));
   for (int g = 0; g < groups; ++g) {
     for (int l = 0; l < L; ++l) {
-      r.running[g][l].mean.assign(config.channels[l], 0.0);
-      r.running[g][l].var.assign(config.channels[l], 1.0);
+      running[g][l].mean.assign(config.channels[l], 0.0);
+      running[g][l].var.assign(config.channels[l], 1.0);
     }
   }
   r.y.assign(L, std::vector<std::vector<double>>(config.world_size));
@@ -195,7 +143,7 @@ ReferenceResult RunReference(const StackConfig& config) {
             x.at(s, c, q) = InputValue(config, step, base + s, c, q);
       std::vector<LayerTape> tape;
       for (int l = 0; l < L; ++l) {
-        tape.push_back(ForwardLayer(config, l, std::move(x), r.running[g][l]));
+        tape.push_back(ForwardLayer(config, l, std::move(x), running[g][l]));
         if (l + 1 < L) x = Mix(config, l, tape.back().y, false);
       }
       Canon dy = tape.back().y;
@@ -205,7 +153,7 @@ ReferenceResult RunReference(const StackConfig& config) {
             dy.at(s, c, q) = LossGrad(config, step, base + s, c, q);
       std::vector<Canon> dxs(L);
       for (int l = L - 1; l >= 0; --l) {
-        dxs[l] = BackwardLayer(config, l, tape[l], dy);
+        dxs[l] = BackwardLayer(config, tape[l], dy);
         if (l > 0) dy = Mix(config, l - 1, dxs[l], true);
       }
       if (step != config.steps - 1) continue;
@@ -218,6 +166,16 @@ ReferenceResult RunReference(const StackConfig& config) {
         }
         first += sizes[rank];
       }
+    }
+  }
+  r.running.assign(groups, std::vector<ReferenceStats>(L));
+  for (int g = 0; g < groups; ++g) {
+    for (int l = 0; l < L; ++l) {
+      const reference::Running& from = running[g][l];
+      r.running[g][l] = ReferenceStats{
+          from.num_batches_tracked,
+          std::vector<double>(from.mean.begin(), from.mean.end()),
+          std::vector<double>(from.var.begin(), from.var.end())};
     }
   }
   return r;

@@ -1,5 +1,7 @@
 // A float64 reference of the stack model: plain batch norm over each group's
-// concatenated batch, written independently of the kernels and formulas.h.
+// concatenated batch, by the tests' one batch-norm reference
+// (kernels/testing/batch_norm_reference.h), between the model's own mixing
+// layers.
 #ifndef SYNCNORM_TESTS_TESTING_REFERENCE_H_
 #define SYNCNORM_TESTS_TESTING_REFERENCE_H_
 

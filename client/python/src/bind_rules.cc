@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/job_groups.h"
+#include "client/layer_spec.h"
 #include "client/python/src/bindings.h"
 #include "client/python/src/json_proto.h"
 #include "client/python/src/py_round_update.h"
