@@ -113,14 +113,20 @@ wait "$aggregator_pid" || fail "the aggregator's exit after SIGTERM: $?"
 aggregator_pid=
 
 # The example, copied out of the checkout: only the package can provide
-# its aggregator and the syncnorm module.
+# its aggregator and the syncnorm module. Its processes are started with
+# torchrun's variables set by the example itself (--launcher=env), one
+# moving part fewer than torchrun's rendezvous; //client/python:example_test
+# runs it under torchrun too.
 cp "$repo/client/python/examples/train_cnn.py" "$tmp/work/"
 env -u RUNFILES_DIR -u PYTHON_RUNFILES -u SYNCNORM_AGGREGATOR -u PYTHONPATH \
-  timeout 300 "$venv/bin/python" train_cnn.py --workers=2 --steps=20 \
-  --log_every=10 >"$tmp/example.log" 2>&1 ||
+  timeout 300 "$venv/bin/python" train_cnn.py --launcher=env --workers=2 \
+  --steps=20 --log_every=10 >"$tmp/example.log" 2>&1 ||
   fail "the example: $(tail -20 "$tmp/example.log")"
 cat "$tmp/example.log"
-diff=$(sed -n 's/^done: .*max |diff| \([0-9.e+-]*\).*/\1/p' "$tmp/example.log")
+# Under torchrun (the example's default launcher) rank 0's lines carry
+# its "[default0]:" prefix.
+diff=$(sed -n 's/^\(\[[a-z0-9]*\]:\)\{0,1\}done: .*max |diff| \([0-9.e+-]*\).*/\2/p' \
+  "$tmp/example.log")
 [ -n "$diff" ] || fail "the example printed no final line"
 "$py" -c "import sys; sys.exit(0 if float('$diff') <= 1e-5 else 1)" ||
   fail "the example's running statistics differ from the aggregator's by $diff"

@@ -57,8 +57,9 @@ class Fiber {
   const void* stack_bottom_ = nullptr;
   size_t stack_bytes_ = 0;
   void* asan_fake_stack_ = nullptr;
-  void* tsan_fiber_ = nullptr;
-  bool tsan_owned_ = false;
+  // Used only under ThreadSanitizer.
+  [[maybe_unused]] void* tsan_fiber_ = nullptr;
+  [[maybe_unused]] bool tsan_owned_ = false;
   Fiber* from_ = nullptr;  // who switched to this fiber last
 };
 
