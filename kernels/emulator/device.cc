@@ -455,6 +455,7 @@ void RunBlockCatchingFaults(Block& b, std::string (*describe)(uintptr_t)) {
     return;
   }
   in_kernel = 0;
+  Fiber::LandedByJump(b.scheduler);
   const int t = current != nullptr ? current->id : -1;
   current = nullptr;
   SetFault(b, cudaErrorIllegalAddress,

@@ -12,6 +12,10 @@
 #include "gtest/gtest.h"
 #include "kernels/emulator/emulator.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace syncnorm::emu {
 namespace {
 
@@ -340,6 +344,34 @@ TEST_F(EmulatorTest, AnAccessToFreedMemoryFaults) {
   LAUNCH(1, 1, 0, nullptr, CopyThrough)(d_stale, out);
   EXPECT_EQ(Finish(), cudaErrorIllegalAddress);
   EXPECT_TRUE(Has(Fault(), "freed device allocation")) << Fault();
+}
+
+// After the fault handler jumps out of a CUDA thread's fiber, AddressSanitizer
+// must know the thread is on its own stack again: LeakSanitizer scans that
+// stack at exit, and the fiber's is gone by then (it crashed the leak check).
+TEST_F(EmulatorTest, AFaultLeavesTheSanitizerOnTheThreadsOwnStack) {
+#if !defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "asks AddressSanitizer; run under --config=asan";
+#else
+  float* in = DeviceArray(std::vector<float>(1000, 1.0f));
+  float* out = DeviceArray(std::vector<float>(1000, 0.0f));
+  LAUNCH(1, 32, 0, nullptr, CopyAt)(in, out, 990);  // thread 10+ reads past
+  ASSERT_EQ(Finish(), cudaErrorIllegalAddress);
+  // A switch to this same stack reports the stack ASan thought it was on.
+  int here = 0;
+  void* fake = nullptr;
+  const void* bottom = nullptr;
+  size_t bytes = 0;
+  __sanitizer_start_switch_fiber(&fake, nullptr, 0);
+  __sanitizer_finish_switch_fiber(fake, &bottom, &bytes);
+  __sanitizer_start_switch_fiber(&fake, bottom, bytes);  // and back
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+  const auto* lo = static_cast<const char*>(bottom);
+  const auto* p = reinterpret_cast<const char*>(&here);
+  EXPECT_TRUE(p >= lo && p < lo + bytes)
+      << "ASan's stack [" << bottom << ", +" << bytes << ") does not hold "
+      << static_cast<const void*>(p);
+#endif
 }
 
 TEST_F(EmulatorTest, HostPointersAreRefusedAtLaunch) {

@@ -238,4 +238,17 @@ void Fiber::Arrived() {
 #endif
 }
 
+void Fiber::LandedByJump(Fiber& here) {
+#if defined(SYNCNORM_EMU_ASAN)
+  // here switched away once at least, so its stack bounds are known.
+  __sanitizer_start_switch_fiber(nullptr, here.stack_bottom_,
+                                 here.stack_bytes_);
+  __sanitizer_finish_switch_fiber(here.asan_fake_stack_, nullptr, nullptr);
+#endif
+#if defined(SYNCNORM_EMU_TSAN)
+  if (here.tsan_fiber_ != nullptr) __tsan_switch_to_fiber(here.tsan_fiber_, 0);
+#endif
+  (void)here;
+}
+
 }  // namespace syncnorm::emu

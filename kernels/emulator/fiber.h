@@ -50,6 +50,12 @@ class Fiber {
   // Called first thing on a fiber after every switch to it.
   void Arrived();
 
+  // Called on `here` after a siglongjmp from another fiber's stack back to
+  // here's (a fault in a CUDA thread): the sanitizers learn that the thread
+  // runs on here's stack again, and the fiber jumped from dies. Without
+  // this, LeakSanitizer would scan the dead fiber's stack as the thread's.
+  static void LandedByJump(Fiber& here);
+
  private:
   void* sp_ = nullptr;
   // Where this fiber's stack is, for the sanitizers: null for the thread's
