@@ -30,6 +30,7 @@ the aggregator's.
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -211,16 +212,32 @@ def start_aggregator(args):
             with open(port_file) as f:
                 port = f.read().strip()
             if port:
-                return proc, "127.0.0.1:" + port
+                return proc, "127.0.0.1:" + port, scratch
         time.sleep(0.05)
     proc.kill()
+    proc.wait()
+    shutil.rmtree(scratch, ignore_errors=True)
     sys.exit("the aggregator did not start")
 
 
 def launch(args):
     aggregator = None
+    scratch = None
     if not args.address:
-        aggregator, args.address = start_aggregator(args)
+        aggregator, args.address, scratch = start_aggregator(args)
+    try:
+        codes = run_workers(args)
+    finally:
+        if aggregator is not None:
+            aggregator.terminate()
+            aggregator.wait()
+            shutil.rmtree(scratch, ignore_errors=True)
+    if any(codes):
+        sys.exit("workers exited with %s" % codes)
+
+
+def run_workers(args):
+    """Runs the workers against args.address; returns their exit codes."""
     env = dict(os.environ, SYNCNORM_ADDRESS=args.address)
     script = [os.path.abspath(__file__), "--worker",
               "--steps=%d" % args.steps, "--batch=%d" % args.batch,
@@ -243,12 +260,7 @@ def launch(args):
                                   env=dict(env, RANK=str(r),
                                            LOCAL_RANK=str(r)))
                  for r in range(args.workers)]
-    codes = [p.wait() for p in procs]
-    if aggregator is not None:
-        aggregator.terminate()
-        aggregator.wait()
-    if any(codes):
-        sys.exit("workers exited with %s" % codes)
+    return [p.wait() for p in procs]
 
 
 def main():

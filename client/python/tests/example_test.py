@@ -5,7 +5,9 @@ must end with the buffers equal to the aggregator's statistics."""
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import unittest
 
 import harness
@@ -18,6 +20,12 @@ class ExampleTest(unittest.TestCase):
     def run_example(self, launcher, workers):
         env = harness.child_env()
         env["SYNCNORM_AGGREGATOR"] = harness.aggregator_binary()
+        # The aggregator it starts keeps its state in a scratch directory
+        # under TMPDIR, which must be gone when the example ends (torchrun
+        # leaves its own torchelastic_* log directory there).
+        tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        self.addCleanup(shutil.rmtree, tmp)
+        env["TMPDIR"] = tmp
         p = subprocess.run(
             [harness.PYTHON, EXAMPLE, "--workers=%d" % workers, "--steps=4",
              "--log_every=2", "--launcher=" + launcher],
@@ -29,6 +37,9 @@ class ExampleTest(unittest.TestCase):
         done = re.search(r"done: 4 steps .* max \|diff\| ([0-9.e+-]+)", out)
         self.assertIsNotNone(done, out[-4000:])
         self.assertLessEqual(float(done.group(1)), 1e-6, done.group(0))
+        self.assertEqual(
+            [f for f in os.listdir(tmp) if not f.startswith("torchelastic_")],
+            [], "left behind in TMPDIR")
 
     def test_torchrun(self):
         self.run_example("torchrun", 2)
