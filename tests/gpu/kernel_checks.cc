@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/batch_norm_cuda.h"
+#include "kernels/cuda_runner.h"
 #include "kernels/kernel_check.h"
 #include "tests/gpu/checks.h"
 
@@ -22,68 +23,6 @@ double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
-
-// The raw launchers on a stream of their own; device memory from
-// cudaMalloc, optionally 4 bytes past a 16-byte boundary.
-class RawRunner : public check::KernelRunner {
- public:
-  explicit RawRunner(bool misalign = false) : skip_(misalign ? 4 : 0) {
-    cudaStreamCreate(&stream_);
-  }
-  ~RawRunner() override { cudaStreamDestroy(stream_); }
-  std::string Moments(DType d, const void* x, const Geometry& g, double* mean,
-                      double* m2) override {
-    return Msg(cuda::LocalMoments(stream_, d, x, g, mean, m2));
-  }
-  std::string Forward(DType d, const Geometry& g,
-                      const ForwardArgs& a) override {
-    return Msg(cuda::Forward(stream_, d, g, a));
-  }
-  std::string BackwardReduce(DType d, const Geometry& g,
-                             const BackwardReduceArgs& a, double* s1,
-                             double* s2) override {
-    return Msg(cuda::BackwardReduce(stream_, d, g, a, s1, s2));
-  }
-  std::string BackwardElementwise(DType d, const Geometry& g,
-                                  const BackwardElementwiseArgs& a) override {
-    return Msg(cuda::BackwardElementwise(stream_, d, g, a));
-  }
-  void* Upload(const std::vector<uint8_t>& bytes) override {
-    if (bytes.empty()) return nullptr;
-    void* p = nullptr;
-    Check(cudaMalloc(&p, bytes.size() + skip_), "cudaMalloc");
-    char* base = static_cast<char*>(p) + skip_;
-    Check(cudaMemcpy(base, bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
-          "upload");
-    return base;
-  }
-  std::vector<uint8_t> Download(const void* p, size_t bytes) override {
-    std::vector<uint8_t> out(bytes);
-    Check(cudaStreamSynchronize(stream_), "sync");
-    if (bytes > 0) {
-      Check(cudaMemcpy(out.data(), p, bytes, cudaMemcpyDeviceToHost),
-            "download");
-    }
-    return out;
-  }
-  void Free(void* p) override {
-    if (p == nullptr) return;
-    cudaStreamSynchronize(stream_);
-    cudaFree(static_cast<char*>(p) - skip_);
-  }
-  cudaStream_t stream() const { return stream_; }
-  const std::vector<std::string>& errors() const { return errors_; }
-
- private:
-  void Check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) {
-      errors_.push_back(std::string(what) + ": " + cudaGetErrorString(e));
-    }
-  }
-  const size_t skip_;
-  cudaStream_t stream_ = nullptr;
-  std::vector<std::string> errors_;
-};
 
 // Whether device 0's primary context is active, through the driver API
 // (loaded at run time: the check links no libcuda). -1: cannot tell.
@@ -144,7 +83,7 @@ int CheckSweep(uint64_t seed) {
         Sweep{"odd shapes (C = 1..65536, inner 1..40000, empty batches)",
               check::OddLayouts(), false},
         Sweep{"tensors 4 bytes past 16-byte alignment", unaligned, true}}) {
-    RawRunner runner(s.misalign);
+    check::CudaRunner runner(s.misalign);
     check::Accuracy worst;
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::string> f = check::CheckKernels(
@@ -236,7 +175,7 @@ int CheckHugeItem() {
 // The launchers' contract on a real device.
 int CheckContract() {
   int failed = 0;
-  RawRunner runner;
+  check::CudaRunner runner;
   std::vector<float> host(24, 1.0f);
   std::vector<double> mean(3), m2(3);
   const Geometry g{2, 3, 4};
@@ -255,7 +194,7 @@ int CheckContract() {
   std::vector<double> v(l.size());
   for (size_t i = 0; i < v.size(); ++i) v[i] = 100.0 + (i * 7919 % 1013) / 9.0;
   const std::vector<uint8_t> bytes = check::Encode(DType::kBFloat16, v);
-  RawRunner shifted(/*misalign=*/true);
+  check::CudaRunner shifted(/*misalign=*/true);
   void* x = runner.Upload(bytes);
   void* xs = shifted.Upload(bytes);
   std::vector<double> a1(64), b1(64), a2(64), b2(64), a3(64), b3(64);
