@@ -17,6 +17,7 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/aggregator_suite.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/ctl_runner.h"
 #include "tests/testing/subprocess.h"
@@ -33,14 +34,15 @@ std::string ReadAll(const std::string& path) {
 
 using Result = CtlResult;
 
-class CtlTest : public ::testing::Test {
- protected:
+class CtlTest : public AggregatorSuite<CtlTest> {
+ public:
+  static constexpr char kScratchName[] = "ctl";
+  static std::vector<std::string> AggregatorFlags() {
+    return {"--backup_dir=" + dir() + "/backups"};
+  }
   static void SetUpTestSuite() {
-    dir_ = new std::string(MakeScratchDir("ctl"));
-    auto a =
-        LocalAggregator::Start(*dir_, {"--backup_dir=" + *dir_ + "/backups"});
-    ASSERT_TRUE(a.ok()) << a.status();
-    aggregator_ = a->release();
+    AggregatorSuite::SetUpTestSuite();
+    if (::testing::Test::HasFatalFailure()) return;
     Client client(Options());
     for (const char* id : {"net", "copy"}) {
       v1::CreateJobRequest r;
@@ -69,14 +71,11 @@ class CtlTest : public ::testing::Test {
       }
     }
   }
-  static void TearDownTestSuite() {
-    delete aggregator_;
-    delete dir_;
-  }
 
+ protected:
   static ClientOptions Options() {
     ClientOptions o;
-    o.address = aggregator_->address();
+    o.address = aggregator().address();
     o.rpc_timeout = absl::Seconds(10);
     return o;
   }
@@ -84,8 +83,8 @@ class CtlTest : public ::testing::Test {
   // Runs syncnormctl with `args` (and --server, unless given).
   static Result Ctl(std::vector<std::string> args, bool with_server = true,
                     const std::vector<std::string>& env = {}) {
-    if (with_server) args.push_back("--server=" + aggregator_->address());
-    return RunCtl(args, *dir_, env);
+    if (with_server) args.push_back("--server=" + aggregator().address());
+    return RunCtl(args, dir(), env);
   }
 
   static v1::RunningStats ServerStats(const std::string& job,
@@ -100,13 +99,7 @@ class CtlTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *s : v1::RunningStats();
   }
-
-  static std::string* dir_;
-  static LocalAggregator* aggregator_;
 };
-
-std::string* CtlTest::dir_ = nullptr;
-LocalAggregator* CtlTest::aggregator_ = nullptr;
 
 TEST_F(CtlTest, ListsJobsLayersAndStatistics) {
   Result r = Ctl({"jobs"});
@@ -139,7 +132,7 @@ TEST_F(CtlTest, ExportsAndImportsAStateDictBitForBit) {
       EXPECT_EQ(dict[p + ".running_var"][c].get<double>(), l.running_var(c));
     }
   }
-  const std::string file = *dir_ + "/net.json";
+  const std::string file = dir() + "/net.json";
   ASSERT_EQ(Ctl({"export", "net", "--out=" + file}).code, 0);
   r = Ctl({"import", "copy", file});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -174,14 +167,14 @@ TEST_F(CtlTest, CheckpointsListRestoreAndExportOfACheckpoint) {
 }
 
 TEST_F(CtlTest, EveryFailureHasAClearMessageAndExitCode) {
-  const std::string bad_json = *dir_ + "/bad.json";
+  const std::string bad_json = dir() + "/bad.json";
   std::ofstream(bad_json) << "{\"features.0.bn.running_mean\": [1, 2";
-  const std::string wrong_size = *dir_ + "/wrong.json";
+  const std::string wrong_size = dir() + "/wrong.json";
   std::ofstream(wrong_size) << R"({"features.0.bn.running_mean": [1, 2],
                                     "features.0.bn.running_var": [1, 2]})";
-  const std::string unknown_key = *dir_ + "/unknown.json";
+  const std::string unknown_key = dir() + "/unknown.json";
   std::ofstream(unknown_key) << R"({"layer9.running_mean": [1, 2, 3]})";
-  const std::string negative = *dir_ + "/negative.json";
+  const std::string negative = dir() + "/negative.json";
   std::ofstream(negative) << R"({"features.0.bn.running_mean": [1, 2, 3],
                                   "features.0.bn.running_var": [1, -2, 3]})";
   struct Case {
@@ -200,7 +193,7 @@ TEST_F(CtlTest, EveryFailureHasAClearMessageAndExitCode) {
       {{"export", "net", "--step=99"}, 4, "no checkpoint at step 99"},
       {{"restore", "net", "42"}, 4, "no checkpoint"},
       {{"stats", "net", "0", "--group=3"}, 5, "group 3 is out of range"},
-      {{"import", "copy", *dir_ + "/missing.json"}, 5, "cannot read"},
+      {{"import", "copy", dir() + "/missing.json"}, 5, "cannot read"},
       {{"import", "copy", bad_json}, 5, "not valid JSON"},
       {{"import", "copy", wrong_size}, 5, "list of 3 numbers"},
       {{"import", "copy", unknown_key}, 5, "matches no layer"},
@@ -246,7 +239,7 @@ TEST_F(CtlTest, VersionIsTheProjectsVersion) {
 
 TEST_F(CtlTest, OptionsTakeTheirValueAfterASpaceOrAnEqualsSign) {
   Result r = Ctl(
-      {"jobs", "--server", aggregator_->address(), "--timeout", "5s"}, false);
+      {"jobs", "--server", aggregator().address(), "--timeout", "5s"}, false);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "net")) << r.out;
   r = Ctl({"stats", "net", "features.1.bn", "--group", "0"});
@@ -345,7 +338,7 @@ TEST_F(CtlTest, EveryListingPrintsJsonWithDashOJson) {
 
 TEST_F(CtlTest, TheServerComesFromSyncnormAddressWithoutAFlag) {
   Result r =
-      Ctl({"jobs"}, false, {"SYNCNORM_ADDRESS=" + aggregator_->address()});
+      Ctl({"jobs"}, false, {"SYNCNORM_ADDRESS=" + aggregator().address()});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "net")) << r.out;
   // The flag wins over the variable.
@@ -412,7 +405,7 @@ TEST_F(CtlTest, BackupsAreWrittenListedAndRestored) {
   EXPECT_TRUE(absl::StrContains(r.err, "no backup 'no-such-backup'")) << r.err;
 
   // A server without --backup_dir says how to get one.
-  const std::string bare_dir = *dir_ + "/bare";
+  const std::string bare_dir = dir() + "/bare";
   std::filesystem::create_directories(bare_dir);
   auto bare = LocalAggregator::Start(bare_dir);
   ASSERT_TRUE(bare.ok()) << bare.status();

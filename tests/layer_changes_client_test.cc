@@ -23,6 +23,7 @@
 #include "client/sync_batch_norm_options.h"
 #include "gtest/gtest.h"
 #include "syncnorm/v1/aggregator.pb.h"
+#include "tests/testing/aggregator_suite.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/subprocess.h"
 
@@ -82,28 +83,21 @@ std::pair<long double, long double> Stats(const std::vector<Worker*>& ws,
   return {mean, m2 / n};
 }
 
-class LayerChangesClientTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(MakeScratchDir("layer-changes"));
-    auto a = LocalAggregator::Start(*dir_, {"--round_timeout_ms=20000"});
-    ASSERT_TRUE(a.ok()) << a.status();
-    aggregator_ = a->release();
-  }
-  static void TearDownTestSuite() {
-    auto code = aggregator_->Stop();
-    EXPECT_TRUE(code.ok() && *code == 0) << "graceful stop on SIGTERM";
-    delete aggregator_;
-    delete dir_;
+class LayerChangesClientTest : public AggregatorSuite<LayerChangesClientTest> {
+ public:
+  static constexpr char kScratchName[] = "layer-changes";
+  static std::vector<std::string> AggregatorFlags() {
+    return {"--round_timeout_ms=20000"};
   }
 
+ protected:
   LayerChangesClientTest() : client_(Options()) {
     options_.num_features = kChannels;
   }
 
   static ClientOptions Options() {
     ClientOptions o;
-    o.address = aggregator_->address();
+    o.address = aggregator().address();
     o.rpc_timeout = absl::Seconds(10);
     o.round_timeout = absl::Seconds(30);
     return o;
@@ -143,14 +137,9 @@ class LayerChangesClientTest : public ::testing::Test {
     return probe.running_stats();
   }
 
-  static std::string* dir_;
-  static LocalAggregator* aggregator_;
   Client client_;
   SyncBatchNormOptions options_;
 };
-
-std::string* LayerChangesClientTest::dir_ = nullptr;
-LocalAggregator* LayerChangesClientTest::aggregator_ = nullptr;
 
 TEST_F(LayerChangesClientTest, GroupsAsRankListsNormalizeWithTheirOwnRanks) {
   v1::CreateJobRequest job;

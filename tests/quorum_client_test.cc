@@ -27,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "syncnorm/v1/aggregator.pb.h"
+#include "tests/testing/aggregator_suite.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/subprocess.h"
 
@@ -62,26 +63,19 @@ void InParallel(const std::vector<int>& which,
   for (std::thread& t : threads) t.join();
 }
 
-class QuorumClientTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(MakeScratchDir("quorum-client"));
-    auto a = LocalAggregator::Start(*dir_, {"--round_timeout_ms=20000"});
-    ASSERT_TRUE(a.ok()) << a.status();
-    aggregator_ = a->release();
-  }
-  static void TearDownTestSuite() {
-    auto code = aggregator_->Stop();
-    EXPECT_TRUE(code.ok() && *code == 0) << "graceful stop on SIGTERM";
-    delete aggregator_;
-    delete dir_;
+class QuorumClientTest : public AggregatorSuite<QuorumClientTest> {
+ public:
+  static constexpr char kScratchName[] = "quorum-client";
+  static std::vector<std::string> AggregatorFlags() {
+    return {"--round_timeout_ms=20000"};
   }
 
+ protected:
   QuorumClientTest() : client_(Options()) {}
 
   static ClientOptions Options() {
     ClientOptions o;
-    o.address = aggregator_->address();
+    o.address = aggregator().address();
     o.rpc_timeout = absl::Seconds(10);
     o.round_timeout = absl::Seconds(30);
     return o;
@@ -194,14 +188,9 @@ class QuorumClientTest : public ::testing::Test {
     }
   }
 
-  static std::string* dir_;
-  static LocalAggregator* aggregator_;
   Client client_;
   SyncBatchNormOptions options_;
 };
-
-std::string* QuorumClientTest::dir_ = nullptr;
-LocalAggregator* QuorumClientTest::aggregator_ = nullptr;
 
 // Rank 0: a ThreadNode of two workers; rank 1: a worker alone; rank 2: a
 // worker alone that joins at step 1.
@@ -274,7 +263,7 @@ TEST_F(QuorumClientTest, NcclNodesNameTheAbsentRankOnEveryLocalRank) {
   InParallel(nccl_workers, [&](int i) {
     const int rank = workers[i].rank;
     FileUniqueIdExchange exchange(
-        absl::StrCat(*dir_, "/nccl-id-", job, "-", rank), job);
+        absl::StrCat(dir(), "/nccl-id-", job, "-", rank), job);
     auto group = NcclNodeGroup::Create(
         nccl[i], exchange,
         nccl[i].local_rank == 0 ? client_.NewNodeGroup(job, rank) : nullptr);

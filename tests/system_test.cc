@@ -13,6 +13,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
+#include "tests/testing/aggregator_suite.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/compare.h"
 #include "tests/testing/health.h"
@@ -21,24 +22,17 @@
 namespace syncnorm::testing {
 namespace {
 
-class SystemTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(MakeScratchDir("system"));
-    auto a = LocalAggregator::Start(*dir_, {"--round_timeout_ms=20000"});
-    ASSERT_TRUE(a.ok()) << a.status();
-    aggregator_ = a->release();
-  }
-  static void TearDownTestSuite() {
-    auto code = aggregator_->Stop();
-    EXPECT_TRUE(code.ok() && *code == 0) << "graceful stop on SIGTERM";
-    delete aggregator_;
-    delete dir_;
+class SystemTest : public AggregatorSuite<SystemTest> {
+ public:
+  static constexpr char kScratchName[] = "system";
+  static std::vector<std::string> AggregatorFlags() {
+    return {"--round_timeout_ms=20000"};
   }
 
+ protected:
   static ClientOptions Options() {
     ClientOptions o;
-    o.address = aggregator_->address();
+    o.address = aggregator().address();
     o.rpc_timeout = absl::Seconds(10);
     o.round_timeout = absl::Seconds(30);
     return o;
@@ -51,7 +45,7 @@ class SystemTest : public ::testing::Test {
     auto job = client.CreateJob(JobRequest(config, job_id, 20000, local_size));
     EXPECT_TRUE(job.ok()) << job.status();
     WorkersOptions w;
-    w.address = aggregator_->address();
+    w.address = aggregator().address();
     w.job_id = job_id;
     w.dir = MakeScratchDir(job_id);
     w.local_size = local_size;
@@ -73,13 +67,7 @@ class SystemTest : public ::testing::Test {
     c.steps = 5;
     return c;
   }
-
-  static std::string* dir_;
-  static LocalAggregator* aggregator_;
 };
-
-std::string* SystemTest::dir_ = nullptr;
-LocalAggregator* SystemTest::aggregator_ = nullptr;
 
 constexpr double kMaxError = 1e-6;
 
@@ -131,7 +119,7 @@ TEST_F(SystemTest, ThreadsOfOneNodeMergeBeforeSending) {
 class ProtocolTest : public SystemTest {
  protected:
   void SetUp() override {
-    channel_ = grpc::CreateChannel(aggregator_->address(),
+    channel_ = grpc::CreateChannel(aggregator().address(),
                                    grpc::InsecureChannelCredentials());
     stub_ = v1::Aggregator::NewStub(channel_);
   }
