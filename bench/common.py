@@ -37,7 +37,7 @@ def free_port():
 class Server:
     """A server binary on a free loopback port (it writes --port_file)."""
 
-    def __init__(self, binary, tmp, name, extra=()):
+    def __init__(self, binary, tmp, name, extra=(), env=None):
         port_file = os.path.join(tmp, name + ".port")
         self.log = os.path.join(tmp, name + ".log")
         if binary.endswith("syncnorm-aggregator"):
@@ -46,7 +46,8 @@ class Server:
             extra = ["--data_dir=" + os.path.join(tmp, name + "-data")] + list(extra)
         self.proc = subprocess.Popen(
             [runfile(binary), "--listen=127.0.0.1:0", "--port_file=" + port_file]
-            + list(extra), stderr=open(self.log, "w"))
+            + list(extra), stderr=open(self.log, "w"),
+            env=None if env is None else dict(os.environ, **env))
         deadline = time.time() + 30
         while not os.path.exists(port_file):
             if self.proc.poll() is not None or time.time() > deadline:

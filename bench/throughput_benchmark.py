@@ -7,6 +7,16 @@ saturation, many concurrent jobs and layers, C = 256.
               the same way with the same payload (this machine's gRPC
               ceiling). Client and server share the 2 cores, so the server's
               CPU time per contribution is reported too.
+  lock-step:  the shape of a training step (issue 18): 32 jobs x 2 ranks,
+              one contribution in flight per stream (each rank sends and
+              waits for the answer before its next layer), against the echo
+              in the same shape and the same aggregator with its state in
+              memory (--data_dir=). The pipelined shape above hides
+              per-message costs that a training step pays; this one does
+              not. --baseline_aggregator=BINARY adds both aggregators again
+              as another build (an older commit's); --malloc_preload=LIB
+              with LIB (e.g. Debian's libtcmalloc_minimal.so.4) preloaded
+              into the server only.
 """
 
 import argparse
@@ -48,6 +58,65 @@ def drive(server, mode, a):
     return answers / secs, (cpu1 - cpu0) / max(answers, 1) * 1e6
 
 
+def lockstep(a, tmp):
+    """The lock-step table and its RATIO lines."""
+    ls = argparse.Namespace(**vars(a))
+    ls.jobs, ls.world, ls.window = a.lockstep_jobs, 2, 1
+    rows = []
+    measured = {}
+    servers = [
+        ("gRPC echo, same streams and payload", "bench/bench-server", (),
+         "echo", None),
+        ("syncnorm aggregator, state in memory", "server/syncnorm-aggregator",
+         ("--data_dir=",), "syncnorm", None),
+        ("syncnorm aggregator, durable", "server/syncnorm-aggregator", (),
+         "syncnorm", None)]
+    # The two aggregators again: another build (a baseline), or this one
+    # with another malloc preloaded into the server.
+    variants = []
+    if a.baseline_aggregator:
+        variants.append(("baseline " + a.baseline_aggregator,
+                         a.baseline_aggregator, None))
+    if a.malloc_preload:
+        variants.append((os.path.basename(a.malloc_preload) + " preloaded",
+                         "server/syncnorm-aggregator",
+                         {"LD_PRELOAD": a.malloc_preload}))
+    for label, binary, env in variants:
+        servers += [(name + ", " + label, binary, extra, mode, env)
+                     for name, _, extra, mode, _ in servers[1:3]]
+    for name, binary, extra, mode, env in servers:
+        server = common.Server(binary, tmp, "lockstep-" + mode + str(len(rows)),
+                               extra, env)
+        try:
+            per_s, cpu = drive(server, mode, ls)
+        finally:
+            server.stop()
+        measured[name] = per_s
+        rows.append([name, "%.0f" % per_s, "%.1f" % cpu])
+    echo, memory, durable = (measured[r[0]] for r in rows[:3])
+    for r in rows:
+        r.append("%.2fx" % (measured[r[0]] / echo))
+    print("\n### Lock-step throughput, C = %d: %d jobs x 2 ranks x %d layers, "
+          "1 in flight per stream\n" % (a.channels, ls.jobs, a.layers))
+    common.table(["path", "contributions/s", "server CPU us per message",
+                  "vs echo"], rows)
+    print()
+    common.ratio("lockstep_durable_per_s", durable, "lockstep_echo_per_s", echo,
+                 "/s")
+    common.ratio("lockstep_durable_per_s", durable, "lockstep_in_memory_per_s",
+                 memory, "/s")
+    common.ratio("lockstep_durable_per_s", durable, "target", 50000.0, "/s",
+                 1.0, higher_is_better=True)
+    for k, (label, _, _) in enumerate(variants):
+        tag = "baseline" if label.startswith("baseline ") else "preloaded"
+        common.ratio("lockstep_in_memory_%s_per_s" % tag,
+                     measured[rows[3 + 2 * k][0]], "lockstep_in_memory_per_s",
+                     memory, "/s")
+        common.ratio("lockstep_durable_%s_per_s" % tag,
+                     measured[rows[4 + 2 * k][0]], "lockstep_durable_per_s",
+                     durable, "/s")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--smoke", action="store_true")
@@ -58,10 +127,24 @@ def main():
     p.add_argument("--window", type=int, default=8)
     p.add_argument("--warmup_s", type=float, default=1.0)
     p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--lockstep_jobs", type=int, default=32,
+                   help="jobs of the lock-step shape (2 ranks each)")
+    p.add_argument("--only", choices=("all", "pipelined", "lockstep"),
+                   default="all")
+    p.add_argument("--baseline_aggregator", default="",
+                   help="lock-step shape: also run this aggregator binary "
+                        "(e.g. an older build)")
+    p.add_argument("--malloc_preload", default="",
+                   help="lock-step shape: also run the aggregators with this "
+                        "malloc library preloaded")
     a = p.parse_args()
     if a.smoke:
         a.jobs, a.layers, a.warmup_s, a.seconds = 2, 4, 0.2, 0.5
+        a.lockstep_jobs = 2
         a.window = min(a.window, a.layers)
+    if a.only == "lockstep":
+        lockstep(a, common.scratch_dir("throughput"))
+        return
     inproc_out = common.run_group([[
         common.runfile("bench/bench-throughput-inproc"), "--jobs=%d" % a.jobs,
         "--world=%d" % a.world, "--layers=%d" % a.layers,
@@ -93,6 +176,8 @@ def main():
                  higher_is_better=True)
     common.ratio("server_cpu_us_per_contribution", grpc_cpu,
                  "echo_server_cpu_us_per_message", echo_cpu, "us")
+    if a.only == "all":
+        lockstep(a, tmp)
 
 
 if __name__ == "__main__":
