@@ -20,11 +20,10 @@ std::vector<int> Consecutive(int first_rank, int group_size) {
 Round::Round(std::vector<int> ranks, absl::Time deadline)
     : ranks_(std::move(ranks)),
       deadline_(deadline),
-      payloads_(ranks_.size()),
-      updates_(ranks_.size()),
-      fingerprints_(ranks_.size()),
-      arrivals_(ranks_.size(), absl::InfiniteFuture()),
-      waiting_(ranks_.size(), 0) {}
+      slots_(ranks_.size()),
+      fingerprints_(ranks_.size()) {
+  waiters_.reserve(ranks_.size());
+}
 
 Round::Round(int first_rank, int group_size, absl::Time deadline)
     : Round(Consecutive(first_rank, group_size), deadline) {}
@@ -38,41 +37,42 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
                             RoundCallback&& done, absl::Time now,
                             RoundCallback* evicted) {
   const int index = IndexOf(rank);
-  std::optional<Payload>& slot = payloads_[index];
+  Slot& slot = slots_[index];
   *evicted = nullptr;
-  if (slot.has_value()) {
-    if (!SamePayload(*slot, payload) || !SameUpdate(updates_[index], update)) {
+  if (slot.payload.has_value()) {
+    if (!SamePayload(*slot.payload, payload) ||
+        !SameUpdate(slot.update, update)) {
       return AddResult::kConflict;
     }
-    if (waiting_[index] >= kMaxWaitersPerRank) {
+    if (slot.waiting >= kMaxWaitersPerRank) {
       auto oldest =
           std::find_if(waiters_.begin(), waiters_.end(),
                        [&](const Waiter& w) { return w.index == index; });
       *evicted = std::move(oldest->done);
       waiters_.erase(oldest);
-      --waiting_[index];
+      --slot.waiting;
     }
     waiters_.push_back(Waiter{index, std::move(done)});
-    ++waiting_[index];
+    ++slot.waiting;
     return AddResult::kDuplicate;
   }
   // The contributing thread hashes its own payload, so the thread that
   // completes the round does not hash everyone's.
   fingerprints_[index] = ContributionFingerprint(payload, update);
-  slot = std::move(payload);
-  updates_[index] = std::move(update);
-  arrivals_[index] = now;
+  slot.payload = std::move(payload);
+  slot.update = std::move(update);
+  slot.arrival = now;
   first_arrival_ = std::min(first_arrival_, now);
   ++received_;
   waiters_.push_back(Waiter{index, std::move(done)});
-  ++waiting_[index];
+  ++slot.waiting;
   return AddResult::kAdded;
 }
 
 std::vector<int> Round::MissingRanks() const {
   std::vector<int> missing;
-  for (size_t i = 0; i < payloads_.size(); ++i) {
-    if (!payloads_[i].has_value()) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].payload.has_value()) {
       missing.push_back(ranks_[i]);
     }
   }
@@ -81,8 +81,8 @@ std::vector<int> Round::MissingRanks() const {
 
 std::vector<int> Round::PresentRanks() const {
   std::vector<int> present;
-  for (size_t i = 0; i < payloads_.size(); ++i) {
-    if (payloads_[i].has_value()) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].payload.has_value()) {
       present.push_back(ranks_[i]);
     }
   }
@@ -91,9 +91,10 @@ std::vector<int> Round::PresentRanks() const {
 
 std::vector<int> Round::Stragglers(absl::Duration threshold) const {
   std::vector<std::pair<absl::Time, int>> late;
-  for (size_t i = 0; i < payloads_.size(); ++i) {
-    if (payloads_[i].has_value() && arrivals_[i] - first_arrival_ > threshold) {
-      late.emplace_back(arrivals_[i], ranks_[i]);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.payload.has_value() && s.arrival - first_arrival_ > threshold) {
+      late.emplace_back(s.arrival, ranks_[i]);
     }
   }
   std::sort(late.begin(), late.end(), [](const auto& a, const auto& b) {
@@ -106,9 +107,9 @@ std::vector<int> Round::Stragglers(absl::Duration threshold) const {
 
 absl::Duration Round::LastArrival() const {
   absl::Duration last = absl::ZeroDuration();
-  for (size_t i = 0; i < payloads_.size(); ++i) {
-    if (payloads_[i].has_value()) {
-      last = std::max(last, arrivals_[i] - first_arrival_);
+  for (const Slot& s : slots_) {
+    if (s.payload.has_value()) {
+      last = std::max(last, s.arrival - first_arrival_);
     }
   }
   return last;
@@ -118,9 +119,9 @@ absl::StatusOr<Moments> Round::MergedMoments(int channels) const {
   // Rank order, always: the Chan merge is not associative in floating point,
   // so a fixed order is what makes every arrival order give the same bits.
   Moments acc = Moments::Zero(channels);
-  for (size_t i = 0; i < payloads_.size(); ++i) {
-    if (!payloads_[i].has_value()) continue;  // not counted (a quorum round)
-    const Moments& m = std::get<Moments>(*payloads_[i]);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].payload.has_value()) continue;  // absent (a quorum round)
+    const Moments& m = std::get<Moments>(*slots_[i].payload);
     if (absl::Status s = CheckMergeable(acc, m); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", ranks_[i], "'s count does not fit: ", s.message()));
@@ -134,9 +135,9 @@ GradSums Round::SummedGradSums(int channels) const {
   GradSums acc;
   acc.sum_dy.assign(channels, 0.0);
   acc.sum_dy_xmu.assign(channels, 0.0);
-  for (const std::optional<Payload>& p : payloads_) {
-    if (!p.has_value()) continue;
-    AddGradSums(acc, std::get<GradSums>(*p));
+  for (const Slot& s : slots_) {
+    if (!s.payload.has_value()) continue;
+    AddGradSums(acc, std::get<GradSums>(*s.payload));
   }
   return acc;
 }
@@ -144,12 +145,12 @@ GradSums Round::SummedGradSums(int channels) const {
 absl::StatusOr<RoundUpdate> Round::AgreedUpdate() const {
   const RoundUpdate* first = nullptr;
   int first_rank = 0;
-  for (size_t i = 0; i < payloads_.size(); ++i) {
-    if (!payloads_[i].has_value()) continue;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].payload.has_value()) continue;
     if (first == nullptr) {
-      first = &updates_[i];
+      first = &slots_[i].update;
       first_rank = ranks_[i];
-    } else if (!SameUpdate(*first, updates_[i])) {
+    } else if (!SameUpdate(*first, slots_[i].update)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", ranks_[i],
           " sent a different momentum or imported_stats "
@@ -172,7 +173,7 @@ std::vector<RoundCallback> Round::TakeWaiters() {
   out.reserve(waiters_.size());
   for (Waiter& w : waiters_) out.push_back(std::move(w.done));
   waiters_.clear();
-  std::fill(waiting_.begin(), waiting_.end(), 0);
+  for (Slot& s : slots_) s.waiting = 0;
   return out;
 }
 

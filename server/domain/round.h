@@ -54,7 +54,7 @@ class Round {
   AddResult Add(int rank, Payload payload, RoundUpdate update,
                 RoundCallback&& done, absl::Time now, RoundCallback* evicted);
 
-  bool complete() const { return received_ == payloads_.size(); }
+  bool complete() const { return received_ == slots_.size(); }
   // Ranks that have contributed.
   int received() const { return static_cast<int>(received_); }
   absl::Time deadline() const { return deadline_; }
@@ -99,19 +99,23 @@ class Round {
 
   const std::vector<int> ranks_;  // ascending
   const absl::Time deadline_;
-  // Indexed by position in ranks_ (as are the vectors below).
-  std::vector<std::optional<Payload>> payloads_;
-  std::vector<RoundUpdate> updates_;
-  std::vector<std::optional<uint64_t>> fingerprints_;  // of both
-  std::vector<absl::Time> arrivals_;
+  // What a rank of the group sent, by position in ranks_: one allocation
+  // per round for all of it (the round is on every message's path).
+  struct Slot {
+    std::optional<Payload> payload;
+    RoundUpdate update;
+    absl::Time arrival = absl::InfiniteFuture();
+    int waiting = 0;  // callbacks of this rank in waiters_
+  };
+  std::vector<Slot> slots_;
+  std::vector<std::optional<uint64_t>> fingerprints_;  // of payload and update
   absl::Time first_arrival_ = absl::InfiniteFuture();
   size_t received_ = 0;
   struct Waiter {
     int index;  // position in ranks_
     RoundCallback done;
   };
-  std::vector<Waiter> waiters_;  // oldest first
-  std::vector<int> waiting_;     // waiters per position
+  std::vector<Waiter> waiters_;  // oldest first; room for one per rank
 };
 
 }  // namespace syncnorm
