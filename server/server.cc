@@ -149,6 +149,13 @@ absl::Status Server::Start() {
   service_options.backups = backups_.get();
   service_options.stream_idle_timeout = options_.stream_idle_timeout;
   service_options.clock = clock_.get();
+  // The Reduce stream reports itself to the guard and the metrics; their
+  // interceptors skip it (call_observer.h).
+  guard_calls_ = std::make_unique<GuardInterceptorFactory>(guard_.get());
+  service_options.call_observers.push_back(guard_calls_.get());
+  if (metrics_ != nullptr) {
+    service_options.call_observers.push_back(metrics_->call_observers());
+  }
   service_ =
       std::make_unique<AggregatorService>(aggregator_.get(), service_options);
   if (metrics_ != nullptr) {

@@ -17,6 +17,7 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/connection_guard.h"
+#include "server/rpc/guard_interceptor.h"
 #include "server/rpc/reflection_service.h"
 #include "server/rpc/service.h"
 #include "server/rpc/socket_closer.h"
@@ -87,6 +88,8 @@ class Server {
   // server, whose calls report to them.
   std::unique_ptr<SocketCloser> closer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ConnectionGuard> guard_ ABSL_GUARDED_BY(mu_);
+  // The guard's observers of the calls its interceptors skip (Reduce).
+  std::unique_ptr<GuardInterceptorFactory> guard_calls_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AggregatorService> service_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ReflectionService> reflection_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);

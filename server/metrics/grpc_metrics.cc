@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/support/interceptor.h"
 #include "grpcpp/support/status.h"
+#include "server/rpc/call_observer.h"
 #include "server/rpc/call_outcome.h"
 
 namespace syncnorm {
@@ -62,17 +63,17 @@ const prometheus::Histogram::BucketBoundaries& HandlingBuckets() {
 
 }  // namespace
 
-// One call's observer. gRPC creates it when the call starts and deletes it
-// when the call is done. The call's outcome (CallOutcome) is counted when
-// it is over, not when the service sends its status: only then does gRPC
-// say whether that status reached the client.
-class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
+// One call's metrics: counted started when it is made, then each message,
+// then its outcome (CallOutcome) when it is over, not when the service sends
+// its status: only then does gRPC say whether that status reached the
+// client.
+class GrpcMetrics::Call final : public CallObserver {
  public:
-  Interceptor(GrpcMetrics& metrics, ServerRpcInfo* info)
-      : metrics_(metrics), outcome_(info), start_(absl::Now()) {
-    const absl::string_view full = info->method();  // "/pkg.Service/Method"
+  Call(GrpcMetrics& metrics, absl::string_view full,
+       ServerRpcInfo::Type type)  // full: "/pkg.Service/Method"
+      : metrics_(metrics), start_(absl::Now()) {
     const size_t slash = full.rfind('/');
-    labels_ = {{"grpc_type", TypeName(info->type())},
+    labels_ = {{"grpc_type", TypeName(type)},
                {"grpc_service",
                 std::string(slash == absl::string_view::npos || slash == 0
                                 ? full
@@ -86,32 +87,12 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
     sent_ = &metrics_.msg_sent_.Add(labels_);
   }
 
-  // A call that never reached its end (the server stopped first) counts
-  // as cut short.
-  ~Interceptor() override {
-    if (std::optional<CallOutcome::Result> r = outcome_.Abandon()) Handled(*r);
-  }
+  void MessageReceived() override { received_->Increment(); }
+  void MessageSent() override { sent_->Increment(); }
 
-  void Intercept(
-      grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(
-            InterceptionHookPoints::POST_RECV_MESSAGE)) {
-      received_->Increment();
-    }
-    if (methods->QueryInterceptionHookPoint(
-            InterceptionHookPoints::PRE_SEND_MESSAGE)) {
-      sent_->Increment();
-    }
-    if (std::optional<CallOutcome::Result> r = outcome_.Observe(methods)) {
-      Handled(*r);
-    }
-    methods->Proceed();
-  }
-
- private:
   // Counts the call's outcome; its handling time runs from its start to
   // the status it sent (to its end, when cut short).
-  void Handled(const CallOutcome::Result& r) {
+  void Ended(const CallOutcome::Result& r) override {
     prometheus::Labels with_code = labels_;
     with_code.emplace("grpc_code", CodeName(r.code));
     metrics_.handled_.Add(with_code).Increment();
@@ -119,12 +100,50 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
         .Observe(absl::ToDoubleSeconds(r.end - start_));
   }
 
+ private:
   GrpcMetrics& metrics_;
-  CallOutcome outcome_;
   const absl::Time start_;
   prometheus::Labels labels_;
   prometheus::Counter* received_;
   prometheus::Counter* sent_;
+};
+
+// The same for a call that gRPC intercepts: it creates the interceptor when
+// the call starts and deletes it when the call is done.
+class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
+ public:
+  Interceptor(GrpcMetrics& metrics, ServerRpcInfo* info)
+      : outcome_(info),
+        call_(metrics, info->method() != nullptr ? info->method() : "",
+              info->type()) {}
+
+  // A call that never reached its end (the server stopped first) counts
+  // as cut short.
+  ~Interceptor() override {
+    if (std::optional<CallOutcome::Result> r = outcome_.Abandon()) {
+      call_.Ended(*r);
+    }
+  }
+
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::POST_RECV_MESSAGE)) {
+      call_.MessageReceived();
+    }
+    if (methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::PRE_SEND_MESSAGE)) {
+      call_.MessageSent();
+    }
+    if (std::optional<CallOutcome::Result> r = outcome_.Observe(methods)) {
+      call_.Ended(*r);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  CallOutcome outcome_;
+  Call call_;
 };
 
 class GrpcMetrics::Factory final
@@ -133,6 +152,8 @@ class GrpcMetrics::Factory final
   explicit Factory(GrpcMetrics& metrics) : metrics_(metrics) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       ServerRpcInfo* info) override {
+    // A call of kSelfReportingMethod reports through CallStarted.
+    if (IsSelfReporting(*info)) return nullptr;
     return new Interceptor(metrics_, info);  // gRPC deletes it
   }
 
@@ -170,6 +191,12 @@ GrpcMetrics::GrpcMetrics(prometheus::Registry& registry)
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
 GrpcMetrics::NewInterceptorFactory() {
   return std::make_unique<Factory>(*this);
+}
+
+std::unique_ptr<CallObserver> GrpcMetrics::CallStarted(
+    const grpc::ServerContextBase& /*context*/, absl::string_view method,
+    ServerRpcInfo::Type type) {
+  return std::make_unique<Call>(*this, method, type);
 }
 
 }  // namespace syncnorm

@@ -9,6 +9,7 @@
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/rpc/call_observer.h"
 
 namespace syncnorm {
 
@@ -29,15 +30,22 @@ namespace syncnorm {
 // short).
 //
 // NewInterceptorFactory() is what ServerBuilder's SetInterceptorCreators
-// takes. Thread-safe; `registry` and this object must outlive the server.
-class GrpcMetrics {
+// takes; its interceptors skip calls of kSelfReportingMethod, which report
+// themselves through CallStarted (call_observer.h) and are counted alike.
+// Thread-safe; `registry` and this object must outlive the server.
+class GrpcMetrics : public CallObserverFactory {
  public:
   explicit GrpcMetrics(prometheus::Registry& registry);
 
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
   NewInterceptorFactory();
 
+  std::unique_ptr<CallObserver> CallStarted(
+      const grpc::ServerContextBase& context, absl::string_view method,
+      grpc::experimental::ServerRpcInfo::Type type) override;
+
  private:
+  class Call;
   class Interceptor;
   class Factory;
 

@@ -23,8 +23,9 @@ namespace syncnorm {
 // Serves the gRPC metrics (GrpcMetrics), syncnorm's rounds (RoundMetrics)
 // and its load against `limits` (LoadMetrics) over HTTP (MetricsHttpServer).
 // The server gives round_observer() to the Aggregator,
-// NewInterceptorFactories() to its ServerBuilder and a load source to
-// SetLoadSource(). Thread-safe; must outlive all three.
+// NewInterceptorFactories() to its ServerBuilder, call_observers() to its
+// service and a load source to SetLoadSource(). Thread-safe; must outlive all
+// three.
 class Metrics {
  public:
   // Registers every metric and starts serving GET /metrics on `listen`
@@ -45,6 +46,8 @@ class Metrics {
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
   NewInterceptorFactories();
+  // What counts the calls those interceptors skip (call_observer.h).
+  CallObserverFactory* call_observers() { return &grpc_; }
 
   // See LoadMetrics::SetSource: SetLoadSource({}) before what the source
   // reads goes away.

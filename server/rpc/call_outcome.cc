@@ -13,13 +13,24 @@ CallOutcome::CallOutcome(grpc::experimental::ServerRpcInfo* info)
                     nullptr),
       deadline_(context_->deadline()) {}
 
+CallOutcome::CallOutcome(grpc::CallbackServerContext* context)
+    : context_(context), callback_api_(true), deadline_(context->deadline()) {}
+
+void CallOutcome::StatusSent(grpc::StatusCode code) {
+  absl::MutexLock lock(&mu_);
+  sent_code_ = code;
+  sent_at_ = absl::Now();
+}
+
+std::optional<CallOutcome::Result> CallOutcome::Done() {
+  return Decide(context_->IsCancelled());
+}
+
 std::optional<CallOutcome::Result> CallOutcome::Observe(
     grpc::experimental::InterceptorBatchMethods* methods) {
   if (methods->QueryInterceptionHookPoint(
           InterceptionHookPoints::PRE_SEND_STATUS)) {
-    absl::MutexLock lock(&mu_);
-    sent_code_ = methods->GetSendStatus().error_code();
-    sent_at_ = absl::Now();
+    StatusSent(methods->GetSendStatus().error_code());
   }
   if (methods->QueryInterceptionHookPoint(
           InterceptionHookPoints::POST_RECV_CLOSE)) {

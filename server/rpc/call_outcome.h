@@ -27,7 +27,9 @@ namespace syncnorm {
 // sent.
 //
 // An interceptor creates one per call and feeds it every batch, before
-// Proceed(). Thread-safe: hooks of one call may run at once.
+// Proceed(); a callback-API reactor that reports its own call
+// (call_observer.h) creates one, notes each status it sends, and asks for
+// the outcome in OnDone. Thread-safe: hooks of one call may run at once.
 class CallOutcome {
  public:
   struct Result {
@@ -42,6 +44,14 @@ class CallOutcome {
   static constexpr std::chrono::milliseconds kDeadlineSkew{250};
 
   explicit CallOutcome(grpc::experimental::ServerRpcInfo* info);
+  // For a reactor's own call.
+  explicit CallOutcome(grpc::CallbackServerContext* context);
+
+  // The reactor sends this status (calls Finish).
+  void StatusSent(grpc::StatusCode code) ABSL_LOCKS_EXCLUDED(mu_);
+  // The outcome, from the reactor's OnDone (where gRPC knows whether the
+  // call was cut short), at most once.
+  std::optional<Result> Done() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Notes what `methods` carries; the outcome when this batch ends the call
   // (POST_RECV_CLOSE), at most once.

@@ -9,46 +9,65 @@
 
 namespace syncnorm {
 
-// One call's report: gRPC creates it when the call starts and deletes it
-// when the call is done.
-class GuardInterceptorFactory::Interceptor final
-    : public grpc::experimental::Interceptor {
+// One call's report to the guard: its connection when it starts, its
+// outcome and lifetime when it ends.
+class GuardInterceptorFactory::Call final : public CallObserver {
  public:
-  Interceptor(ConnectionGuard* guard, grpc::experimental::ServerRpcInfo* info)
+  Call(ConnectionGuard* guard, const grpc::ServerContextBase& context)
       : guard_(guard),
-        outcome_(info),
         start_(absl::Now()),
-        connection_(guard_->CallStarted(info->server_context()->peer())) {}
+        connection_(guard_->CallStarted(context.peer())) {}
 
-  ~Interceptor() override {
-    if (std::optional<CallOutcome::Result> r = outcome_.Abandon()) Ended(*r);
-  }
-
-  void Intercept(
-      grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (std::optional<CallOutcome::Result> r = outcome_.Observe(methods)) {
-      Ended(*r);
-    }
-    methods->Proceed();
-  }
-
- private:
-  void Ended(const CallOutcome::Result& r) {
+  void Ended(const CallOutcome::Result& r) override {
     if (connection_ == nullptr) return;
     guard_->CallEnded(*connection_, static_cast<absl::StatusCode>(r.code),
                       r.end - start_);
   }
 
+ private:
   ConnectionGuard* const guard_;
-  CallOutcome outcome_;
   const absl::Time start_;
   const std::shared_ptr<ConnectionGuard::Connection> connection_;
+};
+
+// The same for a call that gRPC intercepts: it creates the interceptor when
+// the call starts and deletes it when the call is done.
+class GuardInterceptorFactory::Interceptor final
+    : public grpc::experimental::Interceptor {
+ public:
+  Interceptor(ConnectionGuard* guard, grpc::experimental::ServerRpcInfo* info)
+      : outcome_(info), call_(guard, *info->server_context()) {}
+
+  ~Interceptor() override {
+    if (std::optional<CallOutcome::Result> r = outcome_.Abandon()) {
+      call_.Ended(*r);
+    }
+  }
+
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (std::optional<CallOutcome::Result> r = outcome_.Observe(methods)) {
+      call_.Ended(*r);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  CallOutcome outcome_;
+  Call call_;
 };
 
 grpc::experimental::Interceptor*
 GuardInterceptorFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
+  if (IsSelfReporting(*info)) return nullptr;
   return new Interceptor(guard_, info);  // gRPC deletes it
+}
+
+std::unique_ptr<CallObserver> GuardInterceptorFactory::CallStarted(
+    const grpc::ServerContextBase& context, absl::string_view /*method*/,
+    grpc::experimental::ServerRpcInfo::Type /*type*/) {
+  return std::make_unique<Call>(guard_, context);
 }
 
 }  // namespace syncnorm

@@ -37,15 +37,22 @@ const Clock* ClockOf(const StreamSet* streams) {
 
 }  // namespace
 
-ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
-                             std::string authorization, StreamSet* streams,
-                             int64_t max_message_bytes)
+ReduceReactor::ReduceReactor(
+    Aggregator* aggregator, const Authenticator* auth,
+    std::string authorization, StreamSet* streams, int64_t max_message_bytes,
+    grpc::CallbackServerContext* context,
+    std::vector<std::unique_ptr<CallObserver>> observers)
     : RefCountedReactor(1),  // gRPC's, until OnDone
       aggregator_(aggregator),
       auth_(auth),
       authorization_(std::move(authorization)),
       clock_(ClockOf(streams)),
-      max_message_bytes_(max_message_bytes) {
+      max_message_bytes_(max_message_bytes),
+      observers_(context != nullptr
+                     ? std::move(observers)
+                     : std::vector<std::unique_ptr<CallObserver>>()),
+      outcome_(observers_.empty() ? nullptr
+                                  : std::make_unique<CallOutcome>(context)) {
   {
     absl::MutexLock lock(&mu_);
     last_active_ = Now();
@@ -57,10 +64,20 @@ ReduceReactor::ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
       absl::MutexLock lock(&mu_);
       finished_ = true;
     }
-    Finish(ToGrpcStatus(refused_));
+    FinishWith(ToGrpcStatus(refused_));
     return;
   }
   StartRead(&request_);
+}
+
+void ReduceReactor::FinishWith(grpc::Status status) {
+  if (outcome_ != nullptr) outcome_->StatusSent(status.error_code());
+  Finish(std::move(status));
+}
+
+void ReduceReactor::Write(const v1::RoundResult* result) {
+  for (const std::unique_ptr<CallObserver>& o : observers_) o->MessageSent();
+  StartWrite(result);
 }
 
 bool ReduceReactor::FullLocked() const {
@@ -83,8 +100,11 @@ void ReduceReactor::OnReadDone(bool ok) {
       reads_done_ = true;
       finish = TakeFinish();
     }
-    if (finish.has_value()) Finish(*std::move(finish));
+    if (finish.has_value()) FinishWith(*std::move(finish));
     return;
+  }
+  for (const std::unique_ptr<CallObserver>& o : observers_) {
+    o->MessageReceived();
   }
   const size_t bytes = request_.ByteSizeLong();
   absl::Status refused =
@@ -151,8 +171,8 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
     }
     finish = TakeFinish();
   }
-  if (next != nullptr) StartWrite(next);
-  if (finish.has_value()) Finish(*std::move(finish));
+  if (next != nullptr) Write(next);
+  if (finish.has_value()) FinishWith(*std::move(finish));
 }
 
 void ReduceReactor::OnWriteDone(bool ok) {
@@ -183,8 +203,8 @@ void ReduceReactor::OnWriteDone(bool ok) {
   }
   // As in OnReadDone, a reaction: safe even after Finish.
   if (resume_reading) StartRead(&request_);
-  if (next != nullptr) StartWrite(next);
-  if (finish.has_value()) Finish(*std::move(finish));
+  if (next != nullptr) Write(next);
+  if (finish.has_value()) FinishWith(*std::move(finish));
 }
 
 void ReduceReactor::Close() {
@@ -200,7 +220,7 @@ void ReduceReactor::Close() {
     }
     finish = TakeFinish();
   }
-  if (finish.has_value()) Finish(*std::move(finish));
+  if (finish.has_value()) FinishWith(*std::move(finish));
 }
 
 bool ReduceReactor::CloseIfIdle(absl::Time now, absl::Duration timeout) {
@@ -222,7 +242,7 @@ bool ReduceReactor::CloseIfIdle(absl::Time now, absl::Duration timeout) {
                      "clients do so by themselves)"));
     finish = TakeFinish();
   }
-  if (finish.has_value()) Finish(*std::move(finish));
+  if (finish.has_value()) FinishWith(*std::move(finish));
   return true;
 }
 
@@ -238,7 +258,7 @@ void ReduceReactor::OnCancel() {
     cancelled_ = true;
     finish = TakeFinish();
   }
-  if (finish.has_value()) Finish(*std::move(finish));
+  if (finish.has_value()) FinishWith(*std::move(finish));
   Unref();
 }
 
@@ -260,6 +280,11 @@ std::optional<grpc::Status> ReduceReactor::TakeFinish() {
 }
 
 void ReduceReactor::OnDone() {
+  if (outcome_ != nullptr) {
+    if (std::optional<CallOutcome::Result> r = outcome_->Done()) {
+      for (const std::unique_ptr<CallObserver>& o : observers_) o->Ended(*r);
+    }
+  }
   if (streams_ != nullptr) streams_->Leave(this);
   Unref();
 }

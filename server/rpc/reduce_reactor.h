@@ -3,8 +3,10 @@
 #define SYNCNORM_SERVER_RPC_REDUCE_REACTOR_H_
 
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -16,6 +18,8 @@
 #include "server/domain/clock.h"
 #include "server/domain/contribution.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/call_observer.h"
+#include "server/rpc/call_outcome.h"
 #include "server/rpc/ref_counted_reactor.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
@@ -48,6 +52,10 @@ class StreamSet;
 // read. Close() (shutdown) ends the stream UNAVAILABLE once every
 // contribution it read is answered and written.
 //
+// Observers: gRPC's interceptors skip Reduce calls (call_observer.h), so the
+// reactor reports its call's messages and outcome (CallOutcome) to the
+// observers it is given.
+//
 // Lifetime: deletes itself once gRPC is done with it (OnDone) and every
 // aggregator callback it issued has fired (RefCountedReactor); StreamSet
 // holds a reference while it closes the stream. Thread-safe.
@@ -61,10 +69,13 @@ class ReduceReactor final
   // `aggregator` must outlive every callback the reactor hands it; `auth`
   // (null: no checks) and `streams` (null: not counted) the reactor.
   // `authorization` is the stream's authorization metadata;
-  // `max_message_bytes` <= 0: no limit.
+  // `max_message_bytes` <= 0: no limit. `context` is the call's (null: no
+  // observers); `observers` hear of its messages and outcome.
   ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
                 std::string authorization, StreamSet* streams,
-                int64_t max_message_bytes);
+                int64_t max_message_bytes,
+                grpc::CallbackServerContext* context = nullptr,
+                std::vector<std::unique_ptr<CallObserver>> observers = {});
   explicit ReduceReactor(Aggregator* aggregator)
       : ReduceReactor(aggregator, nullptr, "", nullptr, 0) {}
 
@@ -97,6 +108,10 @@ class ReduceReactor final
   }
   // Decides, under mu_, whether the stream may finish now; marks it so.
   std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finish, noted for the observers.
+  void FinishWith(grpc::Status status);
+  // StartWrite, counted for the observers.
+  void Write(const v1::RoundResult* result);
 
   Aggregator* const aggregator_;
   const Authenticator* const auth_;
@@ -111,6 +126,10 @@ class ReduceReactor final
   // the aggregator answers at shutdown.
   const Clock* const clock_;
   const int64_t max_message_bytes_;  // <= 0: no limit
+  // Constant after construction (the observers are thread-safe). outcome_
+  // is null without observers.
+  const std::vector<std::unique_ptr<CallObserver>> observers_;
+  const std::unique_ptr<CallOutcome> outcome_;
   // Only the read path touches it, and only one read is outstanding.
   v1::Contribution request_;
 

@@ -51,6 +51,7 @@ AggregatorService::AggregatorService(Aggregator* aggregator,
       auth_(options.auth),
       max_message_bytes_(options.max_message_bytes),
       backups_(options.backups),
+      call_observers_(std::move(options.call_observers)),
       streams_(options.max_streams, options.stream_idle_timeout,
                OrWallClock(options.clock)),
       waiting_(std::make_shared<WaitingCalls>(options.max_waiting_calls)) {}
@@ -141,9 +142,18 @@ grpc::ServerUnaryReactor* AggregatorService::DeleteJob(
 
 grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>*
 AggregatorService::Reduce(grpc::CallbackServerContext* context) {
+  // Reported here, not by interceptors (call_observer.h).
+  std::vector<std::unique_ptr<CallObserver>> observers;
+  observers.reserve(call_observers_.size());
+  for (CallObserverFactory* f : call_observers_) {
+    observers.push_back(f->CallStarted(
+        *context, kSelfReportingMethod,
+        grpc::experimental::ServerRpcInfo::Type::BIDI_STREAMING));
+  }
   return new ReduceReactor(aggregator_, auth_,
                            auth_ != nullptr ? AuthorizationOf(context) : "",
-                           &streams_, max_message_bytes_);  // deletes itself
+                           &streams_, max_message_bytes_, context,
+                           std::move(observers));  // deletes itself
 }
 
 grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(

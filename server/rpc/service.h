@@ -4,6 +4,7 @@
 #define SYNCNORM_SERVER_RPC_SERVICE_H_
 
 #include <memory>
+#include <vector>
 
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
@@ -11,6 +12,7 @@
 #include "server/domain/clock.h"
 #include "server/domain/limits.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/call_observer.h"
 #include "server/rpc/stream_set.h"
 #include "server/rpc/waiting_calls.h"
 #include "server/store/backup_root.h"
@@ -44,6 +46,10 @@ struct ServiceOptions {
   // Tells the streams' idle time; null: the wall clock. Must outlive the
   // service.
   const Clock* clock = nullptr;
+  // What observes the calls of kSelfReportingMethod (Reduce), which gRPC's
+  // interceptors skip (call_observer.h): the connection guard, the
+  // metrics. Each must outlive the service's calls.
+  std::vector<CallObserverFactory*> call_observers;
 };
 
 // Thread-safe; no thread per call or stream (a Checkpoint that waits for
@@ -153,6 +159,7 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   const Authenticator* const auth_;
   const int64_t max_message_bytes_;
   BackupRoot* const backups_;
+  const std::vector<CallObserverFactory*> call_observers_;
   StreamSet streams_;
   // Shared with the reactors: a call leaves it when the aggregator has
   // answered it too, which may be after the service is gone (the
