@@ -67,6 +67,25 @@ int PortOf(const std::string& address) {
   return std::stoi(address.substr(address.rfind(':') + 1));
 }
 
+// kShards shards, each with its volume and backup volume under `root`;
+// their addresses, comma-separated, in `list`. Empty when one did not
+// start (a test failure then).
+std::vector<Shard> StartShards(const std::string& root, std::string& list) {
+  std::vector<Shard> shards(kShards);
+  std::vector<std::string> addresses;
+  for (int i = 0; i < kShards; ++i) {
+    shards[i].volume = absl::StrCat(root, "/volume-", i);
+    shards[i].backups = absl::StrCat(root, "/backup-volume-", i);
+    std::filesystem::create_directories(shards[i].volume);
+    shards[i].server = StartShard(shards[i]);
+    if (shards[i].server == nullptr) return {};
+    shards[i].port = PortOf(shards[i].server->address());
+    addresses.push_back(shards[i].server->address());
+  }
+  list = absl::StrJoin(addresses, ",");
+  return shards;
+}
+
 // Every group's statistics of every layer, as the service answers them.
 std::vector<v1::LayerStats> ServiceStats(Client& client, int groups,
                                          int64_t checkpoint = -1) {
@@ -100,18 +119,9 @@ TEST(BackupTest, AShardThatLostItsVolumeComesBackFromItsBackupBitForBit) {
         << "shard " << s << " holds no layer; pick another job id";
   }
   const std::string root = MakeScratchDir("backup");
-  std::vector<Shard> shards(kShards);
-  std::vector<std::string> addresses;
-  for (int i = 0; i < kShards; ++i) {
-    shards[i].volume = absl::StrCat(root, "/volume-", i);
-    shards[i].backups = absl::StrCat(root, "/backup-volume-", i);
-    std::filesystem::create_directories(shards[i].volume);
-    shards[i].server = StartShard(shards[i]);
-    ASSERT_NE(shards[i].server, nullptr);
-    shards[i].port = PortOf(shards[i].server->address());
-    addresses.push_back(shards[i].server->address());
-  }
-  const std::string list = absl::StrJoin(addresses, ",");
+  std::string list;
+  std::vector<Shard> shards = StartShards(root, list);
+  ASSERT_EQ(static_cast<int>(shards.size()), kShards);
   // The operator's environment names the shards once.
   const std::vector<std::string> env = {"SYNCNORM_ADDRESS=" + list};
   auto ctl = [&](std::vector<std::string> args) {
@@ -256,20 +266,11 @@ TEST(BackupTest, AShardThatLostItsVolumeComesBackFromItsBackupBitForBit) {
 // that failed half way (a shard down while it ran): nothing was applied.
 TEST(BackupTest, ACreateJobThatFailedHalfWayIsStillCompletedByRepeatingIt) {
   const StackConfig config = Config();
-  const std::string root = MakeScratchDir("half");
-  std::vector<Shard> shards(kShards);
-  std::vector<std::string> addresses;
-  for (int i = 0; i < kShards; ++i) {
-    shards[i].volume = absl::StrCat(root, "/volume-", i);
-    shards[i].backups = absl::StrCat(root, "/backup-volume-", i);
-    std::filesystem::create_directories(shards[i].volume);
-    shards[i].server = StartShard(shards[i]);
-    ASSERT_NE(shards[i].server, nullptr);
-    shards[i].port = PortOf(shards[i].server->address());
-    addresses.push_back(shards[i].server->address());
-  }
+  std::string list;
+  std::vector<Shard> shards = StartShards(MakeScratchDir("half"), list);
+  ASSERT_EQ(static_cast<int>(shards.size()), kShards);
   ClientOptions options;
-  options.address = absl::StrJoin(addresses, ",");
+  options.address = list;
   options.rpc_timeout = absl::Seconds(2);
   Client client(options);
   ASSERT_TRUE(shards[1].server->Stop().ok());
