@@ -22,6 +22,7 @@
 #include "server/domain/clock.h"
 #include "server/domain/fake_clock.h"
 #include "server/domain/job_spec.h"
+#include "server/domain/outcome_recorder.h"
 #include "server/store/kv_state_store.h"
 #include "server/store/memory_engine.h"
 
@@ -111,32 +112,6 @@ bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
 
-// Collects the outcomes delivered to callbacks.
-class Outcomes {
- public:
-  RoundCallback Slot(int i) {
-    return [this, i](const RoundOutcome& o) {
-      absl::MutexLock lock(&mu_);
-      ++calls_[i];
-      got_[i] = o;
-    };
-  }
-  explicit Outcomes(int n) : calls_(n, 0), got_(n) {}
-  int calls(int i) const {
-    absl::MutexLock lock(&mu_);
-    return calls_[i];
-  }
-  RoundOutcome get(int i) const {
-    absl::MutexLock lock(&mu_);
-    return got_[i];
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<int> calls_ ABSL_GUARDED_BY(mu_);
-  std::vector<RoundOutcome> got_ ABSL_GUARDED_BY(mu_);
-};
-
 LayerConfig Layer(int channels, MomentumMode mode = MomentumMode::kTorch,
                   double momentum = 0) {
   LayerConfig l;
@@ -198,7 +173,7 @@ class AggregatorTest : public ::testing::Test {
   // round completes on this thread). REQUIRES: the call completes a round
   // or fails.
   RoundOutcome Sync(Contribution c) {
-    Outcomes out(1);
+    OutcomeRecorder out(1);
     agg_.Contribute(std::move(c), out.Slot(0));
     EXPECT_EQ(out.calls(0), 1);
     return out.get(0);
@@ -221,7 +196,7 @@ std::vector<RoundOutcome> ContributeConcurrently(
   std::mt19937_64 rng(seed);
   std::shuffle(contributions.begin(), contributions.end(), rng);
   const int n = contributions.size();
-  Outcomes out(n);
+  OutcomeRecorder out(n);
   std::vector<std::thread> threads;
   absl::Notification go;
   for (int i = 0; i < n; ++i) {
@@ -377,7 +352,7 @@ TEST_F(AggregatorTest, GroupsMergeAndTrackOnTheirOwn) {
 TEST_F(AggregatorTest, DeadlineFailsTheRoundNamingMissingRanks) {
   JobSpec spec = Spec("late", 4, {Layer(2), Layer(2), Layer(2), Layer(2)});
   Create(spec);
-  Outcomes out(2);
+  OutcomeRecorder out(2);
   Moments m = Moments::Zero(2);
   m.count = 3;
   agg_.Contribute(Forward("late", 3, 7, 0, m), out.Slot(0));
@@ -411,7 +386,7 @@ TEST_F(AggregatorTest, DeadlineFailsTheRoundNamingMissingRanks) {
 
 TEST_F(AggregatorTest, RetryBeforeCompletionSharesTheResult) {
   Create(Spec("retry", 2, {Layer(1)}));
-  Outcomes out(4);
+  OutcomeRecorder out(4);
   agg_.Contribute(Forward("retry", 0, 0, 0, OneValue(1.0)), out.Slot(0));
   agg_.Contribute(Forward("retry", 0, 0, 0, OneValue(1.0)), out.Slot(1));
   agg_.Contribute(Forward("retry", 0, 0, 0, OneValue(9.0)), out.Slot(2));
@@ -472,7 +447,7 @@ TEST_F(AggregatorTest, StaleStepsAreSupersededOutsideTheWindow) {
 
 TEST_F(AggregatorTest, EarlierPendingRoundFailsWhenALaterStepCompletes) {
   Create(Spec("order", 2, {Layer(1)}));
-  Outcomes out(1);
+  OutcomeRecorder out(1);
   agg_.Contribute(Forward("order", 0, 3, 0, OneValue(1)), out.Slot(0));
   Send(Forward("order", 0, 4, 0, OneValue(1)));
   Send(Forward("order", 0, 4, 1, OneValue(2)));
@@ -486,7 +461,7 @@ TEST_F(AggregatorTest, GlobalCountOneFailsOnlyWithUnbiasedRunningVar) {
   std::vector<LayerConfig> layers = {Layer(1), Layer(1)};
   layers[1].rule.biased_var = true;
   Create(Spec("one", 2, layers));
-  Outcomes out(2);
+  OutcomeRecorder out(2);
   agg_.Contribute(Forward("one", 0, 0, 0, OneValue(1)), out.Slot(0));
   agg_.Contribute(Forward("one", 0, 0, 1, Moments::Zero(1)), out.Slot(1));
   for (int i = 0; i < 2; ++i) {
@@ -616,7 +591,7 @@ TEST_F(AggregatorTest, RoundsThatWouldOverflowFailAndKeepTheStats) {
     return m;
   };
   auto round = [&](int64_t step, Moments a, Moments b) {
-    Outcomes out(2);
+    OutcomeRecorder out(2);
     agg_.Contribute(Forward("big", 0, step, 0, std::move(a)), out.Slot(0));
     agg_.Contribute(Forward("big", 0, step, 1, std::move(b)), out.Slot(1));
     EXPECT_EQ(out.calls(0), 1);
@@ -680,7 +655,7 @@ TEST_F(AggregatorTest, CreateJobIsIdempotentPerSpec) {
 
 TEST_F(AggregatorTest, DeleteJobAbortsWaitingRounds) {
   Create(Spec("gone", 2, {Layer(1)}));
-  Outcomes out(1);
+  OutcomeRecorder out(1);
   agg_.Contribute(Forward("gone", 0, 0, 0, OneValue(1)), out.Slot(0));
   ASSERT_TRUE(agg_.DeleteJob("gone").ok());
   ASSERT_EQ(out.calls(0), 1);

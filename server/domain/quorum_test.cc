@@ -13,6 +13,7 @@
 #include "server/domain/aggregator.h"
 #include "server/domain/fake_clock.h"
 #include "server/domain/job_spec.h"
+#include "server/domain/outcome_recorder.h"
 #include "server/domain/round_observer.h"
 #include "server/store/kv_state_store.h"
 #include "server/store/memory_engine.h"
@@ -49,32 +50,6 @@ class RecordingObserver final : public RoundObserver {
   mutable absl::Mutex mu_;
   std::vector<RoundReport> completed_ ABSL_GUARDED_BY(mu_);
   std::vector<RoundReport> deadlines_ ABSL_GUARDED_BY(mu_);
-};
-
-// Collects one outcome per slot.
-class Outcomes {
- public:
-  explicit Outcomes(int n) : calls_(n, 0), got_(n) {}
-  RoundCallback Slot(int i) {
-    return [this, i](const RoundOutcome& o) {
-      absl::MutexLock lock(&mu_);
-      ++calls_[i];
-      got_[i] = o;
-    };
-  }
-  int calls(int i) const {
-    absl::MutexLock lock(&mu_);
-    return calls_[i];
-  }
-  RoundOutcome get(int i) const {
-    absl::MutexLock lock(&mu_);
-    return got_[i];
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<int> calls_ ABSL_GUARDED_BY(mu_);
-  std::vector<RoundOutcome> got_ ABSL_GUARDED_BY(mu_);
 };
 
 JobSpec QuorumSpec(const std::string& id, int world, int group, int min_ranks,
@@ -129,7 +104,7 @@ class QuorumTest : public ::testing::Test {
 
 TEST_F(QuorumTest, CompletesWithThePresentRanksAfterTheGracePeriod) {
   ASSERT_TRUE(agg_.CreateJob(QuorumSpec("q", 4, 0, 3, absl::Seconds(1))).ok());
-  Outcomes out(4);
+  OutcomeRecorder out(4);
   agg_.Contribute(Forward("q", 0, 2, 3.0), out.Slot(2));
   agg_.Contribute(Forward("q", 0, 0, 1.0), out.Slot(0));
   clock_.Advance(absl::Milliseconds(400));
@@ -152,7 +127,7 @@ TEST_F(QuorumTest, CompletesWithThePresentRanksAfterTheGracePeriod) {
     EXPECT_EQ(o.version, 1);
   }
   // The late rank gets the same result, told that it was not counted.
-  Outcomes late(1);
+  OutcomeRecorder late(1);
   agg_.Contribute(Forward("q", 0, 3, 9.0), late.Slot(0));
   ASSERT_EQ(late.calls(0), 1);
   EXPECT_TRUE(late.get(0).status.ok());
@@ -180,7 +155,7 @@ TEST_F(QuorumTest, CompletesWithThePresentRanksAfterTheGracePeriod) {
 TEST_F(QuorumTest, AllRanksBeforeTheGracePeriodIsAnOrdinaryRound) {
   ASSERT_TRUE(
       agg_.CreateJob(QuorumSpec("all", 3, 0, 2, absl::Seconds(1))).ok());
-  Outcomes out(3);
+  OutcomeRecorder out(3);
   for (int r = 0; r < 3; ++r)
     agg_.Contribute(Forward("all", 0, r, r), out.Slot(r));
   ASSERT_EQ(out.calls(0), 1);
@@ -193,7 +168,7 @@ TEST_F(QuorumTest, AllRanksBeforeTheGracePeriodIsAnOrdinaryRound) {
 TEST_F(QuorumTest, TooFewRanksWaitForTheDeadline) {
   ASSERT_TRUE(
       agg_.CreateJob(QuorumSpec("few", 4, 2, 2, absl::Seconds(1))).ok());
-  Outcomes out(2);
+  OutcomeRecorder out(2);
   // Group 1 (ranks 2, 3) has one rank: no quorum, the deadline fails it.
   agg_.Contribute(Forward("few", 0, 2, 1.0), out.Slot(0));
   // Group 0 reaches its quorum of 2 only with both ranks: complete at once.
@@ -217,7 +192,7 @@ TEST_F(QuorumTest, TooFewRanksWaitForTheDeadline) {
 TEST_F(QuorumTest, ZeroGraceCompletesOnTheArrivalThatMakesTheQuorum) {
   ASSERT_TRUE(
       agg_.CreateJob(QuorumSpec("zero", 3, 0, 2, absl::ZeroDuration())).ok());
-  Outcomes out(2);
+  OutcomeRecorder out(2);
   agg_.Contribute(Forward("zero", 5, 1, 1.0), out.Slot(0));
   EXPECT_EQ(out.calls(0), 0);
   agg_.Contribute(Forward("zero", 5, 2, 3.0), out.Slot(1));
@@ -229,7 +204,7 @@ TEST_F(QuorumTest, ZeroGraceCompletesOnTheArrivalThatMakesTheQuorum) {
 TEST_F(QuorumTest, QuorumAndItsResultSurviveARestart) {
   const JobSpec spec = QuorumSpec("durable", 3, 0, 2, absl::Milliseconds(200));
   ASSERT_TRUE(agg_.CreateJob(spec).ok());
-  Outcomes out(2);
+  OutcomeRecorder out(2);
   agg_.Contribute(Forward("durable", 0, 0, 1.0), out.Slot(0));
   agg_.Contribute(Forward("durable", 0, 1, 2.0), out.Slot(1));
   clock_.Advance(absl::Milliseconds(200));
@@ -242,7 +217,7 @@ TEST_F(QuorumTest, QuorumAndItsResultSurviveARestart) {
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->spec.quorum.min_ranks, 2);
   EXPECT_EQ(job->spec.quorum.grace, absl::Milliseconds(200));
-  Outcomes late(2);
+  OutcomeRecorder late(2);
   again.Contribute(Forward("durable", 0, 2, 7.0), late.Slot(0));
   again.Contribute(Forward("durable", 0, 0, 1.0), late.Slot(1));
   for (int i = 0; i < 2; ++i) {
@@ -268,7 +243,7 @@ TEST(StragglerTest, AroundCompletedLateIsReportedWithItsLastRanks) {
   Aggregator agg(o, &clock, &store);
   ASSERT_TRUE(
       agg.CreateJob(QuorumSpec("s", 3, 0, 0, absl::ZeroDuration())).ok());
-  Outcomes out(3);
+  OutcomeRecorder out(3);
   agg.Contribute(Forward("s", 1, 0, 1.0), out.Slot(0));
   clock.Advance(absl::Milliseconds(150));
   agg.Contribute(Forward("s", 1, 2, 1.0), out.Slot(2));
