@@ -56,16 +56,7 @@ class DropInTest(unittest.TestCase):
                  os.path.join(harness.HERE, "drop_in_worker.py"),
                  "--run_id=" + cls.run_id, "--out=" + cls.out],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        failures = []
-        for rank, p in enumerate(procs):
-            try:
-                out, _ = p.communicate(timeout=400)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-            if p.returncode != 0:
-                failures.append("--- rank %d (exit %s) ---\n%s" % (
-                    rank, p.returncode, out.decode(errors="replace")[-6000:]))
+        failures = harness.wait_workers(procs, timeout=400)
         cls.aggregator.stop()
         if failures:
             raise RuntimeError("workers failed:\n" + "\n".join(failures))

@@ -89,6 +89,23 @@ def child_env():
     return env
 
 
+def wait_workers(procs, timeout):
+    """Waits for worker processes (stdout piped, stderr into it), killing
+    any still running after `timeout` seconds each; one "--- rank r (exit
+    code) ---" entry with the tail of its output per worker that failed."""
+    failures = []
+    for rank, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        if p.returncode != 0:
+            failures.append("--- rank %d (exit %s) ---\n%s" % (
+                rank, p.returncode, out.decode(errors="replace")[-6000:]))
+    return failures
+
+
 def rel_error(actual, expected, floor=0.0):
     """max |actual - expected| / max(max |expected|, floor) in float64 (the
     absolute error when both are zero)."""

@@ -106,16 +106,7 @@ class TorchCompatTest(unittest.TestCase):
                 stderr=subprocess.STDOUT))
         # The references, while the workers run.
         cls.refs = {c["name"]: cases.reference_run(c) for c in cases.CASES}
-        failures = []
-        for rank, p in enumerate(procs):
-            try:
-                out, _ = p.communicate(timeout=240)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-            if p.returncode != 0:
-                failures.append("--- rank %d (exit %s) ---\n%s" % (
-                    rank, p.returncode, out.decode(errors="replace")[-6000:]))
+        failures = harness.wait_workers(procs, timeout=240)
         cls.aggregator.stop()
         if failures:
             raise RuntimeError("workers failed:\n" + "\n".join(failures) +
