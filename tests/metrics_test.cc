@@ -157,6 +157,19 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
                   "grpc_code=\"OK\"}",
                   deadline),
             "2");
+  // Every contribution and every answer, forward and backward, of every
+  // rank, step and layer: one message each way (the stream's end is no
+  // message, as go-grpc-prometheus counts).
+  const std::string contributions =
+      absl::StrCat(config.world_size * config.steps * config.layers() * 2);
+  EXPECT_EQ(Query(web_port,
+                  "sum(grpc_server_msg_received_total{grpc_method=\"Reduce\"})",
+                  deadline),
+            contributions);
+  EXPECT_EQ(
+      Query(web_port, "sum(grpc_server_msg_sent_total{grpc_method=\"Reduce\"})",
+            deadline),
+      contributions);
   EXPECT_EQ(Query(web_port,
                   "sum(grpc_server_handling_seconds_count{grpc_method="
                   "\"Checkpoint\"})",

@@ -127,8 +127,11 @@ class GrpcMetrics::Interceptor final : public grpc::experimental::Interceptor {
 
   void Intercept(
       grpc::experimental::InterceptorBatchMethods* methods) override {
+    // gRPC runs this hook for a stream's failed last read too (its end,
+    // no message): go-grpc-prometheus counts only messages.
     if (methods->QueryInterceptionHookPoint(
-            InterceptionHookPoints::POST_RECV_MESSAGE)) {
+            InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() != nullptr) {
       call_.MessageReceived();
     }
     if (methods->QueryInterceptionHookPoint(
