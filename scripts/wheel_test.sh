@@ -73,8 +73,8 @@ venv="$tmp/venv"
   fail "pip install: $(cat "$tmp/install.log")"
 
 step "6. use it outside the checkout"
-mkdir "$tmp/work"
-cd "$tmp/work"
+mkdir "$tmp/outside"
+cd "$tmp/outside"
 got=$("$venv/bin/syncnorm-aggregator" --version)
 [ "$got" = "syncnorm-aggregator $version" ] ||
   fail "syncnorm-aggregator --version: '$got' (want the release build of $version)"
@@ -117,7 +117,7 @@ aggregator_pid=
 # torchrun's variables set by the example itself (--launcher=env), one
 # moving part fewer than torchrun's rendezvous; //client/python:example_test
 # runs it under torchrun too.
-cp "$repo/client/python/examples/train_cnn.py" "$tmp/work/"
+cp "$repo/client/python/examples/train_cnn.py" "$tmp/outside/"
 env -u RUNFILES_DIR -u PYTHON_RUNFILES -u SYNCNORM_AGGREGATOR -u PYTHONPATH \
   timeout 300 "$venv/bin/python" train_cnn.py --launcher=env --workers=2 \
   --steps=20 --log_every=10 >"$tmp/example.log" 2>&1 ||
