@@ -50,15 +50,15 @@ StackConfig Config() {
 struct Shard {
   std::string volume;
   std::string backups;
-  std::unique_ptr<LocalAggregator> server;
+  std::unique_ptr<AggregatorProcess> server;
   int port = 0;
 };
 
-std::unique_ptr<LocalAggregator> StartShard(const Shard& s) {
+std::unique_ptr<AggregatorProcess> StartShard(const Shard& s) {
   std::vector<std::string> flags = {"--round_timeout_ms=20000",
                                     "--backup_dir=" + s.backups};
   if (s.port != 0) flags.push_back(absl::StrCat("--listen=127.0.0.1:", s.port));
-  auto a = LocalAggregator::Start(s.volume, flags);
+  auto a = AggregatorProcess::Start(s.volume, flags);
   EXPECT_TRUE(a.ok()) << a.status();
   return a.ok() ? *std::move(a) : nullptr;
 }

@@ -544,7 +544,7 @@ std::vector<Case> OtherCases() {
 
   TEST(BadInputTest, EveryMalformedRequestGetsItsStatusAndTheServerServesOn) {
     const std::string dir = MakeScratchDir("bad-input");
-    auto agg = LocalAggregator::Start(
+    auto agg = AggregatorProcess::Start(
         dir, {absl::StrCat("--max_message_bytes=", kMaxMessageBytes)});
     ASSERT_TRUE(agg.ok()) << agg.status();
     auto channel = grpc::CreateChannel((*agg)->address(),
@@ -708,7 +708,7 @@ std::vector<Case> OtherCases() {
   // next good round is served, equal to a long-double reference.
   TEST(BadInputTest, RoundsThatWouldOverflowFailAndChangeNothing) {
     const std::string dir = MakeScratchDir("bad-input-overflow");
-    auto agg = LocalAggregator::Start(dir);
+    auto agg = AggregatorProcess::Start(dir);
     ASSERT_TRUE(agg.ok()) << agg.status();
     auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
         (*agg)->address(), grpc::InsecureChannelCredentials()));
@@ -982,7 +982,7 @@ std::vector<Case> OtherCases() {
   // log never holds it whole.
   TEST(BadInputTest, ClientStringsInMessagesAndLogsAreBounded) {
     const std::string dir = MakeScratchDir("bad-input-echo");
-    auto agg = LocalAggregator::Start(
+    auto agg = AggregatorProcess::Start(
         dir, {absl::StrCat("--max_message_bytes=", kMaxMessageBytes)});
     ASSERT_TRUE(agg.ok()) << agg.status();
     auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
@@ -1086,7 +1086,7 @@ std::vector<Case> OtherCases() {
       std::ofstream tokens(dir + "/tokens");
       tokens << token << " job:bad\n";
     }
-    auto agg = LocalAggregator::Start(
+    auto agg = AggregatorProcess::Start(
         dir, {absl::StrCat("--max_message_bytes=", kMaxMessageBytes),
               "--tokens_file=" + dir + "/tokens"});
     ASSERT_TRUE(agg.ok()) << agg.status();

@@ -167,7 +167,7 @@ TEST_P(CompatTest, ADataDirOfThePreviousReleaseLoadsWithEveryValue) {
   fs::copy(CompatDir(release) + "/data", dir + "/data",
            fs::copy_options::recursive);
   const std::vector<std::string> flags = {"--backup_dir=" + dir + "/backups"};
-  auto server = LocalAggregator::Start(dir, flags);
+  auto server = AggregatorProcess::Start(dir, flags);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string address = (*server)->address();
   Client client(Options(address));
@@ -241,7 +241,7 @@ TEST_P(CompatTest, ADataDirOfThePreviousReleaseLoadsWithEveryValue) {
   }
   const std::string fresh_dir = dir + "/fresh";
   fs::create_directories(fresh_dir);
-  auto fresh = LocalAggregator::Start(fresh_dir, flags);
+  auto fresh = AggregatorProcess::Start(fresh_dir, flags);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   absl::StatusOr<std::vector<v1::RestoreBackupResponse>> restored =
       Client(Options((*fresh)->address())).RestoreBackup("from-" + release);
@@ -291,7 +291,7 @@ TEST_P(CompatTest, ADataDirOfThePreviousReleaseLoadsWithEveryValue) {
   EXPECT_EQ(mine->version, before + 1);
   ASSERT_TRUE(client.RestoreCheckpoint("compat-torch", 2).ok());
   ASSERT_TRUE((*server)->Stop().ok());
-  server = LocalAggregator::Start(dir, flags);
+  server = AggregatorProcess::Start(dir, flags);
   ASSERT_TRUE(server.ok()) << server.status();
   Client again(Options((*server)->address()));
   absl::StatusOr<v1::JobInfo> rolled = again.GetJob("compat-torch");

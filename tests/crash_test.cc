@@ -70,10 +70,10 @@ std::string ServerStats(const std::string& address, const std::string& job,
 }
 
 // Starts the aggregator of `dir`, on `port` if given.
-std::unique_ptr<LocalAggregator> Start(const std::string& dir, int port = 0) {
+std::unique_ptr<AggregatorProcess> Start(const std::string& dir, int port = 0) {
   std::vector<std::string> flags = {"--round_timeout_ms=20000"};
   if (port != 0) flags.push_back(absl::StrCat("--listen=127.0.0.1:", port));
-  auto a = LocalAggregator::Start(dir, flags);
+  auto a = AggregatorProcess::Start(dir, flags);
   EXPECT_TRUE(a.ok()) << a.status();
   return a.ok() ? *std::move(a) : nullptr;
 }
@@ -89,7 +89,7 @@ TEST(CrashTest, KillNineAtRandomMomentsChangesNothing) {
   // The uninterrupted reference run.
   const std::string ref_dir = root + "/reference";
   ASSERT_EQ(::mkdir(ref_dir.c_str(), 0755), 0);
-  std::unique_ptr<LocalAggregator> ref = Start(ref_dir);
+  std::unique_ptr<AggregatorProcess> ref = Start(ref_dir);
   ASSERT_NE(ref, nullptr);
   ASSERT_TRUE(Client(Options(ref->address()))
                   .CreateJob(JobRequest(config, "run", 20000))
@@ -109,7 +109,7 @@ TEST(CrashTest, KillNineAtRandomMomentsChangesNothing) {
   // The same run while the aggregator is killed and restarted.
   const std::string dir = root + "/crashing";
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
-  std::unique_ptr<LocalAggregator> agg = Start(dir);
+  std::unique_ptr<AggregatorProcess> agg = Start(dir);
   ASSERT_NE(agg, nullptr);
   const std::string address = agg->address();
   ASSERT_TRUE(Client(Options(address))

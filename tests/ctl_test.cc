@@ -407,7 +407,7 @@ TEST_F(CtlTest, BackupsAreWrittenListedAndRestored) {
   // A server without --backup_dir says how to get one.
   const std::string bare_dir = dir() + "/bare";
   std::filesystem::create_directories(bare_dir);
-  auto bare = LocalAggregator::Start(bare_dir);
+  auto bare = AggregatorProcess::Start(bare_dir);
   ASSERT_TRUE(bare.ok()) << bare.status();
   r = Ctl({"backup", "--server", (*bare)->address()}, false);
   EXPECT_EQ(r.code, 5) << r.err;

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   }
 
   const std::string dir = MakeScratchDir("syncnorm-demo");
-  auto aggregator = LocalAggregator::Start(dir);
+  auto aggregator = AggregatorProcess::Start(dir);
   if (!aggregator.ok()) return Fail(aggregator.status());
   std::fprintf(stderr,
                "aggregator on %s; %d workers, %zu BN layers, global batch %d, "

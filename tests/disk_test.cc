@@ -133,7 +133,7 @@ TEST(DiskTest, AFullDiskFailsRoundsClearlyAndLosesNothingAcknowledged) {
   const std::string why = MountTmpfs(mnt, 48);
   if (!why.empty()) GTEST_SKIP() << "no tmpfs to fill (" << why << ")";
   const std::vector<std::string> flags = {"--data_dir=" + mnt + "/data"};
-  auto agg = LocalAggregator::Start(root, flags);
+  auto agg = AggregatorProcess::Start(root, flags);
   ASSERT_TRUE(agg.ok()) << agg.status();
   const std::string address = (*agg)->address();
   std::vector<std::string> same_port = flags;
@@ -175,7 +175,7 @@ TEST(DiskTest, AFullDiskFailsRoundsClearlyAndLosesNothingAcknowledged) {
   EXPECT_TRUE(absl::StrContains(ReadAll(refused), mnt)) << ReadAll(refused);
   // With room again, all is there and the round goes through.
   ASSERT_EQ(std::remove((mnt + "/filler").c_str()), 0);
-  agg = LocalAggregator::Start(root, same_port);
+  agg = AggregatorProcess::Start(root, same_port);
   ASSERT_TRUE(agg.ok()) << agg.status();
   Stub fresh(address);
   grpc::Status read = fresh.Stats(&stats);

@@ -28,11 +28,11 @@
 namespace syncnorm::testing {
 namespace {
 
-std::unique_ptr<LocalAggregator> StartAggregator(const std::string& dir,
-                                                 int port = 0) {
+std::unique_ptr<AggregatorProcess> StartAggregator(const std::string& dir,
+                                                   int port = 0) {
   std::vector<std::string> flags = {"--round_timeout_ms=5000"};
   if (port != 0) flags.push_back(absl::StrCat("--listen=127.0.0.1:", port));
-  auto a = LocalAggregator::Start(dir, flags);
+  auto a = AggregatorProcess::Start(dir, flags);
   EXPECT_TRUE(a.ok()) << a.status();
   return a.ok() ? *std::move(a) : nullptr;
 }
@@ -147,7 +147,7 @@ class Bystander {
 
 TEST(FaultTest, KilledWorkerFailsItsPeersInTimeAndOtherJobsGoOn) {
   const std::string dir = MakeScratchDir("killed-worker");
-  std::unique_ptr<LocalAggregator> agg = StartAggregator(dir);
+  std::unique_ptr<AggregatorProcess> agg = StartAggregator(dir);
   ASSERT_NE(agg, nullptr);
   constexpr int64_t kTimeoutMs = 1500;
   RoundClusterOptions o;
@@ -211,7 +211,7 @@ TEST(FaultTest, KilledWorkerFailsItsPeersInTimeAndOtherJobsGoOn) {
 
 TEST(FaultTest, QuorumCompletesWithThePresentRanksAndNamesTheMissing) {
   const std::string dir = MakeScratchDir("quorum");
-  std::unique_ptr<LocalAggregator> agg = StartAggregator(dir);
+  std::unique_ptr<AggregatorProcess> agg = StartAggregator(dir);
   ASSERT_NE(agg, nullptr);
   Stub stub(agg->address());
   v1::CreateJobRequest job = Job("quorum", 4, 1, 5000);
@@ -289,7 +289,7 @@ TEST(FaultTest, QuorumCompletesWithThePresentRanksAndNamesTheMissing) {
 
 TEST(FaultTest, ClientThatVanishesFreesWhatItHeld) {
   const std::string dir = MakeScratchDir("vanish");
-  std::unique_ptr<LocalAggregator> agg = StartAggregator(dir);
+  std::unique_ptr<AggregatorProcess> agg = StartAggregator(dir);
   ASSERT_NE(agg, nullptr);
   Stub stub(agg->address());
   std::vector<std::string> jobs;
@@ -344,7 +344,7 @@ TEST(FaultTest, ClientThatVanishesFreesWhatItHeld) {
 
 TEST(FaultTest, ServerKilledMidRoundWhileStreamsDropCountsNothingTwice) {
   const std::string dir = MakeScratchDir("server-restart");
-  std::unique_ptr<LocalAggregator> agg = StartAggregator(dir);
+  std::unique_ptr<AggregatorProcess> agg = StartAggregator(dir);
   ASSERT_NE(agg, nullptr);
   const int port = PortOf(agg->address());
   auto proxy = TcpProxy::Start(port);

@@ -349,7 +349,7 @@ class FloodTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = MakeScratchDir("flood");
-    auto server = LocalAggregator::Start(dir_, ServerFlags());
+    auto server = AggregatorProcess::Start(dir_, ServerFlags());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     channel_ = NewChannel(server_->address(), 0);
@@ -675,7 +675,7 @@ class FloodTest : public ::testing::Test {
   }
 
   std::string dir_;
-  std::unique_ptr<LocalAggregator> server_;
+  std::unique_ptr<AggregatorProcess> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stub> stub_;
   // The abusers of one flood.

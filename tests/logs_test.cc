@@ -177,7 +177,7 @@ TEST(LogsTest, OneFormatFewLinesForRepeatedRoundsAndAShutdownThatSaysSo) {
     std::ofstream out(tokens);
     out << kAdminToken << " admin\n";
   }
-  auto agg = LocalAggregator::Start(
+  auto agg = AggregatorProcess::Start(
       dir, {"--tokens_file=" + tokens, "--shutdown_grace_ms=300"});
   ASSERT_TRUE(agg.ok()) << agg.status();
   auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(

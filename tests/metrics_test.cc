@@ -88,7 +88,7 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
     GTEST_SKIP() << kPrometheus << " is missing: run scripts/deps.sh";
   }
   const std::string dir = MakeScratchDir("metrics");
-  auto aggregator = LocalAggregator::Start(
+  auto aggregator = AggregatorProcess::Start(
       dir, {"--metrics_listen=127.0.0.1:0", "--round_timeout_ms=20000"});
   ASSERT_TRUE(aggregator.ok()) << aggregator.status();
   const int metrics_port = MetricsPortFromLog(dir + "/aggregator.log");
@@ -213,7 +213,7 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
 TEST(MetricsTest, AClientsCleanEndOfAStreamCountsOK) {
   const std::string dir = MakeScratchDir("metrics-clean-end");
   auto aggregator =
-      LocalAggregator::Start(dir, {"--metrics_listen=127.0.0.1:0"});
+      AggregatorProcess::Start(dir, {"--metrics_listen=127.0.0.1:0"});
   ASSERT_TRUE(aggregator.ok()) << aggregator.status();
   const int metrics_port = MetricsPortFromLog(dir + "/aggregator.log");
   ASSERT_GT(metrics_port, 0) << ReadFile(dir + "/aggregator.log");

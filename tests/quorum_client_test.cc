@@ -284,11 +284,11 @@ TEST_F(QuorumClientTest, NcclNodesNameTheAbsentRankOnEveryLocalRank) {
 // workers (of ranks 0 and 1, in parallel) name the absent rank.
 TEST_F(QuorumClientTest, ShardedNodeGroupNamesTheAbsentRankOnEveryShard) {
   constexpr int kLayers = 4;
-  std::vector<std::unique_ptr<LocalAggregator>> shards;
+  std::vector<std::unique_ptr<AggregatorProcess>> shards;
   std::vector<std::string> addresses;
   for (int i = 0; i < 2; ++i) {
-    auto a = LocalAggregator::Start(MakeScratchDir(absl::StrCat("shard", i)),
-                                    {"--round_timeout_ms=20000"});
+    auto a = AggregatorProcess::Start(MakeScratchDir(absl::StrCat("shard", i)),
+                                      {"--round_timeout_ms=20000"});
     ASSERT_TRUE(a.ok()) << a.status();
     addresses.push_back((*a)->address());
     shards.push_back(*std::move(a));

@@ -29,8 +29,8 @@
 namespace syncnorm {
 namespace {
 
+using ::syncnorm::testing::AggregatorProcess;
 using ::syncnorm::testing::CheckHealth;
-using ::syncnorm::testing::LocalAggregator;
 using ::syncnorm::testing::MakeScratchDir;
 using ::syncnorm::testing::Runfile;
 using ::syncnorm::testing::Subprocess;
@@ -149,8 +149,8 @@ class SecurityTest : public ::testing::Test {
 TEST_F(SecurityTest, TlsServesEncryptedAndRefusesPlaintextClients) {
   MakeCertificates(dir_);
   auto server =
-      LocalAggregator::Start(dir_, {"--tls_cert=" + dir_ + "/server.crt",
-                                    "--tls_key=" + dir_ + "/server.key"});
+      AggregatorProcess::Start(dir_, {"--tls_cert=" + dir_ + "/server.crt",
+                                      "--tls_key=" + dir_ + "/server.key"});
   ASSERT_TRUE(server.ok()) << server.status();
 
   ClientOptions tls = Options((*server)->address());
@@ -172,9 +172,9 @@ TEST_F(SecurityTest, TlsServesEncryptedAndRefusesPlaintextClients) {
 TEST_F(SecurityTest, MutualTlsRejectsAClientWithoutACertificate) {
   MakeCertificates(dir_);
   auto server =
-      LocalAggregator::Start(dir_, {"--tls_cert=" + dir_ + "/server.crt",
-                                    "--tls_key=" + dir_ + "/server.key",
-                                    "--tls_client_ca=" + dir_ + "/ca.crt"});
+      AggregatorProcess::Start(dir_, {"--tls_cert=" + dir_ + "/server.crt",
+                                      "--tls_key=" + dir_ + "/server.key",
+                                      "--tls_client_ca=" + dir_ + "/ca.crt"});
   ASSERT_TRUE(server.ok()) << server.status();
 
   ClientOptions no_cert = Options((*server)->address());
@@ -216,7 +216,7 @@ TEST_F(SecurityTest, SyncnormctlTakesMutualTlsAndATokenFile) {
       tokens, absl::StrCat(kAdminToken, " admin\n", kJobAToken, " job:a\n"));
   std::ofstream(dir_ + "/admin.token") << kAdminToken << "\n";
   std::ofstream(dir_ + "/a.token") << kJobAToken;
-  auto server = LocalAggregator::Start(
+  auto server = AggregatorProcess::Start(
       dir_, {"--tls_cert=" + dir_ + "/server.crt",
              "--tls_key=" + dir_ + "/server.key",
              "--tls_client_ca=" + dir_ + "/ca.crt", "--tokens_file=" + tokens});
@@ -284,7 +284,7 @@ class TokensTest : public SecurityTest {
     WriteAtomically(tokens_, absl::StrCat("# test tokens\n", kAdminToken,
                                           " admin\n", kJobAToken, " job:a\n",
                                           kJobBToken, " job:b,job:c\n"));
-    auto server = LocalAggregator::Start(dir_, {"--tokens_file=" + tokens_});
+    auto server = AggregatorProcess::Start(dir_, {"--tokens_file=" + tokens_});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
@@ -316,7 +316,7 @@ class TokensTest : public SecurityTest {
   }
 
   std::string tokens_;
-  std::unique_ptr<LocalAggregator> server_;
+  std::unique_ptr<AggregatorProcess> server_;
 };
 
 TEST_F(TokensTest, EveryCallNeedsATokenForItsJob) {
@@ -388,7 +388,7 @@ TEST_F(TokensTest, EveryCallNeedsATokenForItsJob) {
 TEST_F(SecurityTest, UnauthenticatedStreamsTakeNoSlot) {
   const std::string tokens = dir_ + "/tokens";
   WriteAtomically(tokens, absl::StrCat(kAdminToken, " admin\n"));
-  auto server = LocalAggregator::Start(
+  auto server = AggregatorProcess::Start(
       dir_, {"--tokens_file=" + tokens, "--max_streams=4"});
   ASSERT_TRUE(server.ok()) << server.status();
   ClientOptions admin_options = Options((*server)->address());
@@ -514,8 +514,8 @@ TEST_F(SecurityTest, PlaintextOnlyOnLoopbackUnlessAllowed) {
         << ReadFile(log);
   }
   // Flags later on the command line win, so this listens on every address.
-  auto server =
-      LocalAggregator::Start(dir_, {"--listen=0.0.0.0:0", "--allow_insecure"});
+  auto server = AggregatorProcess::Start(
+      dir_, {"--listen=0.0.0.0:0", "--allow_insecure"});
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_TRUE(Client(Options((*server)->address())).CreateJob(Job("x")).ok());
 }
@@ -524,7 +524,7 @@ TEST_F(SecurityTest, PlaintextOnlyOnLoopbackUnlessAllowed) {
 class LimitsTest : public SecurityTest {
  protected:
   void Start(std::vector<std::string> flags) {
-    auto server = LocalAggregator::Start(dir_, flags);
+    auto server = AggregatorProcess::Start(dir_, flags);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     channel_ = grpc::CreateChannel(server_->address(),
@@ -542,7 +542,7 @@ class LimitsTest : public SecurityTest {
     EXPECT_TRUE(OneRound(client, id).ok());
     ASSERT_TRUE(client.DeleteJob(id).ok());
   }
-  std::unique_ptr<LocalAggregator> server_;
+  std::unique_ptr<AggregatorProcess> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Aggregator::Stub> stub_;
   int fine_ = 0;

@@ -92,11 +92,11 @@ bool SameOutputs(const std::vector<RankOutput>& got,
   return true;
 }
 
-std::unique_ptr<LocalAggregator> Start(const std::string& dir, int port = 0) {
+std::unique_ptr<AggregatorProcess> Start(const std::string& dir, int port = 0) {
   std::filesystem::create_directories(dir);
   std::vector<std::string> flags = {"--round_timeout_ms=20000"};
   if (port != 0) flags.push_back(absl::StrCat("--listen=127.0.0.1:", port));
-  auto a = LocalAggregator::Start(dir, flags);
+  auto a = AggregatorProcess::Start(dir, flags);
   EXPECT_TRUE(a.ok()) << a.status();
   return a.ok() ? *std::move(a) : nullptr;
 }
@@ -106,7 +106,7 @@ int PortOf(const std::string& address) {
 }
 
 struct Shards {
-  std::vector<std::unique_ptr<LocalAggregator>> servers;
+  std::vector<std::unique_ptr<AggregatorProcess>> servers;
   std::vector<std::string> dirs;
   std::string list;  // host:port,host:port,...
 };
@@ -130,7 +130,7 @@ class ShardTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const StackConfig config = Config();
     root_ = new std::string(MakeScratchDir("shard"));
-    std::unique_ptr<LocalAggregator> single = Start(*root_ + "/single");
+    std::unique_ptr<AggregatorProcess> single = Start(*root_ + "/single");
     ASSERT_NE(single, nullptr);
     Client client(Options(single->address()));
     ASSERT_TRUE(client.CreateJob(JobRequest(config, kJob, 20000)).ok());

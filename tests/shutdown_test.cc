@@ -23,8 +23,8 @@
 namespace syncnorm {
 namespace {
 
+using ::syncnorm::testing::AggregatorProcess;
 using ::syncnorm::testing::CheckHealth;
-using ::syncnorm::testing::LocalAggregator;
 using ::syncnorm::testing::MakeScratchDir;
 
 v1::Contribution Forward(int64_t step, int rank) {
@@ -44,7 +44,7 @@ using Stream = grpc::ClientReaderWriter<v1::Contribution, v1::RoundResult>;
 
 TEST(ShutdownTest, FinishesTheRoundsInFlightRefusesNewOnesAndExitsZero) {
   const std::string dir = MakeScratchDir("shutdown");
-  auto server = LocalAggregator::Start(dir, {"--shutdown_grace_ms=20000"});
+  auto server = AggregatorProcess::Start(dir, {"--shutdown_grace_ms=20000"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel((*server)->address(),
                                      grpc::InsecureChannelCredentials());
@@ -113,7 +113,7 @@ TEST(ShutdownTest, FinishesTheRoundsInFlightRefusesNewOnesAndExitsZero) {
   EXPECT_LT(absl::Now() - sigterm, absl::Seconds(10));
 
   // The round was applied and stored.
-  auto again = LocalAggregator::Start(dir);
+  auto again = AggregatorProcess::Start(dir);
   ASSERT_TRUE(again.ok()) << again.status();
   auto stub2 = v1::Aggregator::NewStub(grpc::CreateChannel(
       (*again)->address(), grpc::InsecureChannelCredentials()));

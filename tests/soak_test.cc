@@ -40,16 +40,16 @@ constexpr int kWorkers = 4;
 constexpr int kLayers = 8;
 constexpr int64_t kRoundTimeoutMs = 2000;
 
-std::unique_ptr<LocalAggregator> StartAggregator(const std::string& dir,
-                                                 int port = 0) {
+std::unique_ptr<AggregatorProcess> StartAggregator(const std::string& dir,
+                                                   int port = 0) {
   std::vector<std::string> flags;
   if (port != 0) flags.push_back(absl::StrCat("--listen=127.0.0.1:", port));
-  auto a = LocalAggregator::Start(dir, flags);
+  auto a = AggregatorProcess::Start(dir, flags);
   EXPECT_TRUE(a.ok()) << a.status();
   return a.ok() ? *std::move(a) : nullptr;
 }
 
-int64_t RssKb(LocalAggregator& agg) {
+int64_t RssKb(AggregatorProcess& agg) {
   auto s = ReadProcStats(agg.process().pid());
   return s.ok() ? s->rss_kb : -1;
 }
@@ -64,7 +64,7 @@ TEST(SoakTest, ChaosChangesNoResult) {
                static_cast<unsigned long long>(seed));
 
   const std::string dir = MakeScratchDir("soak");
-  std::unique_ptr<LocalAggregator> agg = StartAggregator(dir);
+  std::unique_ptr<AggregatorProcess> agg = StartAggregator(dir);
   ASSERT_NE(agg, nullptr);
   const int port =
       std::stoi(agg->address().substr(agg->address().rfind(':') + 1));

@@ -87,7 +87,7 @@ bool SameBits(const RunningStats& a, const RunningStats& b) {
 
 TEST(StateTest, CheckpointGoOnRestoreAndResumeThroughTheLayer) {
   const std::string dir = MakeScratchDir("restore");
-  auto agg = LocalAggregator::Start(dir);
+  auto agg = AggregatorProcess::Start(dir);
   ASSERT_TRUE(agg.ok()) << agg.status();
   Client client(Options((*agg)->address()));
   Trainer t(client, "resume");
@@ -99,7 +99,7 @@ TEST(StateTest, CheckpointGoOnRestoreAndResumeThroughTheLayer) {
   const RunningStats at5 = t.layer().running_stats();
   // The server restarts (gracefully) in between: the checkpoint survives.
   ASSERT_EQ(*(*agg)->Stop(), 0);
-  agg = LocalAggregator::Start(dir);
+  agg = AggregatorProcess::Start(dir);
   ASSERT_TRUE(agg.ok()) << agg.status();
   Client again(Options((*agg)->address()));
   Trainer resumed(again, "resume");  // CreateJob is idempotent
@@ -143,7 +143,7 @@ void ExpectRefusal(const std::string& data_dir, const std::string& log,
 
 // A data_dir with state in it, stopped cleanly (so its tables are on disk).
 std::string MakeState(const std::string& root) {
-  auto agg = LocalAggregator::Start(root);
+  auto agg = AggregatorProcess::Start(root);
   EXPECT_TRUE(agg.ok()) << agg.status();
   Client client(Options((*agg)->address()));
   Trainer t(client, "state");
@@ -198,7 +198,7 @@ TEST(StateTest, ACorruptOrTruncatedDataDirIsAClearStartupError) {
     ExpectRefusal(copy, absl::StrCat(copy, ".log"), c.what);
   }
   // The untouched folder still starts and serves its state.
-  auto agg = LocalAggregator::Start(root);
+  auto agg = AggregatorProcess::Start(root);
   ASSERT_TRUE(agg.ok()) << agg.status();
   auto stats = Client(Options((*agg)->address())).ListCheckpoints("state");
   ASSERT_TRUE(stats.ok()) << stats.status();
@@ -212,7 +212,7 @@ TEST(StateTest, AnUnwritableDataDirIsAClearStartupError) {
   ExpectRefusal(file + "/data", root + "/under-file.log", "under a file");
   ExpectRefusal(file, root + "/is-file.log", "a file");
   // A second server on a folder in use: refused, the first one unharmed.
-  auto first = LocalAggregator::Start(root);
+  auto first = AggregatorProcess::Start(root);
   ASSERT_TRUE(first.ok());
   ExpectRefusal(root + "/data", root + "/second.log", "locked");
   EXPECT_TRUE(Client(Options((*first)->address())).ListJobs().ok());

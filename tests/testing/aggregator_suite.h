@@ -29,7 +29,7 @@ class AggregatorSuite : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
     dir_ = MakeScratchDir(Suite::kScratchName);
-    auto a = LocalAggregator::Start(dir_, Suite::AggregatorFlags());
+    auto a = AggregatorProcess::Start(dir_, Suite::AggregatorFlags());
     ASSERT_TRUE(a.ok()) << a.status();
     aggregator_ = std::move(*a);
   }
@@ -43,11 +43,11 @@ class AggregatorSuite : public ::testing::Test {
  protected:
   // The suite's scratch dir (the aggregator's log is aggregator.log there).
   static const std::string& dir() { return dir_; }
-  static LocalAggregator& aggregator() { return *aggregator_; }
+  static AggregatorProcess& aggregator() { return *aggregator_; }
 
  private:
   static inline std::string dir_;
-  static inline std::unique_ptr<LocalAggregator> aggregator_;
+  static inline std::unique_ptr<AggregatorProcess> aggregator_;
 };
 
 }  // namespace syncnorm::testing

@@ -21,7 +21,7 @@ std::string ReadFile(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LocalAggregator>> LocalAggregator::Start(
+absl::StatusOr<std::unique_ptr<AggregatorProcess>> AggregatorProcess::Start(
     const std::string& dir, const std::vector<std::string>& flags) {
   const std::string port_file = absl::StrCat(dir, "/aggregator.port");
   std::remove(port_file.c_str());
@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<LocalAggregator>> LocalAggregator::Start(
   argv.insert(argv.end(), flags.begin(), flags.end());
   auto process = Subprocess::Spawn(argv, absl::StrCat(dir, "/aggregator.log"));
   if (!process.ok()) return process.status();
-  auto self = std::unique_ptr<LocalAggregator>(new LocalAggregator);
+  auto self = std::unique_ptr<AggregatorProcess>(new AggregatorProcess);
   self->process_ = std::move(*process);
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (absl::Now() < deadline) {
@@ -45,11 +45,11 @@ absl::StatusOr<std::unique_ptr<LocalAggregator>> LocalAggregator::Start(
       ReadFile(absl::StrCat(dir, "/aggregator.log"))));
 }
 
-std::string LocalAggregator::address() const {
+std::string AggregatorProcess::address() const {
   return absl::StrCat("127.0.0.1:", port_);
 }
 
-absl::StatusOr<int> LocalAggregator::Stop() {
+absl::StatusOr<int> AggregatorProcess::Stop() {
   process_->Signal(SIGTERM);
   return process_->Wait(absl::Seconds(30));
 }

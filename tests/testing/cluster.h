@@ -16,11 +16,11 @@
 namespace syncnorm::testing {
 
 // The aggregator binary started on a free loopback port.
-class LocalAggregator {
+class AggregatorProcess {
  public:
   // Starts it with --listen=127.0.0.1:0 and the extra flags; returns once
   // the port is known. Its log goes to <dir>/aggregator.log.
-  static absl::StatusOr<std::unique_ptr<LocalAggregator>> Start(
+  static absl::StatusOr<std::unique_ptr<AggregatorProcess>> Start(
       const std::string& dir, const std::vector<std::string>& flags = {});
 
   std::string address() const;
