@@ -73,15 +73,16 @@ def lockstep(a, tmp):
          "syncnorm", None)]
     # The two aggregators again: another build (a baseline), or this one
     # with another malloc preloaded into the server.
-    variants = []
+    variants = []  # (RATIO tag, row label, binary, environment)
     if a.baseline_aggregator:
-        variants.append(("baseline " + a.baseline_aggregator,
+        variants.append(("baseline", "baseline " + a.baseline_aggregator,
                          a.baseline_aggregator, None))
     if a.malloc_preload:
-        variants.append((os.path.basename(a.malloc_preload) + " preloaded",
+        variants.append(("preloaded",
+                         os.path.basename(a.malloc_preload) + " preloaded",
                          "server/syncnorm-aggregator",
                          {"LD_PRELOAD": a.malloc_preload}))
-    for label, binary, env in variants:
+    for _, label, binary, env in variants:
         servers += [(name + ", " + label, binary, extra, mode, env)
                      for name, _, extra, mode, _ in servers[1:3]]
     for name, binary, extra, mode, env in servers:
@@ -107,8 +108,7 @@ def lockstep(a, tmp):
                  memory, "/s")
     common.ratio("lockstep_durable_per_s", durable, "target", 50000.0, "/s",
                  1.0, higher_is_better=True)
-    for k, (label, _, _) in enumerate(variants):
-        tag = "baseline" if label.startswith("baseline ") else "preloaded"
+    for k, (tag, _, _, _) in enumerate(variants):
         common.ratio("lockstep_in_memory_%s_per_s" % tag,
                      measured[rows[3 + 2 * k][0]], "lockstep_in_memory_per_s",
                      memory, "/s")
