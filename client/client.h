@@ -30,7 +30,9 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path);
 // spread by rendezvous hashing of (job_id, layer) (client/shard_router.h).
 // Every call carries a deadline (ClientOptions::rpc_timeout) and waits for
 // the server to become reachable within it, so a restarting server is
-// ridden out; a server still unreachable then is UNAVAILABLE naming it.
+// ridden out (as is a connection that breaks under a call: every call
+// below is idempotent); a server still unreachable then is UNAVAILABLE
+// naming it. An error the server answered is returned at once.
 //
 // With several shards, CreateJob, DeleteJob, Checkpoint and
 // RestoreCheckpoint go to every shard (in parallel) and succeed only when

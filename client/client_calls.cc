@@ -147,13 +147,15 @@ absl::StatusOr<Response> Client::UnaryOn(size_t shard, const Request& request,
     context.set_wait_for_ready(true);
     context.set_deadline(absl::ToChronoTime(deadline));
     status = (target.stub.get()->*call)(&context, request, &response);
-    // A connection that broke under the call (a server killed or
-    // restarting; the channel is no longer READY) is ridden out like an
-    // unreachable server: every call here is idempotent. An UNAVAILABLE
-    // the server itself answered leaves the channel READY and is returned.
+    // An UNAVAILABLE without details is gRPC's own: the connection broke
+    // under the call (a server killed or restarting) or the server was not
+    // reached. It is ridden out like an unreachable server, as every call
+    // here is idempotent. The server's own errors carry details
+    // (server/rpc/grpc_status.h) and are returned. The channel's state
+    // cannot tell the two apart: it may be READY again (another call
+    // reconnected) before this call's failure is seen.
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        target.channel->GetState(false) == GRPC_CHANNEL_READY ||
-        absl::Now() + backoff >= deadline) {
+        !status.error_details().empty() || absl::Now() + backoff >= deadline) {
       break;
     }
     absl::SleepFor(backoff);

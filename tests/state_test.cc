@@ -1,9 +1,12 @@
 // The aggregator binary's state across restarts: the same jobs, statistics
 // and checkpoints after a stop; checkpoint at S, go on, restore S (through
 // the SyncBatchNorm layer); and startup on a corrupt, truncated or
-// unwritable data_dir: a clear error and exit code 1, never a crash.
+// unwritable data_dir: a clear error and exit code 1, never a crash; and a
+// client whose calls keep going while the server is killed and restarted.
 #include <sys/stat.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -216,6 +220,55 @@ TEST(StateTest, AnUnwritableDataDirIsAClearStartupError) {
   ASSERT_TRUE(first.ok());
   ExpectRefusal(root + "/data", root + "/second.log", "locked");
   EXPECT_TRUE(Client(Options((*first)->address())).ListJobs().ok());
+}
+
+// Calls from several threads on one client while the server is killed and
+// restarted: every call is answered once the server is back.
+TEST(StateTest, BusyClientThreadsRideOutKillsAndRestarts) {
+  const std::string dir = MakeScratchDir("busy-client");
+  auto first = AggregatorProcess::Start(dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::unique_ptr<AggregatorProcess> server = *std::move(first);
+  const std::string address = server->address();
+  Client client(Options(address));
+  v1::CreateJobRequest r;
+  r.set_job_id("busy");
+  r.set_world_size(1);
+  SyncBatchNormOptions layer;
+  layer.num_features = 3;
+  *r.add_layers() = *ToLayerSpec(layer, "bn");
+  ASSERT_TRUE(client.CreateJob(r).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  std::vector<std::string> failures[4];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      while (!stop.load()) {
+        absl::StatusOr<v1::JobInfo> job = client.GetJob("busy");
+        calls.fetch_add(1);
+        if (!job.ok()) failures[t].push_back(job.status().ToString());
+      }
+    });
+  }
+  for (int restart = 0; restart < 6; ++restart) {
+    absl::SleepFor(absl::Milliseconds(100));
+    server->process().Signal(SIGKILL);
+    ASSERT_TRUE(server->process().Wait(absl::Seconds(10)).ok());
+    auto again =
+        AggregatorProcess::Start(dir, {absl::StrCat("--listen=", address)});
+    ASSERT_TRUE(again.ok()) << again.status();
+    server = *std::move(again);
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  stop = true;
+  for (std::thread& t : threads) t.join();
+  EXPECT_GT(calls.load(), 0);
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_TRUE(failures[t].empty())
+        << failures[t].size() << " failed calls in thread " << t
+        << ", the first: " << failures[t][0];
+  }
 }
 
 }  // namespace

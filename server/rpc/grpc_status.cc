@@ -2,7 +2,27 @@
 
 #include <string>
 
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
+
 namespace syncnorm {
+namespace {
+
+// google.rpc.Status { int32 code = 1; string message = 2; } on the wire.
+std::string RpcStatusBytes(int code, const std::string& message) {
+  using google::protobuf::internal::WireFormatLite;
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    WireFormatLite::WriteInt32(1, code, &coded);
+    if (!message.empty()) WireFormatLite::WriteString(2, message, &coded);
+  }
+  return out;
+}
+
+}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -12,7 +32,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
       code > 0 && code <= grpc::StatusCode::UNAUTHENTICATED
           ? static_cast<grpc::StatusCode>(code)
           : grpc::StatusCode::UNKNOWN;
-  return grpc::Status(grpc_code, std::string(status.message()));
+  std::string message(status.message());
+  std::string details = RpcStatusBytes(grpc_code, message);
+  return grpc::Status(grpc_code, std::move(message), std::move(details));
 }
 
 }  // namespace syncnorm

@@ -8,6 +8,11 @@
 namespace syncnorm {
 
 // Same code (absl and gRPC share the canonical code numbers) and message.
+// An error also carries them as a google.rpc.Status in its details (the
+// grpc-status-details-bin trailer of gRPC's rich error model): gRPC's own
+// errors (a connection that broke under a call, an unreachable server)
+// never have details, so a client can tell an answer of the server from a
+// failure to reach it, whatever the code (client/client_calls.cc).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace syncnorm

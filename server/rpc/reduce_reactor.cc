@@ -213,10 +213,9 @@ void ReduceReactor::Close() {
     absl::MutexLock lock(&mu_);
     if (!closing_) {
       closing_ = true;
-      close_status_ = grpc::Status(
-          grpc::StatusCode::UNAVAILABLE,
+      close_status_ = ToGrpcStatus(absl::UnavailableError(
           "the server is shutting down; reconnect to a running server and "
-          "resend what is unanswered");
+          "resend what is unanswered"));
     }
     finish = TakeFinish();
   }
@@ -232,14 +231,13 @@ bool ReduceReactor::CloseIfIdle(absl::Time now, absl::Duration timeout) {
       return false;
     }
     closing_ = true;
-    close_status_ = grpc::Status(
-        grpc::StatusCode::UNAVAILABLE,
+    close_status_ = ToGrpcStatus(absl::UnavailableError(
         absl::StrCat("the stream was idle for ",
                      absl::ToInt64Milliseconds(now - last_active_),
                      " ms, past the server's --stream_idle_timeout_ms=",
                      absl::ToInt64Milliseconds(timeout),
                      "; open a new stream to send more (the syncnorm "
-                     "clients do so by themselves)"));
+                     "clients do so by themselves)")));
     finish = TakeFinish();
   }
   if (finish.has_value()) FinishWith(*std::move(finish));

@@ -100,6 +100,22 @@ if got != want:
     sys.exit("round: got %s, want %s" % (got, want))
 ' || fail "ReduceOnce answered $result"
 
+# An error reaches the generic client with its code and message. The server
+# also sends them as google.rpc.Status details, which buf decodes and shows
+# in place of grpc-status: details that did not decode, or said another
+# code, would show here.
+if missing=$(bufcurl -d '{"job_id": "absent"}' \
+  "$url/syncnorm.v1.Aggregator/GetJob" 2>&1); then
+  fail "GetJob of an absent job succeeded: $missing"
+fi
+echo "$missing" | /usr/bin/python3 -c '
+import json, sys
+e = json.load(sys.stdin)
+if e.get("code") != "not_found" or "absent" not in e.get("message", ""):
+    sys.exit("error: %s" % e)
+' || fail "GetJob of an absent job answered $missing"
+alive "after an error"
+
 # The reflection calls are counted like any other.
 metrics=$(curl -sf "http://127.0.0.1:$metrics_port/metrics") || fail "no /metrics"
 echo "$metrics" | grep -q 'grpc_code="OK",grpc_method="ServerReflectionInfo"' ||
