@@ -267,6 +267,49 @@ TEST_F(ServiceTest, ThreeRanksForwardAndBackwardOverStreams) {
   }
 }
 
+// A client that sends without waiting for answers (a generic client, or
+// one that pipelines its layers' rounds) has its contributions taken in
+// the order it sent them, as a gRPC stream promises: a later step of a
+// layer never reaches the aggregator first, where it would complete and
+// make the earlier step stale. Many steps back to back, one rank.
+TEST_F(ServiceTest, AStreamsContributionsAreTakenInTheOrderSent) {
+  constexpr int kSteps = 2000;
+  ASSERT_TRUE(CreateJob(JobRequest("order", 1, 4, 1, 20000)).ok());
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, absl::Seconds(60));
+  auto stream = stub_->Reduce(&ctx);
+  std::vector<v1::RoundResult> answers;
+  std::thread reader([&] {
+    v1::RoundResult r;
+    while (static_cast<int>(answers.size()) < kSteps && stream->Read(&r)) {
+      answers.push_back(r);
+    }
+  });
+  for (int step = 1; step <= kSteps; ++step) {
+    const double x = 0.5 * step;
+    ASSERT_TRUE(stream->Write(
+        Fwd("order", 0, step, 0, 2, {x, -x, 1, 2}, {1, 2, 3, 4})));
+  }
+  reader.join();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(answers.size(), static_cast<size_t>(kSteps));
+  int refused = 0;
+  for (const v1::RoundResult& r : answers) {
+    if (r.has_error()) {
+      if (++refused <= 3) ADD_FAILURE() << r.DebugString();
+      continue;
+    }
+    // One rank: the global moments are its own, var = m2 / count.
+    const double x = 0.5 * r.step();
+    EXPECT_EQ(r.moments().count(), 2);
+    EXPECT_EQ(r.moments().mean(0), x);
+    EXPECT_EQ(r.moments().mean(1), -x);
+    EXPECT_EQ(r.moments().var(3), 2.0);
+  }
+  EXPECT_EQ(refused, 0) << "contributions refused out of " << kSteps;
+}
+
 TEST_F(ServiceTest, ReduceOnceAnswersAndReturnsFailuresAsStatus) {
   ASSERT_TRUE(CreateJob(JobRequest("once", 1, 1)).ok());
   v1::RoundResult result;

@@ -126,9 +126,6 @@ void ReduceReactor::OnReadDone(bool ok) {
     read_paused_ = !read_now;
   }
   Ref();  // the aggregator callback's
-  // Safe even after Finish: this reaction holds the call open until it
-  // returns, and a read on a finished call just fails.
-  if (read_now) StartRead(&request_);
   Contribution key;
   key.job_id = c.job_id;
   key.layer = c.layer;
@@ -142,13 +139,21 @@ void ReduceReactor::OnReadDone(bool ok) {
     outcome.status = std::move(refused);
     Answer(key, bytes, outcome);
     Unref();
-    return;
+  } else {
+    aggregator_->Contribute(std::move(c), [this, key = std::move(key),
+                                           bytes](const RoundOutcome& outcome) {
+      Answer(key, bytes, outcome);
+      Unref();
+    });
   }
-  aggregator_->Contribute(std::move(c), [this, key = std::move(key),
-                                         bytes](const RoundOutcome& outcome) {
-    Answer(key, bytes, outcome);
-    Unref();
-  });
+  // The next read only now, once this contribution is with the aggregator:
+  // the stream's messages reach it in the order they were sent (a read
+  // posted earlier lets the next message's reaction run on another thread
+  // and overtake this one). In lock step the read also goes out after the
+  // answer's write, which carries the flow-control update with it. Safe
+  // even after Finish or the answer's Unref: this reaction holds the call
+  // open until it returns, and a read on a finished call just fails.
+  if (read_now) StartRead(&request_);
 }
 
 void ReduceReactor::Answer(const Contribution& key, size_t bytes,
