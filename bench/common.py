@@ -40,9 +40,11 @@ class Server:
     def __init__(self, binary, tmp, name, extra=(), env=None):
         port_file = os.path.join(tmp, name + ".port")
         self.log = os.path.join(tmp, name + ".log")
-        if binary.endswith("syncnorm-aggregator"):
-            # A fresh data dir per run: the default (./syncnorm-data) would
-            # carry one run's jobs and steps into the next.
+        if os.path.basename(binary) != "bench-server":
+            # An aggregator (this build's, or a baseline binary of any name)
+            # gets a fresh data dir per run: the default (./syncnorm-data)
+            # would carry one run's jobs and steps into the next, whose
+            # rounds would then be refused as superseded.
             extra = ["--data_dir=" + os.path.join(tmp, name + "-data")] + list(extra)
         self.proc = subprocess.Popen(
             [runfile(binary), "--listen=127.0.0.1:0", "--port_file=" + port_file]
