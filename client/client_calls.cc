@@ -152,8 +152,8 @@ absl::StatusOr<Response> Client::UnaryOn(size_t shard, const Request& request,
     // reached. It is ridden out like an unreachable server, as every call
     // here is idempotent. The server's own errors carry details
     // (server/rpc/grpc_status.h) and are returned. The channel's state
-    // cannot tell the two apart: it may be READY again (another call
-    // reconnected) before this call's failure is seen.
+    // cannot tell the two apart: when this call returns, it may not have
+    // left READY yet, or be READY again (another call reconnected).
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
         !status.error_details().empty() || absl::Now() + backoff >= deadline) {
       break;

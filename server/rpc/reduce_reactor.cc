@@ -149,8 +149,9 @@ void ReduceReactor::OnReadDone(bool ok) {
   // The next read only now, once this contribution is with the aggregator:
   // the stream's messages reach it in the order they were sent (a read
   // posted earlier lets the next message's reaction run on another thread
-  // and overtake this one). In lock step the read also goes out after the
-  // answer's write, which carries the flow-control update with it. Safe
+  // and overtake this one). When this contribution completed its round,
+  // the read also goes out after the answer's write, which then carries
+  // the flow-control update with it. Safe
   // even after Finish or the answer's Unref: this reaction holds the call
   // open until it returns, and a read on a finished call just fails.
   if (read_now) StartRead(&request_);
