@@ -22,6 +22,7 @@
 #include "server/rpc/tls.h"
 #include "server/store/kv_state_store.h"
 #include "server/store/memory_engine.h"
+#include "server/store/ring_log_engine.h"
 #include "server/store/rocksdb_engine.h"
 
 namespace syncnorm {
@@ -55,8 +56,19 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenStore(
   absl::StatusOr<std::unique_ptr<RocksDbEngine>> engine =
       RocksDbEngine::Open(options.data_dir, options.sync_writes);
   if (!engine.ok()) return engine.status();
+  // Rounds are durable in the ring log; RocksDB gets them in bulk.
+  RingLogOptions ring;
+  ring.sync_writes = options.sync_writes;
+  absl::StatusOr<std::unique_ptr<RingLogEngine>> logged = RingLogEngine::Open(
+      options.data_dir + "/" + kRoundLogFile, *std::move(engine), ring);
+  if (!logged.ok()) return logged.status();
+  if ((*logged)->recovered_records() > 0) {
+    LogLine("round_log_replayed")
+        .Add("records", (*logged)->recovered_records())
+        .Add("data_dir", options.data_dir);
+  }
   return std::unique_ptr<StateStore>(
-      std::make_unique<KvStateStore>(*std::move(engine)));
+      std::make_unique<KvStateStore>(*std::move(logged)));
 }
 
 // Backups on the data dir's own filesystem go with it when the volume is

@@ -1,0 +1,479 @@
+#include "server/store/ring_log_engine.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/base/internal/endian.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace rocksdb {
+namespace crc32c {
+// RocksDB's CRC32C (Castagnoli), with the SSE4.2 instruction when the CPU
+// has it (server/store/rocksdb_crc32c.cc).
+uint32_t Extend(uint32_t init_crc, const char* data, size_t n);
+}  // namespace crc32c
+}  // namespace rocksdb
+
+namespace syncnorm {
+namespace {
+
+// A record: a 24-byte header, then the payload, padded to 8 bytes.
+//   u32 magic, u32 kind, u64 seq, u32 payload length,
+//   u32 CRC32C of the payload followed by the header's first 20 bytes.
+// A pad record (kind 2) fills the end of the ring when the next record does
+// not fit there; it has no payload of its own and carries the sequence
+// number of the record that follows it. Less than a header's room at the
+// end is skipped without one. All little-endian.
+constexpr uint32_t kMagic = 0x4c52534e;  // "NSRL"
+constexpr uint32_t kBatch = 1;
+constexpr uint32_t kPad = 2;
+constexpr int64_t kHeader = 24;
+constexpr int64_t kMinRing = 64 << 10;
+
+int64_t Align8(int64_t n) { return (n + 7) & ~int64_t{7}; }
+
+void PutU32(std::string& out, uint32_t v) {
+  char b[4];
+  absl::little_endian::Store32(b, v);
+  out.append(b, 4);
+}
+
+uint32_t Crc(const char* data, size_t n, uint32_t init = 0) {
+  return rocksdb::crc32c::Extend(init, data, n);
+}
+
+// The payload: u32 op count; per op u8 kind, u32 key length, key, u32 value
+// length, value.
+std::string EncodeBatch(const KvBatch& batch) {
+  size_t size = 4;
+  for (const KvBatch::Op& op : batch.ops()) {
+    size += 9 + op.key.size() + op.value.size();
+  }
+  std::string out;
+  out.reserve(size);
+  PutU32(out, static_cast<uint32_t>(batch.ops().size()));
+  for (const KvBatch::Op& op : batch.ops()) {
+    out.push_back(static_cast<char>(op.kind));
+    PutU32(out, static_cast<uint32_t>(op.key.size()));
+    out.append(op.key);
+    PutU32(out, static_cast<uint32_t>(op.value.size()));
+    out.append(op.value);
+  }
+  return out;
+}
+
+// Appends the ops of a payload to `out`; false if it does not parse.
+bool DecodeBatch(absl::string_view in, KvBatch& out) {
+  auto u32 = [&in](uint32_t& v) {
+    if (in.size() < 4) return false;
+    v = absl::little_endian::Load32(in.data());
+    in.remove_prefix(4);
+    return true;
+  };
+  auto bytes = [&in, &u32](std::string& s) {
+    uint32_t n;
+    if (!u32(n) || in.size() < n) return false;
+    s.assign(in.data(), n);
+    in.remove_prefix(n);
+    return true;
+  };
+  uint32_t count;
+  if (!u32(count)) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (in.empty()) return false;
+    const auto kind = static_cast<unsigned char>(in[0]);
+    in.remove_prefix(1);
+    std::string key, value;
+    if (!bytes(key) || !bytes(value)) return false;
+    if (kind == KvBatch::Op::kPut) {
+      out.Put(std::move(key), std::move(value));
+    } else if (kind == KvBatch::Op::kDelete) {
+      out.Delete(std::move(key));
+    } else {
+      return false;  // ranges never go through the log
+    }
+  }
+  return in.empty();
+}
+
+// The header of a record, with its checksum over `payload_crc` and itself.
+void FillHeader(char* h, uint32_t kind, uint64_t seq, uint32_t length,
+                uint32_t payload_crc) {
+  absl::little_endian::Store32(h, kMagic);
+  absl::little_endian::Store32(h + 4, kind);
+  absl::little_endian::Store64(h + 8, seq);
+  absl::little_endian::Store32(h + 16, length);
+  absl::little_endian::Store32(h + 20, Crc(h, 20, payload_crc));
+}
+
+std::string EncodeMeta(uint64_t last_seq, int64_t position) {
+  char b[16];
+  absl::little_endian::Store64(b, last_seq);
+  absl::little_endian::Store64(b + 8, static_cast<uint64_t>(position));
+  return std::string(b, 16);
+}
+
+bool HasRange(const KvBatch& batch) {
+  return std::any_of(batch.ops().begin(), batch.ops().end(),
+                     [](const KvBatch::Op& op) {
+                       return op.kind == KvBatch::Op::kDeleteRange;
+                     });
+}
+
+}  // namespace
+
+RingLogEngine::RingLogEngine(std::string path, int fd,
+                             std::unique_ptr<KvEngine> inner,
+                             RingLogOptions options)
+    : path_(std::move(path)),
+      fd_(fd),
+      inner_(std::move(inner)),
+      options_(options) {}
+
+absl::StatusOr<std::unique_ptr<RingLogEngine>> RingLogEngine::Open(
+    const std::string& path, std::unique_ptr<KvEngine> inner,
+    RingLogOptions options) {
+  options.ring_bytes = std::max(kMinRing, options.ring_bytes & ~int64_t{7});
+  options.flush_bytes =
+      std::clamp<int64_t>(options.flush_bytes, 1, options.ring_bytes / 2);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("round log '", path, "': open: ", strerror(errno)));
+  }
+  std::unique_ptr<RingLogEngine> engine(
+      new RingLogEngine(path, fd, std::move(inner), options));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return engine->Error("fstat", errno);
+  if (absl::Status s = engine->Recover(st.st_size); !s.ok()) return s;
+  engine->flusher_ = std::thread([e = engine.get()] { e->FlusherLoop(); });
+  return engine;
+}
+
+absl::Status RingLogEngine::Recover(int64_t file_bytes) {
+  absl::MutexLock flush(&flush_mu_);
+  absl::MutexLock lock(&mu_);
+  uint64_t last_seq = 0;
+  int64_t position = 0;
+  absl::StatusOr<std::optional<std::string>> meta = inner_->Get(kMetaKey);
+  if (!meta.ok()) return meta.status();
+  if (meta->has_value() && (*meta)->size() == 16) {
+    last_seq = absl::little_endian::Load64((*meta)->data());
+    position =
+        static_cast<int64_t>(absl::little_endian::Load64((*meta)->data() + 8));
+  }
+  // What the ring holds past `position`, in order, into one batch.
+  KvBatch replay;
+  const int64_t ring = file_bytes & ~int64_t{7};
+  uint64_t seq = last_seq + 1;
+  if (ring >= kMinRing) {
+    std::string payload;
+    const int64_t start = position;
+    while (position - start < ring) {
+      const int64_t offset = position % ring;
+      const int64_t room = ring - offset;
+      if (room < kHeader) {
+        position += room;
+        continue;
+      }
+      char h[kHeader];
+      if (::pread(fd_, h, kHeader, offset) != kHeader) break;
+      const uint32_t kind = absl::little_endian::Load32(h + 4);
+      const uint32_t length = absl::little_endian::Load32(h + 16);
+      if (absl::little_endian::Load32(h) != kMagic ||
+          absl::little_endian::Load64(h + 8) != seq ||
+          length > room - kHeader) {
+        break;
+      }
+      if (kind == kPad) {
+        if (Crc(h, 20) != absl::little_endian::Load32(h + 20) ||
+            length != room - kHeader) {
+          break;
+        }
+        position += room;
+        continue;
+      }
+      if (kind != kBatch) break;
+      payload.resize(length);
+      if (::pread(fd_, payload.data(), length, offset + kHeader) !=
+              static_cast<ssize_t>(length) ||
+          Crc(h, 20, Crc(payload.data(), length)) !=
+              absl::little_endian::Load32(h + 20) ||
+          !DecodeBatch(payload, replay)) {
+        break;
+      }
+      ++recovered_records_;
+      ++seq;
+      position += Align8(kHeader + length);
+    }
+  }
+  const bool resize = ring != options_.ring_bytes;
+  if (resize) position = 0;
+  next_seq_ = seq;
+  head_ = tail_ = position;
+  // The replayed writes and the position after them, at once: a crash from
+  // here on replays nothing twice.
+  replay.Put(kMetaKey, EncodeMeta(seq - 1, position));
+  if (absl::Status s = inner_->Write(replay); !s.ok()) return s;
+  if (!resize) return absl::OkStatus();
+  // A new ring, or another size: written through once, so that its blocks
+  // are allocated (a full disk cannot fail a record later).
+  if (::ftruncate(fd_, 0) != 0) return Error("ftruncate", errno);
+  const std::string zeros(1 << 20, '\0');
+  for (int64_t at = 0; at < options_.ring_bytes; at += zeros.size()) {
+    const size_t n = static_cast<size_t>(
+        std::min<int64_t>(zeros.size(), options_.ring_bytes - at));
+    if (absl::Status s = PwriteAll(zeros.data(), n, at); !s.ok()) return s;
+  }
+  if (::fdatasync(fd_) != 0) return Error("fdatasync", errno);
+  // And its name, so that a machine crash cannot lose the file.
+  const size_t slash = path_.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : path_.substr(0, slash);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return Error("open its folder", errno);
+  const int synced = ::fsync(dir_fd);
+  const int err = errno;
+  ::close(dir_fd);
+  if (synced != 0) return Error("fsync its folder", err);
+  return absl::OkStatus();
+}
+
+RingLogEngine::~RingLogEngine() {
+  bool abandoned;
+  {
+    absl::MutexLock lock(&mu_);
+    abandoned = abandoned_;
+    stopping_ = true;
+    flush_wanted_.Signal();
+  }
+  if (flusher_.joinable()) flusher_.join();
+  if (!abandoned) (void)Flush();
+  ::close(fd_);
+}
+
+void RingLogEngine::AbandonForTest() {
+  {
+    absl::MutexLock lock(&mu_);
+    abandoned_ = true;
+    stopping_ = true;
+    flush_wanted_.Signal();
+  }
+  if (flusher_.joinable()) flusher_.join();
+}
+
+std::string RingLogEngine::Describe() const { return inner_->Describe(); }
+
+absl::Status RingLogEngine::Error(absl::string_view what, int err) const {
+  if (err == ENOSPC) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("round log '", path_, "': ", what, ": ", strerror(err),
+                     "; the disk is full: free space, then retry"));
+  }
+  return absl::UnavailableError(absl::StrCat("round log '", path_, "': ", what,
+                                             ": ", strerror(err),
+                                             "; check the data_dir's device"));
+}
+
+absl::Status RingLogEngine::PwriteAll(const char* data, size_t size,
+                                      int64_t offset) const {
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd_, data, size, offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error("pwrite", errno);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RingLogEngine::Write(const KvBatch& batch) {
+  if (batch.ops().empty()) return absl::OkStatus();
+  if (HasRange(batch)) return WriteThrough(batch);
+  const std::string payload = EncodeBatch(batch);
+  const int64_t size = Align8(kHeader + static_cast<int64_t>(payload.size()));
+  if (size > options_.ring_bytes / 4) return WriteThrough(batch);
+  std::string record(static_cast<size_t>(size), '\0');
+  std::memcpy(record.data() + kHeader, payload.data(), payload.size());
+  const uint32_t payload_crc = Crc(payload.data(), payload.size());
+  const int64_t ring = options_.ring_bytes;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      const int64_t room = ring - head_ % ring;
+      const int64_t pad = room < size ? room : 0;
+      if (head_ + pad + size - tail_ <= ring) {
+        if (pad >= kHeader) {
+          char h[kHeader];
+          FillHeader(h, kPad, next_seq_, static_cast<uint32_t>(pad - kHeader),
+                     0);
+          if (absl::Status s = PwriteAll(h, kHeader, head_ % ring); !s.ok()) {
+            return s;
+          }
+        }
+        FillHeader(record.data(), kBatch, next_seq_,
+                   static_cast<uint32_t>(payload.size()), payload_crc);
+        if (absl::Status s =
+                PwriteAll(record.data(), record.size(), (head_ + pad) % ring);
+            !s.ok()) {
+          return s;
+        }
+        if (options_.sync_writes && ::fdatasync(fd_) != 0) {
+          return Error("fdatasync", errno);
+        }
+        head_ += pad + size;
+        ++next_seq_;
+        for (const KvBatch::Op& op : batch.ops()) {
+          if (op.kind == KvBatch::Op::kPut) {
+            overlay_[op.key] = op.value;
+          } else {
+            overlay_[op.key] = std::nullopt;
+          }
+        }
+        // The flusher waits for the first write since the last flush (it
+        // then sets its deadline) or for flush_bytes.
+        if (first_unflushed_ == absl::InfiniteFuture()) {
+          first_unflushed_ = absl::Now();
+          flush_wanted_.Signal();
+        } else if (head_ - tail_ >= options_.flush_bytes) {
+          flush_wanted_.Signal();
+        }
+        return absl::OkStatus();
+      }
+    }
+    // The ring is full: the engine behind takes what it holds first.
+    if (absl::Status s = Flush(); !s.ok()) return s;
+  }
+}
+
+absl::Status RingLogEngine::WriteThrough(const KvBatch& batch) {
+  absl::MutexLock flush(&flush_mu_);
+  absl::MutexLock lock(&mu_);
+  // What the ring holds, then the batch: one write, in log order.
+  KvBatch out;
+  for (const auto& [key, value] : overlay_) {
+    if (value.has_value()) {
+      out.Put(key, *value);
+    } else {
+      out.Delete(key);
+    }
+  }
+  out.Put(kMetaKey, EncodeMeta(next_seq_ - 1, head_));
+  for (const KvBatch::Op& op : batch.ops()) {
+    switch (op.kind) {
+      case KvBatch::Op::kPut:
+        out.Put(op.key, op.value);
+        break;
+      case KvBatch::Op::kDelete:
+        out.Delete(op.key);
+        break;
+      case KvBatch::Op::kDeleteRange:
+        out.DeleteRange(op.key, op.value);
+        break;
+    }
+  }
+  if (absl::Status s = inner_->Write(out); !s.ok()) return s;
+  overlay_.clear();
+  tail_ = head_;
+  first_unflushed_ = absl::InfiniteFuture();
+  return absl::OkStatus();
+}
+
+absl::Status RingLogEngine::Flush() {
+  absl::MutexLock flush(&flush_mu_);
+  return FlushLocked();
+}
+
+absl::Status RingLogEngine::FlushLocked() {
+  KvBatch out;
+  int64_t upto;
+  {
+    absl::MutexLock lock(&mu_);
+    if (head_ == tail_) return absl::OkStatus();
+    flushing_.swap(overlay_);
+    first_unflushed_ = absl::InfiniteFuture();
+    upto = head_;
+    for (const auto& [key, value] : flushing_) {
+      if (value.has_value()) {
+        out.Put(key, *value);
+      } else {
+        out.Delete(key);
+      }
+    }
+    out.Put(kMetaKey, EncodeMeta(next_seq_ - 1, upto));
+  }
+  // Writers go on meanwhile, into a fresh overlay; Get reads both.
+  const absl::Status s = inner_->Write(out);
+  absl::MutexLock lock(&mu_);
+  if (s.ok()) {
+    tail_ = upto;
+  } else {
+    // Kept for the next try; what was written since is newer.
+    for (auto& [key, value] : flushing_) {
+      overlay_.try_emplace(key, std::move(value));
+    }
+    first_unflushed_ = std::min(first_unflushed_, absl::Now());
+  }
+  flushing_.clear();
+  return s;
+}
+
+absl::StatusOr<std::optional<std::string>> RingLogEngine::Get(
+    absl::string_view key) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Overlay* o : {&overlay_, &flushing_}) {
+      auto it = o->find(key);
+      if (it != o->end()) return it->second;
+    }
+  }
+  return inner_->Get(key);
+}
+
+absl::Status RingLogEngine::Scan(
+    absl::string_view prefix,
+    const std::function<absl::Status(absl::string_view, absl::string_view)>&
+        visit) {
+  if (absl::Status s = Flush(); !s.ok()) return s;
+  return inner_->Scan(prefix, visit);
+}
+
+absl::Status RingLogEngine::CopyTo(const std::string& dir) {
+  if (absl::Status s = Flush(); !s.ok()) return s;
+  return inner_->CopyTo(dir);
+}
+
+void RingLogEngine::FlusherLoop() {
+  mu_.Lock();
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    const absl::Time period_due = first_unflushed_ + options_.flush_period;
+    const bool full = head_ - tail_ >= options_.flush_bytes;
+    if (!(full && now >= retry_after_) && now < period_due) {
+      flush_wanted_.WaitWithDeadline(
+          &mu_, full ? std::min(retry_after_, period_due) : period_due);
+      continue;
+    }
+    mu_.Unlock();
+    const absl::Status s = Flush();
+    mu_.Lock();
+    // A failure (a full disk) is tried again a period later; writes that
+    // find the ring full get it meanwhile.
+    retry_after_ =
+        s.ok() ? absl::InfinitePast() : absl::Now() + options_.flush_period;
+  }
+  mu_.Unlock();
+}
+
+}  // namespace syncnorm

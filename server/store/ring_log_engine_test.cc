@@ -1,0 +1,353 @@
+// The ring log against a reference: every write is also applied to a plain
+// std::map, and whatever the engine shows (through Get, Scan, or after it
+// is abandoned as a kill -9 leaves it and opened again) must equal the map.
+#include "server/store/ring_log_engine.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/store/faulty_engine.h"
+#include "server/store/memory_engine.h"
+
+namespace syncnorm {
+namespace {
+
+using Model = std::map<std::string, std::string>;
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path =
+      absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+  std::remove(path.c_str());
+  return path;
+}
+
+void Apply(const KvBatch& batch, Model& model) {
+  for (const KvBatch::Op& op : batch.ops()) {
+    switch (op.kind) {
+      case KvBatch::Op::kPut:
+        model[op.key] = op.value;
+        break;
+      case KvBatch::Op::kDelete:
+        model.erase(op.key);
+        break;
+      case KvBatch::Op::kDeleteRange:
+        model.erase(model.lower_bound(op.key), model.lower_bound(op.value));
+        break;
+    }
+  }
+}
+
+// What the engine holds under "k/", by Scan.
+Model Contents(KvEngine& engine) {
+  Model out;
+  EXPECT_TRUE(engine
+                  .Scan("k/",
+                        [&out](absl::string_view k, absl::string_view v) {
+                          out.emplace(std::string(k), std::string(v));
+                          return absl::OkStatus();
+                        })
+                  .ok());
+  return out;
+}
+
+class RingLogEngineTest : public ::testing::Test {
+ protected:
+  // Opens the ring at path_ in front of memory_ (which outlives it, as a
+  // data_dir outlives the process).
+  std::unique_ptr<RingLogEngine> Open(RingLogOptions options) {
+    faulty_ = new FaultyEngine(&memory_);
+    auto e =
+        RingLogEngine::Open(path_, std::unique_ptr<KvEngine>(faulty_), options);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? *std::move(e) : nullptr;
+  }
+
+  // A random batch of puts and deletes over `keys` keys of up to `max`
+  // bytes each.
+  KvBatch RandomBatch(int keys, int max) {
+    KvBatch b;
+    const int ops = 1 + static_cast<int>(rng_() % 4);
+    for (int i = 0; i < ops; ++i) {
+      std::string key = absl::StrCat("k/", rng_() % keys);
+      if (rng_() % 4 == 0) {
+        b.Delete(std::move(key));
+      } else {
+        std::string value(rng_() % max, '\0');
+        for (char& c : value) c = static_cast<char>(rng_());
+        b.Put(std::move(key), std::move(value));
+      }
+    }
+    return b;
+  }
+
+  const std::string path_ = TempPath("ring");
+  MemoryEngine memory_;
+  FaultyEngine* faulty_ = nullptr;  // owned by the engine
+  std::mt19937_64 rng_{7};
+};
+
+TEST_F(RingLogEngineTest, ReadsSeeEveryWriteBeforeAndAfterAFlush) {
+  RingLogOptions o;
+  o.flush_period = absl::Hours(1);  // flushes only when asked
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  Model model;
+  for (int i = 0; i < 200; ++i) {
+    KvBatch b = RandomBatch(20, 300);
+    ASSERT_TRUE(e->Write(b).ok());
+    Apply(b, model);
+    if (i == 100) {
+      ASSERT_TRUE(e->Flush().ok());
+    }
+    for (int k = 0; k < 20; ++k) {
+      const std::string key = absl::StrCat("k/", k);
+      auto got = e->Get(key);
+      ASSERT_TRUE(got.ok());
+      auto want = model.find(key);
+      ASSERT_EQ(got->has_value(), want != model.end()) << key << " at " << i;
+      if (want != model.end()) {
+        EXPECT_EQ(**got, want->second);
+      }
+    }
+  }
+  EXPECT_EQ(Contents(*e), model);
+}
+
+// The engine behind gets each write within the flush period, also the
+// writes that follow a flush.
+TEST_F(RingLogEngineTest, TheEngineBehindGetsWritesWithinThePeriod) {
+  RingLogOptions o;
+  o.flush_period = absl::Milliseconds(10);
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    KvBatch b;
+    const std::string key = absl::StrCat("k/", i);
+    b.Put(key, "v");
+    ASSERT_TRUE(e->Write(b).ok());
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    absl::StatusOr<std::optional<std::string>> behind;
+    do {
+      absl::SleepFor(absl::Milliseconds(5));
+      behind = memory_.Get(key);
+      ASSERT_TRUE(behind.ok());
+    } while (!behind->has_value() && absl::Now() < deadline);
+    EXPECT_TRUE(behind->has_value()) << "write " << i << " never flushed";
+  }
+}
+
+// Abandoned at random moments, over many laps of a small ring: every
+// acknowledged write is there after the next Open, and nothing else.
+TEST_F(RingLogEngineTest, AbandonedAnywhereLosesNoAcknowledgedWrite) {
+  RingLogOptions o;
+  o.ring_bytes = 64 << 10;
+  o.flush_bytes = 16 << 10;
+  o.flush_period = absl::Milliseconds(1);
+  Model model;
+  int64_t written = 0, replayed = 0;
+  for (int life = 0; life < 12; ++life) {
+    auto e = Open(o);
+    ASSERT_NE(e, nullptr);
+    replayed += e->recovered_records();
+    ASSERT_EQ(Contents(*e), model) << "after life " << life;
+    const int writes = 50 + static_cast<int>(rng_() % 400);
+    for (int i = 0; i < writes; ++i) {
+      KvBatch b = RandomBatch(40, 2000);
+      ASSERT_TRUE(e->Write(b).ok());
+      Apply(b, model);
+      written += 2000;
+    }
+    e->AbandonForTest();
+  }
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(Contents(*e), model);
+  EXPECT_GT(written, 20 * o.ring_bytes) << "the ring went round many times";
+  EXPECT_GT(replayed, 0) << "some lives ended with records not flushed";
+}
+
+// A record cut short (a kill inside its pwrite: never acknowledged) ends
+// the replay; what came before it is there.
+TEST_F(RingLogEngineTest, ATornRecordEndsTheReplay) {
+  RingLogOptions o;
+  o.flush_period = absl::Hours(1);
+  Model model;
+  int64_t tail = 0;
+  {
+    auto e = Open(o);
+    ASSERT_NE(e, nullptr);
+    for (int i = 0; i < 10; ++i) {
+      KvBatch b;
+      b.Put(absl::StrCat("k/", i), std::string(100, 'a' + i));
+      ASSERT_TRUE(e->Write(b).ok());
+      if (i < 9) Apply(b, model);
+    }
+    e->AbandonForTest();
+    // Records are 24 + 4 + 9 + 3 + 100 = 140 bytes, padded to 144: the
+    // last starts at 9 * 144. Its last byte of payload flips.
+    tail = 9 * 144 + 139;
+  }
+  std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(tail);
+  char c = static_cast<char>(f.get());
+  f.seekp(tail);
+  f.put(static_cast<char>(c ^ 0x40));
+  f.close();
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->recovered_records(), 9);
+  EXPECT_EQ(Contents(*e), model);
+}
+
+// A range deletion goes to the engine behind, after what the ring holds
+// and before what follows.
+TEST_F(RingLogEngineTest, RangeDeletionsLandInOrder) {
+  RingLogOptions o;
+  o.flush_period = absl::Hours(1);
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  Model model;
+  KvBatch a, range, c;
+  a.Put("k/a1", "1");
+  a.Put("k/b1", "2");
+  range.DeleteRange("k/a", "k/b");
+  range.Put("k/a2", "3");
+  c.Put("k/a3", "4");
+  c.Delete("k/b1");
+  for (const KvBatch* b : {&a, &range, &c}) {
+    ASSERT_TRUE(e->Write(*b).ok());
+    Apply(*b, model);
+  }
+  EXPECT_EQ(Contents(*e), model);
+  e->AbandonForTest();
+  e = Open(o);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(Contents(*e), model);
+}
+
+// The engine behind refuses (a full disk): writes go on into the ring
+// until it is full, then fail with that error and apply nothing; once it
+// takes writes again, everything acknowledged is there.
+TEST_F(RingLogEngineTest, ARefusingEngineStopsWritesOnlyOnceTheRingIsFull) {
+  RingLogOptions o;
+  o.ring_bytes = 64 << 10;
+  o.flush_bytes = 8 << 10;
+  o.flush_period = absl::Milliseconds(1);
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  faulty_->fail_writes(true);
+  Model model;
+  absl::Status refused;
+  int accepted = 0;
+  for (int i = 0; i < 1000 && refused.ok(); ++i) {
+    KvBatch b;
+    b.Put(absl::StrCat("k/", i), std::string(1000, 'x'));
+    refused = e->Write(b);
+    if (refused.ok()) {
+      Apply(b, model);
+      ++accepted;
+    }
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  // About the ring's worth of 1 KiB records.
+  EXPECT_GT(accepted, 40);
+  EXPECT_LT(accepted, 70);
+  faulty_->fail_writes(false);
+  EXPECT_EQ(Contents(*e), model);
+  KvBatch more;
+  more.Put("k/after", "y");
+  ASSERT_TRUE(e->Write(more).ok());
+  Apply(more, model);
+  e->AbandonForTest();
+  e = Open(o);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(Contents(*e), model);
+}
+
+// Writers on several threads while the flusher runs: the final state is
+// each thread's last write of its keys.
+TEST_F(RingLogEngineTest, ConcurrentWritersAndFlushes) {
+  RingLogOptions o;
+  o.ring_bytes = 256 << 10;
+  o.flush_bytes = 16 << 10;
+  o.flush_period = absl::Milliseconds(1);
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  constexpr int kThreads = 4, kWrites = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&e, t] {
+      for (int i = 0; i < kWrites; ++i) {
+        KvBatch b;
+        b.Put(absl::StrCat("k/", t, "/", i % 10), absl::StrCat(i));
+        EXPECT_TRUE(e->Write(b).ok());
+        if (i % 100 == 0) {
+          auto got = e->Get(absl::StrCat("k/", t, "/", i % 10));
+          EXPECT_TRUE(got.ok() && got->has_value() && **got == absl::StrCat(i));
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  Model model;
+  for (int t = 0; t < kThreads; ++t) {
+    for (int k = 0; k < 10; ++k) {
+      model[absl::StrCat("k/", t, "/", k)] = absl::StrCat(kWrites - 10 + k);
+    }
+  }
+  EXPECT_EQ(Contents(*e), model);
+  e->AbandonForTest();
+  e = Open(o);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(Contents(*e), model);
+}
+
+// Another ring size (a changed setting) keeps what the old ring held.
+TEST_F(RingLogEngineTest, ANewRingSizeKeepsWhatTheOldOneHeld) {
+  RingLogOptions small;
+  small.ring_bytes = 64 << 10;
+  small.flush_period = absl::Hours(1);
+  Model model;
+  {
+    auto e = Open(small);
+    ASSERT_NE(e, nullptr);
+    for (int i = 0; i < 30; ++i) {
+      KvBatch b = RandomBatch(10, 500);
+      ASSERT_TRUE(e->Write(b).ok());
+      Apply(b, model);
+    }
+    e->AbandonForTest();
+  }
+  RingLogOptions large = small;
+  large.ring_bytes = 128 << 10;
+  auto e = Open(large);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->recovered_records(), 30);
+  EXPECT_EQ(Contents(*e), model);
+  struct stat st;
+  ASSERT_EQ(::stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, large.ring_bytes);
+  KvBatch b = RandomBatch(10, 500);
+  ASSERT_TRUE(e->Write(b).ok());
+  Apply(b, model);
+  e->AbandonForTest();
+  e = Open(large);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(Contents(*e), model);
+}
+
+}  // namespace
+}  // namespace syncnorm
