@@ -50,15 +50,18 @@ uint32_t Crc(const char* data, size_t n, uint32_t init = 0) {
   return rocksdb::crc32c::Extend(init, data, n);
 }
 
-// The payload: u32 op count; per op u8 kind, u32 key length, key, u32 value
-// length, value.
-std::string EncodeBatch(const KvBatch& batch) {
+// A record with room for its header, then the payload: u32 op count; per
+// op u8 kind, u32 key length, key, u32 value length, value; then zeros to
+// a multiple of 8. `payload_size` is set to the payload's length.
+std::string EncodeRecord(const KvBatch& batch, size_t& payload_size) {
   size_t size = 4;
   for (const KvBatch::Op& op : batch.ops()) {
     size += 9 + op.key.size() + op.value.size();
   }
+  payload_size = size;
   std::string out;
-  out.reserve(size);
+  out.reserve(static_cast<size_t>(Align8(kHeader + size)));
+  out.resize(kHeader);
   PutU32(out, static_cast<uint32_t>(batch.ops().size()));
   for (const KvBatch::Op& op : batch.ops()) {
     out.push_back(static_cast<char>(op.kind));
@@ -67,6 +70,7 @@ std::string EncodeBatch(const KvBatch& batch) {
     PutU32(out, static_cast<uint32_t>(op.value.size()));
     out.append(op.value);
   }
+  out.resize(static_cast<size_t>(Align8(kHeader + size)), '\0');
   return out;
 }
 
@@ -301,12 +305,11 @@ absl::Status RingLogEngine::PwriteAll(const char* data, size_t size,
 absl::Status RingLogEngine::Write(const KvBatch& batch) {
   if (batch.ops().empty()) return absl::OkStatus();
   if (HasRange(batch)) return WriteThrough(batch);
-  const std::string payload = EncodeBatch(batch);
-  const int64_t size = Align8(kHeader + static_cast<int64_t>(payload.size()));
+  size_t payload_size;
+  std::string record = EncodeRecord(batch, payload_size);
+  const int64_t size = static_cast<int64_t>(record.size());
   if (size > options_.ring_bytes / 4) return WriteThrough(batch);
-  std::string record(static_cast<size_t>(size), '\0');
-  std::memcpy(record.data() + kHeader, payload.data(), payload.size());
-  const uint32_t payload_crc = Crc(payload.data(), payload.size());
+  const uint32_t payload_crc = Crc(record.data() + kHeader, payload_size);
   const int64_t ring = options_.ring_bytes;
   for (;;) {
     {
@@ -323,7 +326,7 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
           }
         }
         FillHeader(record.data(), kBatch, next_seq_,
-                   static_cast<uint32_t>(payload.size()), payload_crc);
+                   static_cast<uint32_t>(payload_size), payload_crc);
         if (absl::Status s =
                 PwriteAll(record.data(), record.size(), (head_ + pad) % ring);
             !s.ok()) {
