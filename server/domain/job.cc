@@ -72,34 +72,34 @@ absl::Status Job::Validate(const Contribution& c) const {
 
 absl::Status Job::ValidatePayload(const Contribution& c) const {
   const LayerConfig& layer = spec_.layers[c.layer];
-  const std::string where =
-      absl::StrCat("layer ", c.layer, " ('", BoundedText(layer.name), "'): ");
+  // The error prefix is built only on the error paths: validation runs for
+  // every contribution, and a layer name past the inline string capacity
+  // would cost an allocation each time.
+  const auto error = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", c.layer, " ('", BoundedText(layer.name), "'): ", what));
+  };
   if (c.phase == Phase::kForward) {
     const auto* m = std::get_if<Moments>(&c.payload);
     if (m == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "a FORWARD contribution must carry moments"));
+      return error("a FORWARD contribution must carry moments");
     }
     absl::Status s = ValidateMoments(*m, layer.channels);
     if (s.ok()) s = ValidateRoundUpdate(c.update, layer.rule, layer.channels);
-    if (!s.ok())
-      return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
+    if (!s.ok()) return error(s.message());
     return absl::OkStatus();
   }
   if (!c.update.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where,
-                     "a BACKWARD contribution carries no momentum or "
-                     "imported_stats; they go with the step's FORWARD"));
+    return error(
+        "a BACKWARD contribution carries no momentum or "
+        "imported_stats; they go with the step's FORWARD");
   }
   const auto* g = std::get_if<GradSums>(&c.payload);
   if (g == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "a BACKWARD contribution must carry grad_sums"));
+    return error("a BACKWARD contribution must carry grad_sums");
   }
   absl::Status s = ValidateGradSums(*g, layer.channels);
-  if (!s.ok())
-    return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
+  if (!s.ok()) return error(s.message());
   return absl::OkStatus();
 }
 
