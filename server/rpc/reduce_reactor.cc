@@ -168,6 +168,7 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
     last_active_ = Now();
     if (!cancelled_ && !finished_) {
       queue_.emplace_back();
+      ReuseSpareLocked(key, outcome, queue_.back());
       RoundResultToProto(key, outcome, queue_.back());
       held_bytes_ += static_cast<int64_t>(queue_.back().ByteSizeLong());
       if (!writing_) {
@@ -181,6 +182,29 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
   if (finish.has_value()) FinishWith(*std::move(finish));
 }
 
+void ReduceReactor::ReuseSpareLocked(const Contribution& key,
+                                     const RoundOutcome& outcome,
+                                     v1::RoundResult& result) {
+  // RoundResultToProto's choice of payload; it fills the spare's every
+  // field, and a cleared spare serializes as a new message would.
+  if (!outcome.status.ok()) return;
+  if (key.phase == Phase::kForward && spare_moments_ != nullptr) {
+    result.set_allocated_moments(spare_moments_.release());
+  } else if (key.phase == Phase::kBackward && spare_grad_sums_ != nullptr) {
+    result.set_allocated_grad_sums(spare_grad_sums_.release());
+  }
+}
+
+void ReduceReactor::KeepSpareLocked(v1::RoundResult& written) {
+  if (written.has_moments()) {
+    spare_moments_.reset(written.release_moments());
+    spare_moments_->Clear();  // keeps the repeated fields' capacity
+  } else if (written.has_grad_sums()) {
+    spare_grad_sums_.reset(written.release_grad_sums());
+    spare_grad_sums_->Clear();
+  }
+}
+
 void ReduceReactor::OnWriteDone(bool ok) {
   const v1::RoundResult* next = nullptr;
   std::optional<grpc::Status> finish;
@@ -189,6 +213,7 @@ void ReduceReactor::OnWriteDone(bool ok) {
     absl::MutexLock lock(&mu_);
     // Serialized already, so the size is cached.
     held_bytes_ -= static_cast<int64_t>(queue_.front().GetCachedSize());
+    KeepSpareLocked(queue_.front());
     queue_.pop_front();
     last_active_ = Now();
     if (!ok) cancelled_ = true;  // the stream is broken
