@@ -386,7 +386,7 @@ void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
   Round& round = *it->second;
   auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
   StateOf(key).recent.Add(RecentRounds::Entry{
-      std::get<1>(key), shared, round.Fingerprints(), std::move(after)});
+      std::get<1>(key), shared, round.TakeFingerprints(), std::move(after)});
   std::vector<RoundCallback> waiters = round.TakeWaiters();
   out.reserve(out.size() + waiters.size());
   for (RoundCallback& done : waiters) {

@@ -168,6 +168,10 @@ const std::vector<std::optional<uint64_t>>& Round::Fingerprints() const {
   return fingerprints_;
 }
 
+std::vector<std::optional<uint64_t>> Round::TakeFingerprints() {
+  return std::move(fingerprints_);
+}
+
 std::vector<RoundCallback> Round::TakeWaiters() {
   std::vector<RoundCallback> out;
   out.reserve(waiters_.size());

@@ -89,6 +89,9 @@ class Round {
   // (ContributionFingerprint, kFingerprintKind, computed when it was
   // added), or nullopt if absent.
   const std::vector<std::optional<uint64_t>>& Fingerprints() const;
+  // Moves them out. REQUIRES: the round is finished; nothing reads
+  // Fingerprints() afterwards.
+  std::vector<std::optional<uint64_t>> TakeFingerprints();
 
   // Moves out every callback collected so far.
   std::vector<RoundCallback> TakeWaiters();
