@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/domain/bounded_text.h"
@@ -242,14 +243,16 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
   GroupState& group = groups_[std::get<0>(key)];
   const Phase phase = std::get<2>(key);
   // The next state is built aside and installed only once it is stored.
-  LayerState next = group.state;
-  RoundOutcome outcome;
-  std::shared_ptr<const RunningStats> after;
+  LayerSlot next{std::get<0>(key), layer_, group.state};
+  // What the store keeps of the round, built in place: its outcome is the
+  // one delivered, and its statistics become the retry window's.
+  StoredRound record;
+  record.phase = phase;
+  record.step = std::get<1>(key);
+  RoundOutcome& outcome = record.outcome;
   if (phase == Phase::kForward) {
-    ApplyForward(key, round, next, outcome);
-    if (outcome.status.ok()) {
-      after = std::make_shared<const RunningStats>(next.stats);
-    }
+    ApplyForward(key, round, next.state, outcome);
+    if (outcome.status.ok()) record.stats_after = next.state.stats;
   } else {
     outcome.grad_sums = round.SummedGradSums(config_.channels);
     outcome.status = Refused(key, CheckFiniteResult(outcome.grad_sums));
@@ -267,9 +270,9 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
     Finish(key, std::move(outcome), nullptr, out);
     return;
   }
-  int64_t& latest = next.latest_completed[PhaseIndex(phase)];
+  int64_t& latest = next.state.latest_completed[PhaseIndex(phase)];
   latest = std::max(latest, std::get<1>(key));
-  const absl::Status stored = Persist(key, next, outcome, round, after);
+  const absl::Status stored = Persist(key, next, round, record);
   if (!stored.ok()) {
     Drop(key,
          absl::Status(stored.code(),
@@ -280,7 +283,12 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
          out);
     return;
   }
-  group.state = std::move(next);
+  group.state = std::move(next.state);
+  std::shared_ptr<const RunningStats> after;
+  if (record.stats_after.has_value()) {
+    after =
+        std::make_shared<const RunningStats>(*std::move(record.stats_after));
+  }
   Report(key, round, outcome, now);
   Finish(key, std::move(outcome), std::move(after), out);
   if (phase == Phase::kForward) FailSuperseded(key, out);
@@ -334,24 +342,20 @@ absl::Status LayerRendezvous::Refused(const RoundKey& key,
                                    "; the round was not applied"));
 }
 
-absl::Status LayerRendezvous::Persist(
-    const RoundKey& key, const LayerState& next, const RoundOutcome& outcome,
-    const Round& round, const std::shared_ptr<const RunningStats>& after) {
+absl::Status LayerRendezvous::Persist(const RoundKey& key,
+                                      const LayerSlot& next, const Round& round,
+                                      StoredRound& record) {
   PhaseState& phase = StateOf(key);
   // The store keeps the same window of rounds as memory: the newest ones.
-  std::vector<int64_t> evicted;
+  // Once the window is full, every round evicts one.
+  absl::InlinedVector<int64_t, 4> evicted;
   while (phase.persisted.size() - evicted.size() >=
          static_cast<size_t>(recent_capacity_)) {
     evicted.push_back(phase.persisted[evicted.size()]);
   }
-  StoredRound stored;
-  stored.phase = std::get<2>(key);
-  stored.step = std::get<1>(key);
-  stored.outcome = outcome;
-  stored.fingerprints = round.Fingerprints();
-  if (after != nullptr) stored.stats_after = *after;
-  const absl::Status s = store_->CommitRound(
-      spec_.job_id, LayerSlot{std::get<0>(key), layer_, next}, stored, evicted);
+  record.fingerprints = round.Fingerprints();
+  const absl::Status s =
+      store_->CommitRound(spec_.job_id, next, record, evicted);
   if (!s.ok()) return s;
   phase.persisted.erase(phase.persisted.begin(),
                         phase.persisted.begin() + evicted.size());

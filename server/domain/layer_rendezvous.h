@@ -171,10 +171,10 @@ class LayerRendezvous {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyForward(const RoundKey& key, Round& round, LayerState& next,
                     RoundOutcome& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the round's result and the layer's next state to the store.
-  absl::Status Persist(const RoundKey& key, const LayerState& next,
-                       const RoundOutcome& outcome, const Round& round,
-                       const std::shared_ptr<const RunningStats>& after)
+  // Writes `record`, the round's result, and the layer's next state to
+  // the store, with the fingerprints of `round` filled in.
+  absl::Status Persist(const RoundKey& key, const LayerSlot& next,
+                       const Round& round, StoredRound& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailSuperseded(const RoundKey& completed, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
