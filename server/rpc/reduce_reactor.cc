@@ -185,8 +185,9 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
 void ReduceReactor::ReuseSpareLocked(const Contribution& key,
                                      const RoundOutcome& outcome,
                                      v1::RoundResult& result) {
-  // RoundResultToProto's choice of payload; it fills the spare's every
-  // field, and a cleared spare serializes as a new message would.
+  // A cleared message serializes as a new one would, and RoundResultToProto
+  // sets every field it uses; it picks the payload as this does.
+  result.Swap(&spare_result_);
   if (!outcome.status.ok()) return;
   if (key.phase == Phase::kForward && spare_moments_ != nullptr) {
     result.set_allocated_moments(spare_moments_.release());
@@ -196,13 +197,17 @@ void ReduceReactor::ReuseSpareLocked(const Contribution& key,
 }
 
 void ReduceReactor::KeepSpareLocked(v1::RoundResult& written) {
+  // Clear keeps a string's and a repeated field's capacity, but deletes
+  // the message in a oneof, so that is taken out first.
   if (written.has_moments()) {
     spare_moments_.reset(written.release_moments());
-    spare_moments_->Clear();  // keeps the repeated fields' capacity
+    spare_moments_->Clear();
   } else if (written.has_grad_sums()) {
     spare_grad_sums_.reset(written.release_grad_sums());
     spare_grad_sums_->Clear();
   }
+  written.Clear();
+  spare_result_.Swap(&written);
 }
 
 void ReduceReactor::OnWriteDone(bool ok) {

@@ -112,13 +112,14 @@ class ReduceReactor final
   void FinishWith(grpc::Status status);
   // StartWrite, counted for the observers.
   void Write(const v1::RoundResult* result);
-  // Gives `result`, about to be filled for `key` and `outcome`, the spare
-  // payload message its outcome will use, if there is one.
+  // Turns `result`, new and about to be filled for `key` and `outcome`,
+  // into the spare result, with the spare payload message its outcome
+  // will use, if there is one.
   void ReuseSpareLocked(const Contribution& key, const RoundOutcome& outcome,
                         v1::RoundResult& result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps the payload message of `written`, a result gRPC is done with,
-  // cleared, as the spare for a later result.
+  // Keeps `written`, a result gRPC is done with, and its payload message,
+  // cleared, as the spares for a later result; leaves `written` empty.
   void KeepSpareLocked(v1::RoundResult& written)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -158,9 +159,11 @@ class ReduceReactor final
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // contributions not yet answered
   // Serialized bytes of the unanswered contributions and unwritten results.
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Cleared payload messages of written results, kept with their capacity
-  // so that the next result of the same kind allocates none (a result per
-  // contribution is on every message's path). Null when none is spare.
+  // A written result and its payload message (by kind), cleared but with
+  // their strings' and repeated fields' capacity, for the next result to
+  // reuse: a result per contribution is on every message's path. A payload
+  // is null when none is spare.
+  v1::RoundResult spare_result_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<v1::GlobalMoments> spare_moments_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<v1::GradSums> spare_grad_sums_ ABSL_GUARDED_BY(mu_);
 };
