@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -93,6 +94,16 @@ GlobalMoments Finalize(const Moments& merged) {
   for (size_t c = 0; c < merged.m2.size(); ++c) {
     g.var[c] = BiasedVar(n, merged.m2[c]);
   }
+  return g;
+}
+
+GlobalMoments Finalize(Moments&& merged) {
+  GlobalMoments g;
+  g.count = merged.count;
+  g.mean = std::move(merged.mean);
+  g.var = std::move(merged.m2);
+  const double n = static_cast<double>(g.count);
+  for (double& v : g.var) v = BiasedVar(n, v);
   return g;
 }
 

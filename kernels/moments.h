@@ -62,6 +62,8 @@ void AddGradSums(GradSums& acc, const GradSums& b);
 
 // The global statistics of merged moments (var biased).
 GlobalMoments Finalize(const Moments& merged);
+// The same, built in the storage of `merged`, which is left unspecified.
+GlobalMoments Finalize(Moments&& merged);
 
 // Checks that moments are well formed for `channels` channels: sizes match,
 // count >= 0, values finite, m2 >= 0, and count 0 carries zeros.

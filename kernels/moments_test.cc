@@ -71,6 +71,23 @@ TEST(MomentsTest, ChanMergeOfUnevenPartsMatchesTwoPassReference) {
   }
 }
 
+TEST(MomentsTest, FinalizeOfTemporaryMatchesFinalizeOfCopy) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> dist(-3.0, 2.0);
+  std::vector<std::vector<double>> per_channel(4);
+  for (auto& values : per_channel) {
+    for (int i = 0; i < 9; ++i) values.push_back(dist(rng));
+  }
+  const Moments m = Welford(per_channel);
+  const GlobalMoments copied = Finalize(m);
+  const GlobalMoments moved = Finalize(Moments(m));
+  EXPECT_EQ(moved.count, copied.count);
+  EXPECT_EQ(moved.mean, copied.mean);  // bit for bit
+  EXPECT_EQ(moved.var, copied.var);
+  const GlobalMoments empty = Finalize(Moments::Zero(2));
+  EXPECT_EQ(empty.var, std::vector<double>(2, 0.0));
+}
+
 TEST(MomentsTest, EmptyContributionIsNeutral) {
   Moments a = Moments::Zero(2);
   a.count = 3;
