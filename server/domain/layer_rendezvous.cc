@@ -323,7 +323,7 @@ void LayerRendezvous::ApplyForward(const RoundKey& key, Round& round,
                rule, merged->count,
                update->imported.has_value() ? *update->imported : next.stats));
   if (!outcome.status.ok()) return;
-  GlobalMoments global = Finalize(*merged);
+  GlobalMoments global = Finalize(*std::move(merged));
   outcome.status = Refused(key, CheckFiniteResult(global));
   if (!outcome.status.ok()) return;
   ApplyRound(config_.rule, *update, global, next.stats);
