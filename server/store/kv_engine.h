@@ -3,6 +3,7 @@
 #ifndef SYNCNORM_SERVER_STORE_KV_ENGINE_H_
 #define SYNCNORM_SERVER_STORE_KV_ENGINE_H_
 
+#include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
@@ -33,6 +34,8 @@ class KvBatch {
   void DeleteRange(std::string begin, std::string end) {
     ops_.push_back(Op{Op::kDeleteRange, std::move(begin), std::move(end)});
   }
+  // Room for `ops` operations in all, so that adding them allocates once.
+  void Reserve(size_t ops) { ops_.reserve(ops); }
   const std::vector<Op>& ops() const { return ops_; }
 
  private:

@@ -287,6 +287,7 @@ absl::Status KvStateStore::CommitRound(const std::string& job_id,
                                        const StoredRound& round,
                                        absl::Span<const int64_t> evicted) {
   KvBatch batch;
+  batch.Reserve(2 + evicted.size());  // once per round: on the hot path
   // A forward round's stats_after are the layer's new statistics: stored
   // once, in the round record (a third of the bytes of every such commit).
   const bool stats_in_round = round.phase == Phase::kForward &&
