@@ -14,7 +14,18 @@
 namespace syncnorm {
 namespace {
 
-std::string Step(int64_t step) { return absl::StrFormat("%020d", step); }
+// A step as keys spell it, zero-padded to 20 characters so that keys sort
+// by step; formatted in place, for it is on every round's path.
+class PaddedStep {
+ public:
+  explicit PaddedStep(int64_t step)
+      : size_(absl::SNPrintF(text_, sizeof(text_), "%020d", step)) {}
+  absl::string_view view() const { return absl::string_view(text_, size_); }
+
+ private:
+  char text_[24];  // 20 characters, a sign at most within them, and NUL
+  size_t size_;
+};
 
 std::string JobKey(absl::string_view job) { return absl::StrCat("j/", job); }
 
@@ -25,11 +36,11 @@ std::string LayerKey(absl::string_view job, int group, int layer) {
 std::string RoundKey(absl::string_view job, int group, int layer, Phase phase,
                      int64_t step) {
   return absl::StrCat("r/", job, "/", group, "/", layer, "/",
-                      static_cast<int>(phase), "/", Step(step));
+                      static_cast<int>(phase), "/", PaddedStep(step).view());
 }
 
 std::string CheckpointKey(absl::string_view job, int64_t step) {
-  return absl::StrCat("c/", job, "/", Step(step));
+  return absl::StrCat("c/", job, "/", PaddedStep(step).view());
 }
 
 // Every key of `kind` ("l", "r", "c") of a job: [begin, end).
