@@ -62,8 +62,10 @@ absl::StatusOr<RunningStats> StatsFromProto(const pb::Stats& p, int channels) {
   return s;
 }
 
-void StateToProto(const LayerState& s, pb::LayerState* out) {
-  StatsToProto(s.stats, out->mutable_stats());
+// Without `with_stats` the statistics stay absent.
+void StateToProto(const LayerState& s, pb::LayerState* out,
+                  bool with_stats = true) {
+  if (with_stats) StatsToProto(s.stats, out->mutable_stats());
   out->set_last_applied(s.last_applied);
   out->set_latest_forward(s.latest_completed[0]);
   out->set_latest_backward(s.latest_completed[1]);
@@ -201,11 +203,10 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
 std::string EncodeLayer(const LayerState& state, bool stats_in_round) {
   pb::LayerRecord p;
   p.set_format(kStateFormat);
-  StateToProto(state, p.mutable_state());
-  if (stats_in_round) {
-    p.mutable_state()->clear_stats();
-    p.set_stats_in_round(true);
-  }
+  // Once per forward round: the statistics the round record holds are
+  // not copied here only to be cleared.
+  StateToProto(state, p.mutable_state(), !stats_in_round);
+  if (stats_in_round) p.set_stats_in_round(true);
   return p.SerializeAsString();
 }
 
