@@ -71,6 +71,7 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
 
 std::vector<int> Round::MissingRanks() const {
   std::vector<int> missing;
+  missing.reserve(slots_.size() - received_);
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (!slots_[i].payload.has_value()) {
       missing.push_back(ranks_[i]);
@@ -81,6 +82,7 @@ std::vector<int> Round::MissingRanks() const {
 
 std::vector<int> Round::PresentRanks() const {
   std::vector<int> present;
+  present.reserve(received_);  // a report per round asks for them
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].payload.has_value()) {
       present.push_back(ranks_[i]);
