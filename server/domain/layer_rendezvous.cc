@@ -391,11 +391,10 @@ void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
   auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
   StateOf(key).recent.Add(RecentRounds::Entry{
       std::get<1>(key), shared, round.TakeFingerprints(), std::move(after)});
-  std::vector<RoundCallback> waiters = round.TakeWaiters();
-  out.reserve(out.size() + waiters.size());
-  for (RoundCallback& done : waiters) {
+  out.reserve(out.size() + round.waiters());
+  round.TakeWaiters([&](RoundCallback&& done) {
     out.push_back(Delivery{std::move(done), shared});
-  }
+  });
   rounds_.erase(it);
 }
 

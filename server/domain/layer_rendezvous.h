@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -62,7 +63,9 @@ class LayerRendezvous {
     RoundCallback done;
     std::shared_ptr<const RoundOutcome> outcome;
   };
-  using Deliveries = std::vector<Delivery>;
+  // Inline room for the answers to a small group's round: every round's
+  // completion gathers its answers here.
+  using Deliveries = absl::InlinedVector<Delivery, 8>;
 
   // Calls every callback with its outcome. REQUIRES: no aggregator lock held.
   static void Deliver(Deliveries& deliveries);

@@ -177,10 +177,14 @@ std::vector<std::optional<uint64_t>> Round::TakeFingerprints() {
 std::vector<RoundCallback> Round::TakeWaiters() {
   std::vector<RoundCallback> out;
   out.reserve(waiters_.size());
-  for (Waiter& w : waiters_) out.push_back(std::move(w.done));
+  TakeWaiters([&](RoundCallback&& done) { out.push_back(std::move(done)); });
+  return out;
+}
+
+void Round::TakeWaiters(absl::FunctionRef<void(RoundCallback&&)> take) {
+  for (Waiter& w : waiters_) take(std::move(w.done));
   waiters_.clear();
   for (Slot& s : slots_) s.waiting = 0;
-  return out;
 }
 
 }  // namespace syncnorm

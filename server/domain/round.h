@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/moments.h"
@@ -93,8 +94,12 @@ class Round {
   // Fingerprints() afterwards.
   std::vector<std::optional<uint64_t>> TakeFingerprints();
 
-  // Moves out every callback collected so far.
+  // Callbacks collected so far (retries included).
+  size_t waiters() const { return waiters_.size(); }
+  // Moves out every callback collected so far, oldest first: into a
+  // vector, or one by one into `take` (which allocates nothing itself).
   std::vector<RoundCallback> TakeWaiters();
+  void TakeWaiters(absl::FunctionRef<void(RoundCallback&&)> take);
 
  private:
   // The position of `rank` in ranks_.
