@@ -113,7 +113,7 @@ absl::Status LayerRendezvous::Replaced(const Contribution& c) const {
 bool LayerRendezvous::Contribute(Contribution c, RoundCallback done,
                                  absl::Time now, Deliveries& out) {
   bool applied = false;
-  std::vector<RoundReport> reports;
+  Reports reports;
   {
     absl::MutexLock lock(&mu_);
     ContributeLocked(std::move(c), std::move(done), now, out, applied);
@@ -214,7 +214,7 @@ void LayerRendezvous::Report(const RoundKey& key, const Round& round,
   reports_.push_back(std::move(r));
 }
 
-void LayerRendezvous::Notify(const std::vector<RoundReport>& reports) const {
+void LayerRendezvous::Notify(absl::Span<const RoundReport> reports) const {
   for (const RoundReport& r : reports) {
     if (r.status.code() == absl::StatusCode::kDeadlineExceeded) {
       observer_->OnDeadline(r);
@@ -409,7 +409,7 @@ void LayerRendezvous::Drop(const RoundKey& key, const absl::Status& status,
 
 bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
   bool applied = false;
-  std::vector<RoundReport> reports;
+  Reports reports;
   {
     absl::MutexLock lock(&mu_);
     std::vector<RoundKey> quorate;

@@ -141,6 +141,10 @@ class LayerRendezvous {
     std::array<PhaseState, 2> phases;  // FORWARD, BACKWARD
   };
 
+  // Reports of the rounds that one call ends: mostly one, kept inline, for
+  // every completed round makes one.
+  using Reports = absl::InlinedVector<RoundReport, 2>;
+
   static Delivery Failure(RoundCallback done, absl::Status status);
   static int PhaseIndex(Phase phase) {
     return phase == Phase::kForward ? 0 : 1;
@@ -165,7 +169,7 @@ class LayerRendezvous {
   // Hands `reports` (taken from reports_) to the observer: DEADLINE_EXCEEDED
   // ones to OnDeadline, the rest to OnRoundCompleted. REQUIRES: mu_ not
   // held.
-  void Notify(const std::vector<RoundReport>& reports) const;
+  void Notify(absl::Span<const RoundReport> reports) const;
   void AnswerRetry(const RecentRounds::Entry& entry, const Contribution& c,
                    RoundCallback done, Deliveries& out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -213,7 +217,7 @@ class LayerRendezvous {
   std::vector<GroupState> groups_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> aborted_ ABSL_GUARDED_BY(mu_);
   // Reports of rounds that ended, handed to observer_ once mu_ is released.
-  std::vector<RoundReport> reports_ ABSL_GUARDED_BY(mu_);
+  Reports reports_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace syncnorm
