@@ -333,7 +333,9 @@ void Aggregator::Contribute(Contribution c, RoundCallback done) {
     return;
   }
   RoundAdmission::Key key;
-  key.job_id = c.job_id;
+  // The job goes by its own id from here on, so c's (the same) moves
+  // rather than being copied for every contribution.
+  key.job_id = std::move(c.job_id);
   key.group = job->GroupOf(c.rank);
   key.layer = c.layer;
   key.step = c.step;

@@ -108,7 +108,8 @@ class Job {
   // FAILED_PRECONDITION for a layer another shard owns (spec().shard).
   absl::Status Validate(const Contribution& c) const;
 
-  // See LayerRendezvous::Contribute. REQUIRES: Validate(c).ok().
+  // See LayerRendezvous::Contribute; c.job_id is not read (spec()'s is).
+  // REQUIRES: Validate(c).ok().
   void Contribute(Contribution c, RoundCallback done, absl::Time now)
       ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
 

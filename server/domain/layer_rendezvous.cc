@@ -95,14 +95,14 @@ absl::Status LayerRendezvous::BeforeForward(const RoundKey& key,
 absl::Status LayerRendezvous::Conflict(const Contribution& c) const {
   return absl::AbortedError(
       absl::StrCat("a different payload was already received for (job ",
-                   BoundedText(c.job_id), ", layer ", c.layer, ", step ",
+                   BoundedText(spec_.job_id), ", layer ", c.layer, ", step ",
                    c.step, ", ", PhaseName(c.phase), ", rank ", c.rank,
                    "); a retry must resend the identical contribution"));
 }
 
 absl::Status LayerRendezvous::Replaced(const Contribution& c) const {
   return absl::AbortedError(absl::StrCat(
-      "a newer retry of this contribution (job ", BoundedText(c.job_id),
+      "a newer retry of this contribution (job ", BoundedText(spec_.job_id),
       ", layer ", c.layer, ", step ", c.step, ", ", PhaseName(c.phase),
       ", rank ", c.rank, ") took its place: at most ",
       Round::kMaxWaitersPerRank,

@@ -78,7 +78,8 @@ class LayerRendezvous {
   // any order. The answers this call can give are appended to `out` for
   // the caller to Deliver. Returns true when this call completed a forward
   // round that was applied.
-  // REQUIRES: c is validated against the spec and c.layer is this layer.
+  // c.job_id is not read (the spec's is). REQUIRES: c is validated against
+  // the spec and c.layer is this layer.
   bool Contribute(Contribution c, RoundCallback done, absl::Time now,
                   Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
 
