@@ -137,7 +137,7 @@ void LayerRendezvous::ContributeLocked(Contribution c, RoundCallback done,
   }
   const RoundKey key(layout_.GroupOf(c.rank), c.step, c.phase);
   if (auto it = rounds_.find(key); it != rounds_.end()) {
-    AddToRound(key, *it->second, std::move(c), std::move(done), now, out,
+    AddToRound(key, it->second, std::move(c), std::move(done), now, out,
                applied);
     return;
   }
@@ -160,9 +160,10 @@ void LayerRendezvous::ContributeLocked(Contribution c, RoundCallback done,
     out.push_back(Failure(std::move(done), BeforeForward(key, forward)));
     return;
   }
-  auto round = std::make_unique<Round>(layout_.Ranks(std::get<0>(key)),
-                                       now + spec_.round_timeout);
-  Round& r = *rounds_.emplace(key, std::move(round)).first->second;
+  Round& r = rounds_
+                 .try_emplace(key, layout_.Ranks(std::get<0>(key)),
+                              now + spec_.round_timeout)
+                 .first->second;
   AddToRound(key, r, std::move(c), std::move(done), now, out, applied);
 }
 
@@ -376,7 +377,7 @@ void LayerRendezvous::FailSuperseded(const RoundKey& completed,
       continue;
     }
     const absl::Status status = Superseded(key, std::get<1>(completed));
-    for (RoundCallback& done : it->second->TakeWaiters()) {
+    for (RoundCallback& done : it->second.TakeWaiters()) {
       out.push_back(Failure(std::move(done), status));
     }
     it = rounds_.erase(it);
@@ -387,7 +388,7 @@ void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
                              std::shared_ptr<const RunningStats> after,
                              Deliveries& out) {
   auto it = rounds_.find(key);
-  Round& round = *it->second;
+  Round& round = it->second;
   auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
   StateOf(key).recent.Add(RecentRounds::Entry{
       std::get<1>(key), shared, round.TakeFingerprints(), std::move(after)});
@@ -401,7 +402,7 @@ void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
 void LayerRendezvous::Drop(const RoundKey& key, const absl::Status& status,
                            Deliveries& out) {
   auto it = rounds_.find(key);
-  for (RoundCallback& done : it->second->TakeWaiters()) {
+  for (RoundCallback& done : it->second.TakeWaiters()) {
     out.push_back(Failure(std::move(done), status));
   }
   rounds_.erase(it);
@@ -415,9 +416,9 @@ bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
     std::vector<RoundKey> quorate;
     std::vector<RoundKey> overdue;
     for (const auto& [key, round] : rounds_) {
-      if (QuorumReached(*round, now)) {
+      if (QuorumReached(round, now)) {
         quorate.push_back(key);
-      } else if (round->deadline() <= now) {
+      } else if (round.deadline() <= now) {
         overdue.push_back(key);
       }
     }
@@ -427,20 +428,20 @@ bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
       auto it = rounds_.find(key);
       if (it == rounds_.end()) continue;
       bool forward = false;
-      Complete(key, *it->second, now, out, forward);
+      Complete(key, it->second, now, out, forward);
       applied = applied || forward;
     }
     for (const RoundKey& key : overdue) {
       auto it = rounds_.find(key);
       if (it == rounds_.end()) continue;
       RoundOutcome outcome;
-      outcome.missing_ranks = it->second->MissingRanks();
+      outcome.missing_ranks = it->second.MissingRanks();
       outcome.status = absl::DeadlineExceededError(
           absl::StrCat(RoundLabel(key), " missed its ",
                        absl::ToInt64Milliseconds(spec_.round_timeout),
                        " ms deadline waiting for ranks [",
                        absl::StrJoin(outcome.missing_ranks, ", "), "]"));
-      Report(key, *it->second, outcome, now);
+      Report(key, it->second, outcome, now);
       Finish(key, std::move(outcome), nullptr, out);
     }
     reports.swap(reports_);
@@ -455,7 +456,7 @@ void LayerRendezvous::Abort(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     aborted_ = status;
     for (auto& [key, round] : rounds_) {
-      for (RoundCallback& done : round->TakeWaiters()) {
+      for (RoundCallback& done : round.TakeWaiters()) {
         out.push_back(Failure(std::move(done), status));
       }
     }
@@ -514,7 +515,7 @@ std::vector<RoundCallback> LayerRendezvous::Reset(
   std::vector<RoundCallback> dropped;
   absl::MutexLock lock(&mu_);
   for (auto& [key, round] : rounds_) {
-    for (RoundCallback& done : round->TakeWaiters()) {
+    for (RoundCallback& done : round.TakeWaiters()) {
       dropped.push_back(std::move(done));
     }
   }

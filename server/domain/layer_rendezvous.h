@@ -214,7 +214,9 @@ class LayerRendezvous {
   const absl::Duration straggler_threshold_;
 
   mutable absl::Mutex mu_;
-  std::map<RoundKey, std::unique_ptr<Round>> rounds_ ABSL_GUARDED_BY(mu_);
+  // Each round lives in its map node (one allocation per round; a node
+  // stays in place until erased).
+  std::map<RoundKey, Round> rounds_ ABSL_GUARDED_BY(mu_);
   std::vector<GroupState> groups_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> aborted_ ABSL_GUARDED_BY(mu_);
   // Reports of rounds that ended, handed to observer_ once mu_ is released.
