@@ -268,12 +268,14 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
   outcome.missing_ranks = round.MissingRanks();
   if (!outcome.status.ok()) {
     Report(key, round, outcome, now);
-    Finish(key, std::move(outcome), nullptr, out);
+    Finish(key, std::move(outcome), nullptr, round.TakeFingerprints(), out);
     return;
   }
   int64_t& latest = next.state.latest_completed[PhaseIndex(phase)];
   latest = std::max(latest, std::get<1>(key));
-  const absl::Status stored = Persist(key, next, round, record);
+  // Stored, then kept in the retry window: taken from the round, not copied.
+  record.fingerprints = round.TakeFingerprints();
+  const absl::Status stored = Persist(key, next, record);
   if (!stored.ok()) {
     Drop(key,
          absl::Status(stored.code(),
@@ -291,7 +293,8 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
         std::make_shared<const RunningStats>(*std::move(record.stats_after));
   }
   Report(key, round, outcome, now);
-  Finish(key, std::move(outcome), std::move(after), out);
+  Finish(key, std::move(outcome), std::move(after),
+         std::move(record.fingerprints), out);
   if (phase == Phase::kForward) FailSuperseded(key, out);
   applied = phase == Phase::kForward;
 }
@@ -344,8 +347,8 @@ absl::Status LayerRendezvous::Refused(const RoundKey& key,
 }
 
 absl::Status LayerRendezvous::Persist(const RoundKey& key,
-                                      const LayerSlot& next, const Round& round,
-                                      StoredRound& record) {
+                                      const LayerSlot& next,
+                                      const StoredRound& record) {
   PhaseState& phase = StateOf(key);
   // The store keeps the same window of rounds as memory: the newest ones.
   // Once the window is full, every round evicts one.
@@ -354,7 +357,6 @@ absl::Status LayerRendezvous::Persist(const RoundKey& key,
          static_cast<size_t>(recent_capacity_)) {
     evicted.push_back(phase.persisted[evicted.size()]);
   }
-  record.fingerprints = round.Fingerprints();
   const absl::Status s =
       store_->CommitRound(spec_.job_id, next, record, evicted);
   if (!s.ok()) return s;
@@ -386,12 +388,13 @@ void LayerRendezvous::FailSuperseded(const RoundKey& completed,
 
 void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
                              std::shared_ptr<const RunningStats> after,
+                             std::vector<std::optional<uint64_t>> fingerprints,
                              Deliveries& out) {
   auto it = rounds_.find(key);
   Round& round = it->second;
   auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
   StateOf(key).recent.Add(RecentRounds::Entry{
-      std::get<1>(key), shared, round.TakeFingerprints(), std::move(after)});
+      std::get<1>(key), shared, std::move(fingerprints), std::move(after)});
   out.reserve(out.size() + round.waiters());
   round.TakeWaiters([&](RoundCallback&& done) {
     out.push_back(Delivery{std::move(done), shared});
@@ -442,7 +445,8 @@ bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
                        " ms deadline waiting for ranks [",
                        absl::StrJoin(outcome.missing_ranks, ", "), "]"));
       Report(key, it->second, outcome, now);
-      Finish(key, std::move(outcome), nullptr, out);
+      Finish(key, std::move(outcome), nullptr, it->second.TakeFingerprints(),
+             out);
     }
     reports.swap(reports_);
   }

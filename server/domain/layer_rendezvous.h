@@ -180,17 +180,19 @@ class LayerRendezvous {
   void ApplyForward(const RoundKey& key, Round& round, LayerState& next,
                     RoundOutcome& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `record`, the round's result, and the layer's next state to
-  // the store, with the fingerprints of `round` filled in.
+  // the store.
   absl::Status Persist(const RoundKey& key, const LayerSlot& next,
-                       const Round& round, StoredRound& record)
+                       const StoredRound& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailSuperseded(const RoundKey& completed, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records the outcome of a finished round, hands it to its waiters and
+  // Records the outcome of a finished round with its `fingerprints` (taken
+  // from it, Round::TakeFingerprints), hands the outcome to its waiters and
   // forgets the round.
   void Finish(const RoundKey& key, RoundOutcome outcome,
-              std::shared_ptr<const RunningStats> after, Deliveries& out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+              std::shared_ptr<const RunningStats> after,
+              std::vector<std::optional<uint64_t>> fingerprints,
+              Deliveries& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails a round's waiters with `status` and forgets it, remembering
   // nothing (a retry starts the round afresh).
   void Drop(const RoundKey& key, const absl::Status& status, Deliveries& out)
