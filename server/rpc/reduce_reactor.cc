@@ -197,6 +197,9 @@ void ReduceReactor::ReuseSpareLocked(const Contribution& key,
 }
 
 void ReduceReactor::KeepSpareLocked(v1::RoundResult& written) {
+  // A large result is not kept: an idle stream holds at most
+  // kMaxSpareBytes of spares (a result of 4096 channels).
+  if (written.GetCachedSize() > kMaxSpareBytes) return;
   // Clear keeps a string's and a repeated field's capacity, but deletes
   // the message in a oneof, so that is taken out first.
   if (written.has_moments()) {

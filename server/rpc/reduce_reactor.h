@@ -65,6 +65,8 @@ class ReduceReactor final
  public:
   static constexpr int kMaxUnanswered = 256;
   static constexpr int64_t kHeldMessages = 16;
+  // The largest written result kept to be reused (KeepSpareLocked).
+  static constexpr int kMaxSpareBytes = 64 << 10;
 
   // `aggregator` must outlive every callback the reactor hands it; `auth`
   // (null: no checks) and `streams` (null: not counted) the reactor.
@@ -119,7 +121,8 @@ class ReduceReactor final
                         v1::RoundResult& result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps `written`, a result gRPC is done with, and its payload message,
-  // cleared, as the spares for a later result; leaves `written` empty.
+  // cleared, as the spares for a later result, leaving `written` empty;
+  // one over kMaxSpareBytes is left as it is.
   void KeepSpareLocked(v1::RoundResult& written)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
