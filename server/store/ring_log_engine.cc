@@ -13,14 +13,7 @@
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-
-namespace rocksdb {
-namespace crc32c {
-// RocksDB's CRC32C (Castagnoli), with the SSE4.2 instruction when the CPU
-// has it (server/store/rocksdb_crc32c.cc).
-uint32_t Extend(uint32_t init_crc, const char* data, size_t n);
-}  // namespace crc32c
-}  // namespace rocksdb
+#include "server/store/crc32c.h"
 
 namespace syncnorm {
 namespace {
@@ -47,7 +40,7 @@ void PutU32(std::string& out, uint32_t v) {
 }
 
 uint32_t Crc(const char* data, size_t n, uint32_t init = 0) {
-  return rocksdb::crc32c::Extend(init, data, n);
+  return Crc32c(init, data, n);
 }
 
 // A record with room for its header, then the payload: u32 op count; per

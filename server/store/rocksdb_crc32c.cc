@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "server/store/crc32c.h"
+
 namespace rocksdb {
 namespace crc32c {
 uint32_t Extend(uint32_t init_crc, const char* data, size_t n);
@@ -64,4 +66,8 @@ uint32_t rocksdb::crc32c::Extend(uint32_t init_crc, const char* data,
                                  size_t n) {
   static const syncnorm::ExtendFunction chosen = syncnorm::Choose();
   return chosen(init_crc, data, n);
+}
+
+uint32_t syncnorm::Crc32c(uint32_t crc, const char* data, size_t n) {
+  return rocksdb::crc32c::Extend(crc, data, n);
 }
