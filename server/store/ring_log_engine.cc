@@ -353,19 +353,25 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
   }
 }
 
-absl::Status RingLogEngine::WriteThrough(const KvBatch& batch) {
-  absl::MutexLock flush(&flush_mu_);
-  absl::MutexLock lock(&mu_);
-  // What the ring holds, then the batch: one write, in log order.
+KvBatch RingLogEngine::WithPosition(const Overlay& overlay,
+                                    int64_t position) const {
   KvBatch out;
-  for (const auto& [key, value] : overlay_) {
+  for (const auto& [key, value] : overlay) {
     if (value.has_value()) {
       out.Put(key, *value);
     } else {
       out.Delete(key);
     }
   }
-  out.Put(kMetaKey, EncodeMeta(next_seq_ - 1, head_));
+  out.Put(kMetaKey, EncodeMeta(next_seq_ - 1, position));
+  return out;
+}
+
+absl::Status RingLogEngine::WriteThrough(const KvBatch& batch) {
+  absl::MutexLock flush(&flush_mu_);
+  absl::MutexLock lock(&mu_);
+  // What the ring holds, then the batch: one write, in log order.
+  KvBatch out = WithPosition(overlay_, head_);
   for (const KvBatch::Op& op : batch.ops()) {
     switch (op.kind) {
       case KvBatch::Op::kPut:
@@ -400,14 +406,7 @@ absl::Status RingLogEngine::FlushLocked() {
     flushing_.swap(overlay_);
     first_unflushed_ = absl::InfiniteFuture();
     upto = head_;
-    for (const auto& [key, value] : flushing_) {
-      if (value.has_value()) {
-        out.Put(key, *value);
-      } else {
-        out.Delete(key);
-      }
-    }
-    out.Put(kMetaKey, EncodeMeta(next_seq_ - 1, upto));
+    out = WithPosition(flushing_, upto);
   }
   // Writers go on meanwhile, into a fresh overlay; Get reads both.
   const absl::Status s = inner_->Write(out);

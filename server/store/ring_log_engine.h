@@ -114,7 +114,9 @@ class RingLogEngine final : public KvEngine {
   // off so that it lands in order.
   absl::Status WriteThrough(const KvBatch& batch)
       ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
-  absl::Status AppendLocked(const std::string& record)
+  // `overlay`'s writes and, with them, the log position the engine behind
+  // then holds: everything up to `position`, the last record written.
+  KvBatch WithPosition(const Overlay& overlay, int64_t position) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PwriteAll(const char* data, size_t size, int64_t offset) const;
   absl::Status Error(absl::string_view what, int err) const;
