@@ -642,6 +642,14 @@ class FloodTest : public ::testing::Test {
     return {answer, rank0};
   }
 
+  // A ReduceOnce to no job: NOT_FOUND while a --max_waiting_calls slot is
+  // free (it is counted before the job is looked up), refused naming the
+  // flag when none is.
+  absl::Status ProbeWaitingCalls() {
+    return ReduceOnce(RoundContribution("nope", 0, 0, 0, 1), absl::Seconds(5))
+        .status();
+  }
+
   // The flood's killed and cancelled callers hold --max_waiting_calls
   // slots until the server has seen them go, which on a loaded machine
   // takes a moment. Waits (10 s at most) until a call to no job is
@@ -650,9 +658,7 @@ class FloodTest : public ::testing::Test {
     absl::Status probe;
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     for (;;) {
-      probe =
-          ReduceOnce(RoundContribution("nope", 0, 0, 0, 1), absl::Seconds(5))
-              .status();
+      probe = ProbeWaitingCalls();
       if (probe.code() == absl::StatusCode::kNotFound) return "";
       if (absl::Now() > deadline) break;
       absl::SleepFor(absl::Milliseconds(50));
@@ -1066,8 +1072,7 @@ TEST_F(FloodTest, WaitingCallsAreBoundedAndARefusedOneLosesNothing) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   do {
     absl::SleepFor(absl::Milliseconds(50));
-    probe = ReduceOnce(RoundContribution("nope", 0, 0, 0, 1), absl::Seconds(5))
-                .status();
+    probe = ProbeWaitingCalls();
   } while (probe.code() == absl::StatusCode::kNotFound &&
            absl::Now() < deadline);
   EXPECT_EQ(NamesLimit(probe, "max_waiting_calls", kMaxWaitingCalls), "");
