@@ -69,7 +69,10 @@ void Fill(StateStore& store) {
     ASSERT_TRUE(store.CommitRound("a", Slot(step), Round(step), evicted).ok());
   }
   CheckpointData c;
-  c.meta = CheckpointMeta{"a", 2, "t", 99};
+  c.meta.job_id = "a";
+  c.meta.step = 2;
+  c.meta.tag = "t";
+  c.meta.created_unix_ms = 99;
   c.layers.push_back(Slot(7));
   ASSERT_TRUE(store.PutCheckpoint(c, {}).ok());
 }
