@@ -3,6 +3,11 @@
 #include <cstring>
 
 namespace syncnorm {
+
+bool operator==(const ViewEntry& a, const ViewEntry& b) {
+  return a.rank == b.rank && a.step == b.step;
+}
+
 namespace {
 
 bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {

@@ -50,6 +50,14 @@ enum class RoundErrorReason : int {
 };
 
 // How a round ended, the same object for every contributor of the round.
+// One member's contribution in a stale-synchronous answer: its rank and
+// the step of the contribution used.
+struct ViewEntry {
+  int rank = 0;
+  int64_t step = 0;
+};
+bool operator==(const ViewEntry& a, const ViewEntry& b);
+
 struct RoundOutcome {
   // OK: the round completed. Otherwise why it (or the contribution) failed;
   // nothing was applied.
@@ -65,6 +73,9 @@ struct RoundOutcome {
   int64_t version = 0;
   // Not OK: the cause, when a client may act on it.
   RoundErrorReason reason = RoundErrorReason::kUnspecified;
+  // OK, a job with staleness > 0: the contributions merged or summed, in
+  // rank order. Empty in synchronous jobs.
+  std::vector<ViewEntry> view;
 };
 
 // Receives a contribution's outcome; called exactly once, never under a lock

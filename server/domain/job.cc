@@ -51,6 +51,23 @@ void Job::Load(const StoredJob& stored) {
     members_ = std::make_shared<const Membership>(
         Membership::FromHistory(spec_.world_size, stored.membership));
   }
+  if (!stored.stale.empty()) {
+    // By layer: the store lists them so.
+    LayerRendezvous::Deliveries out;
+    const std::shared_ptr<const Membership> members = Members();
+    absl::Span<const StoredStaleAnswer> all(stored.stale);
+    size_t begin = 0;
+    while (begin < all.size()) {
+      size_t end = begin;
+      while (end < all.size() && all[end].key.layer == all[begin].key.layer) {
+        ++end;
+      }
+      rendezvous_[all[begin].key.layer]->LoadStale(
+          all.subspan(begin, end - begin), *members, clock_->Now(), out);
+      begin = end;
+    }
+    LayerRendezvous::Deliver(out);
+  }
   absl::MutexLock lock(&admin_mu_);
   for (const CheckpointMeta& c : stored.checkpoints) checkpoints_[c.step] = c;
 }
@@ -88,6 +105,12 @@ absl::Status Job::ValidatePayload(const Contribution& c) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "layer ", c.layer, " ('", BoundedText(layer.name), "'): ", what));
   };
+  if (spec_.staleness > 0 && !c.update.empty()) {
+    return error(
+        "a stale-synchronous job (staleness > 0) takes no per-round "
+        "momentum or imported_stats; set the layer's momentum in the job, "
+        "and import statistics with SetRunningStats");
+  }
   if (c.phase == Phase::kForward) {
     const auto* m = std::get_if<Moments>(&c.payload);
     if (m == nullptr) {

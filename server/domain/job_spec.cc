@@ -312,6 +312,16 @@ absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
     spec.round_timeout = default_round_timeout;
   }
   if (absl::Status q = CheckQuorum(spec); !q.ok()) return q;
+  if (spec.staleness < 0 || spec.staleness > kMaxStaleness) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "staleness is ", spec.staleness, "; it must be within [0, ",
+        kMaxStaleness, "] (0: synchronous rounds)"));
+  }
+  if (spec.staleness > 0 && spec.quorum.enabled()) {
+    return absl::InvalidArgumentError(
+        "staleness and quorum are both set; a stale-synchronous job does not "
+        "wait for a straggler within its bound already: drop the quorum");
+  }
   if (absl::Status a = CheckShardAssignment(
           spec.shard, static_cast<int>(spec.layers.size()));
       !a.ok()) {
@@ -341,7 +351,8 @@ bool operator==(const JobSpec& a, const JobSpec& b) {
   return a.job_id == b.job_id && a.world_size == b.world_size &&
          a.group_size == b.group_size && a.groups == b.groups &&
          a.round_timeout == b.round_timeout && a.layers == b.layers &&
-         a.quorum == b.quorum && a.shard == b.shard && a.members == b.members;
+         a.quorum == b.quorum && a.shard == b.shard && a.members == b.members &&
+         a.staleness == b.staleness;
 }
 
 bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }

@@ -78,12 +78,19 @@ struct JobSpec {
   // change later, see Membership); empty: every rank. Resolution sorts
   // them and empties a list of every rank.
   std::vector<int> members;
+  // Bounded staleness tau of stale-synchronous rounds, within
+  // [0, kMaxStaleness]; 0: synchronous (see LayerRendezvous).
+  int staleness = 0;
 
   int num_groups() const {
     if (!groups.empty()) return static_cast<int>(groups.size());
     return group_size > 0 ? world_size / group_size : 1;
   }
 };
+
+// The largest staleness bound a job may have: the steps of contributions
+// the aggregator keeps per member grow with it.
+inline constexpr int kMaxStaleness = 64;
 
 // The ranks of group `g` of a resolved spec, ascending.
 // REQUIRES: 0 <= g < spec.num_groups().

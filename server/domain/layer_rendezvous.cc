@@ -31,6 +31,13 @@ LayerRendezvous::LayerRendezvous(const JobSpec& spec, const GroupLayout& groups,
   groups_.reserve(spec.num_groups());
   for (int g = 0; g < spec.num_groups(); ++g) {
     groups_.emplace_back(config_, recent_capacity);
+    if (spec.staleness > 0) {
+      const size_t n = layout_.Ranks(g).size();
+      for (int p = 0; p < 2; ++p) {
+        groups_.back().stale.entries[p].resize(n);
+        groups_.back().stale.latest[p].assign(n, -1);
+      }
+    }
   }
 }
 
@@ -149,6 +156,7 @@ bool LayerRendezvous::Rebalance(const Membership& members, absl::Time now,
                                 Deliveries& out) {
   bool applied = false;
   Reports reports;
+  std::vector<StaleAnswerReport> stale;
   {
     absl::MutexLock lock(&mu_);
     std::vector<RoundKey> keys;
@@ -169,9 +177,17 @@ bool LayerRendezvous::Rebalance(const Membership& members, absl::Time now,
         applied = applied || forward;
       }
     }
+    if (spec_.staleness > 0) {
+      // A removed or left rank no longer holds the clock back.
+      DropStaleNonMembers(members, out);
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        AnswerStale(static_cast<int>(g), members, now, out);
+      }
+    }
     reports.swap(reports_);
+    stale.swap(stale_reports_);
   }
-  Notify(reports);
+  Notify(reports, stale);
   return applied;
 }
 
@@ -190,12 +206,14 @@ bool LayerRendezvous::Contribute(Contribution c, const Membership& members,
                                  Deliveries& out) {
   bool applied = false;
   Reports reports;
+  std::vector<StaleAnswerReport> stale;
   {
     absl::MutexLock lock(&mu_);
     ContributeLocked(std::move(c), members, std::move(done), now, out, applied);
     reports.swap(reports_);
+    stale.swap(stale_reports_);
   }
-  Notify(reports);
+  Notify(reports, stale);
   return applied;
 }
 
@@ -209,6 +227,10 @@ void LayerRendezvous::ContributeLocked(Contribution c,
   }
   if (!members.everyone() && !members.IsMember(c.rank, c.step)) {
     out.push_back(Failure(std::move(done), NotMember(c.rank, c.step, members)));
+    return;
+  }
+  if (spec_.staleness > 0) {
+    ContributeStale(std::move(c), members, std::move(done), now, out, applied);
     return;
   }
   // The layer's own momentum, sent anyway, is no momentum of the round's.
@@ -298,7 +320,9 @@ void LayerRendezvous::Report(const RoundKey& key, const Round& round,
   reports_.push_back(std::move(r));
 }
 
-void LayerRendezvous::Notify(absl::Span<const RoundReport> reports) const {
+void LayerRendezvous::Notify(absl::Span<const RoundReport> reports,
+                             absl::Span<const StaleAnswerReport> stale) const {
+  for (const StaleAnswerReport& r : stale) observer_->OnStaleAnswer(r);
   for (const RoundReport& r : reports) {
     if (r.status.code() == absl::StatusCode::kDeadlineExceeded) {
       observer_->OnDeadline(r);
@@ -497,6 +521,7 @@ void LayerRendezvous::Drop(const RoundKey& key, const absl::Status& status,
 bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
   bool applied = false;
   Reports reports;
+  std::vector<StaleAnswerReport> stale;
   {
     absl::MutexLock lock(&mu_);
     std::vector<RoundKey> quorate;
@@ -531,9 +556,11 @@ bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
       Finish(key, std::move(outcome), nullptr, it->second.TakeFingerprints(),
              out);
     }
+    if (spec_.staleness > 0) ExpireStale(now, out);
     reports.swap(reports_);
+    stale.swap(stale_reports_);
   }
-  Notify(reports);
+  Notify(reports, stale);
   return applied;
 }
 
@@ -548,6 +575,11 @@ void LayerRendezvous::Abort(const absl::Status& status) {
       }
     }
     rounds_.clear();
+    for (std::vector<RoundCallback>& waiters : TakeStaleWaiters()) {
+      for (RoundCallback& done : waiters) {
+        out.push_back(Failure(std::move(done), status));
+      }
+    }
   }
   Deliver(out);
 }
@@ -607,8 +639,18 @@ std::vector<RoundCallback> LayerRendezvous::Reset(
     }
   }
   rounds_.clear();
+  for (std::vector<RoundCallback>& waiters : TakeStaleWaiters()) {
+    for (RoundCallback& done : waiters) dropped.push_back(std::move(done));
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
     groups_[g].state = per_group[g];
+    // The stale-synchronous window starts afresh with the steps after it.
+    StaleState& stale = groups_[g].stale;
+    for (int p = 0; p < 2; ++p) {
+      for (auto& by_step : stale.entries[p]) by_step.clear();
+      std::fill(stale.latest[p].begin(), stale.latest[p].end(), -1);
+    }
+    stale.persisted.clear();
     for (PhaseState& phase : groups_[g].phases) {
       phase.recent = RecentRounds(recent_capacity_);
       phase.persisted.clear();

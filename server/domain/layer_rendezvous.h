@@ -59,6 +59,7 @@ class LayerRendezvous {
   // its group in range (the store checks both).
   void Load(const StoredLayer& stored) ABSL_LOCKS_EXCLUDED(mu_);
 
+
   // A callback with the outcome it is owed.
   struct Delivery {
     RoundCallback done;
@@ -71,6 +72,30 @@ class LayerRendezvous {
   // Calls every callback with its outcome. REQUIRES: no aggregator lock held.
   static void Deliver(Deliveries& deliveries);
 
+  // Installs this layer's stored stale-synchronous answers (after Load of
+  // its layers): each answers its retries again, counts in later views,
+  // and, when its step's running-statistics merge was not applied yet, is
+  // in that merge again. A merge that is then complete is applied at once
+  // (its answers go to `out`). REQUIRES: before serving; every key's layer
+  // is this one.
+  void LoadStale(absl::Span<const StoredStaleAnswer> answers,
+                 const Membership& members, absl::Time now, Deliveries& out)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Stale-synchronous rounds (spec.staleness tau > 0): a FORWARD of
+  // (rank r, step s) is answered once every member of the group (at s)
+  // has sent a FORWARD of a step >= s - tau, with the rank-order merge of
+  // each member's latest FORWARD of a step within [s - tau, s] (the view,
+  // RoundOutcome::view). A BACKWARD of (r, s) is answered with the
+  // rank-order sum of the BACKWARDs of the (rank, step)s of the view of
+  // r's FORWARD of s, once they have all arrived. Every answer is stored
+  // before it is given (a retry gets it again). Each FORWARD also goes to
+  // its step's synchronous round, which applies the running statistics
+  // when every member's contribution of the step is in, in step order.
+  // A rank's steps must increase per phase; its contributions are kept
+  // for the steps after the slowest member's latest minus 2 tau minus the
+  // recent rounds (older retries and backwards are FAILED_PRECONDITION).
+  //
   // Adds `c` to its round; `done` is answered exactly once: when the round
   // completes or fails, at once for a retry of a finished round, or at once
   // with ABORTED (conflicting payload), FAILED_PRECONDITION (a superseded
@@ -152,10 +177,34 @@ class LayerRendezvous {
     std::deque<int64_t> persisted;
   };
 
+  // A contribution of a job with staleness > 0, kept while answers may use
+  // it (see Contribute).
+  struct StaleEntry {
+    Payload payload;
+    uint64_t fingerprint = 0;
+    // Null until answered; then given to every retry.
+    std::shared_ptr<const RoundOutcome> answer;
+    std::vector<RoundCallback> waiters;            // until answered
+    absl::Time deadline = absl::InfiniteFuture();  // of the waiters
+    absl::Time arrival = absl::InfinitePast();
+    // Not answered when it arrived: it waited for the clock condition (or,
+    // BACKWARD, for the contributions of its view).
+    bool waited = false;
+  };
+  struct StaleState {
+    // [phase][position in the group]: the entries by step.
+    std::array<std::vector<std::map<int64_t, StaleEntry>>, 2> entries;
+    // [phase][position]: the highest step received; -1 before any.
+    std::array<std::vector<int64_t>, 2> latest;
+    // The answers in the store, in the order they were stored.
+    std::deque<StaleKey> persisted;
+  };
+
   struct GroupState {
     GroupState(const LayerConfig& layer, int capacity);
     LayerState state;
     std::array<PhaseState, 2> phases;  // FORWARD, BACKWARD
+    StaleState stale;                  // sized when spec.staleness > 0
   };
 
   // Reports of the rounds that one call ends: mostly one, kept inline, for
@@ -179,14 +228,57 @@ class LayerRendezvous {
   // Whether the quorum policy lets `round` complete at `now` without the
   // ranks still missing.
   bool QuorumReached(const Round& round, absl::Time now) const;
+  // The stale-synchronous path of ContributeLocked (spec_.staleness > 0).
+  void ContributeStale(Contribution c, const Membership& members,
+                       RoundCallback done, absl::Time now, Deliveries& out,
+                       bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a FORWARD payload to its step's synchronous round (the running
+  // statistics), completing it when every member's is in.
+  void AddToSyncRound(int group, int rank, int64_t step, const Payload& payload,
+                      const Membership& members, absl::Time now,
+                      Deliveries& out, bool& applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers every waiting stale entry of `group` that can be answered now.
+  void AnswerStale(int group, const Membership& members, absl::Time now,
+                   Deliveries& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to the FORWARD of (group position `pos`, `step`) when the
+  // clock condition holds; nullopt otherwise.
+  std::optional<RoundOutcome> StaleForward(int group, int64_t step,
+                                           const Membership& members) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The answer to the BACKWARD of (`pos`, `step`) once the backwards of its
+  // forward view are in; nullopt otherwise.
+  std::optional<RoundOutcome> StaleBackward(int group, int pos,
+                                            int64_t step) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Stores `answer` for `entry` of (group, phase, pos, step) and hands it
+  // to its waiters; on a store error the waiters get it, and the entry
+  // stays unanswered.
+  void GiveStaleAnswer(int group, Phase phase, int pos, int64_t step,
+                       StaleEntry& entry, RoundOutcome answer, absl::Time now,
+                       Deliveries& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The oldest step of `group` whose entries are still kept.
+  int64_t StaleHorizon(int group) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Fails the waiters of stale entries past their deadline.
+  void ExpireStale(absl::Time now, Deliveries& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves out the callbacks of every unanswered stale entry.
+  std::vector<std::vector<RoundCallback>> TakeStaleWaiters()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a membership change: drops the entries of ranks no longer
+  // members at their step (their waiters get FAILED_PRECONDITION).
+  void DropStaleNonMembers(const Membership& members, Deliveries& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Queues the observer's report of a round that ends at `now`.
   void Report(const RoundKey& key, const Round& round,
               const RoundOutcome& outcome, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands `reports` (taken from reports_) to the observer: DEADLINE_EXCEEDED
-  // ones to OnDeadline, the rest to OnRoundCompleted. REQUIRES: mu_ not
-  // held.
-  void Notify(absl::Span<const RoundReport> reports) const;
+  // ones to OnDeadline, the rest to OnRoundCompleted; then `stale` (taken
+  // from stale_reports_). REQUIRES: mu_ not held.
+  void Notify(absl::Span<const RoundReport> reports,
+              absl::Span<const StaleAnswerReport> stale = {}) const;
   void AnswerRetry(const RecentRounds::Entry& entry, const Contribution& c,
                    RoundCallback done, Deliveries& out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -245,6 +337,8 @@ class LayerRendezvous {
   std::optional<absl::Status> aborted_ ABSL_GUARDED_BY(mu_);
   // Reports of rounds that ended, handed to observer_ once mu_ is released.
   Reports reports_ ABSL_GUARDED_BY(mu_);
+  // The same of stale-synchronous answers.
+  std::vector<StaleAnswerReport> stale_reports_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace syncnorm

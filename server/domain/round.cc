@@ -88,8 +88,10 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
       waiters_.erase(oldest);
       --slot.waiting;
     }
-    waiters_.push_back(Waiter{index, std::move(done)});
-    ++slot.waiting;
+    if (done != nullptr) {
+      waiters_.push_back(Waiter{index, std::move(done)});
+      ++slot.waiting;
+    }
     return AddResult::kDuplicate;
   }
   // The contributing thread hashes its own payload, so the thread that
@@ -101,8 +103,10 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
   first_arrival_ = std::min(first_arrival_, now);
   ++received_;
   if (slot.role == Role::kMember) --awaited_;
-  waiters_.push_back(Waiter{index, std::move(done)});
-  ++slot.waiting;
+  if (done != nullptr) {
+    waiters_.push_back(Waiter{index, std::move(done)});
+    ++slot.waiting;
+  }
   return AddResult::kAdded;
 }
 

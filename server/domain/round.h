@@ -50,7 +50,9 @@ class Round {
   // when kept (kAdded, kDuplicate); on kConflict the caller still owns it.
   // `now` is when the payload arrived (kAdded). A kDuplicate that finds
   // kMaxWaitersPerRank callbacks of its rank waiting moves the oldest into
-  // `*evicted` (left empty otherwise), which the caller must answer.
+  // `*evicted` (left empty otherwise), which the caller must answer. An
+  // empty `done` waits for nothing (a stale-synchronous job's round, whose
+  // contributors are answered on their own).
   // REQUIRES: rank within the group; evicted not null.
   AddResult Add(int rank, Payload payload, RoundUpdate update,
                 RoundCallback&& done, absl::Time now, RoundCallback* evicted);

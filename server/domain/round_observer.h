@@ -76,6 +76,19 @@ struct MembershipReport {
   int removed = 0;
 };
 
+// One answer of a stale-synchronous job (staleness > 0).
+struct StaleAnswerReport {
+  std::string job_id;
+  Phase phase = Phase::kForward;
+  // The answer's step minus the oldest step of its view.
+  int64_t staleness = 0;
+  // Not answered when it arrived: the clock condition (or a backward's
+  // view) held it.
+  bool waited = false;
+  // From its arrival to its answer.
+  absl::Duration latency = absl::ZeroDuration();
+};
+
 // Receives a report for every round that ends. Implementations must be
 // thread-safe and fast: calls come from the contributing and the reaper
 // threads, concurrently for different layers, after the layer's lock is
@@ -102,6 +115,10 @@ class RoundObserver {
   // nor for a restore). Called with no lock of the job held; the default
   // ignores it.
   virtual void OnMembershipChange(const MembershipReport& report) {}
+
+  // A stale-synchronous answer was given. Called as OnRoundCompleted is;
+  // the default ignores it.
+  virtual void OnStaleAnswer(const StaleAnswerReport& report) {}
 
   // Time passes: called by the aggregator's reaper thread every reaper
   // period with its clock's time, and with InfiniteFuture() when the
@@ -205,6 +222,9 @@ class FanoutRoundObserver final : public RoundObserver {
   }
   void OnMembershipChange(const MembershipReport& report) override {
     for (RoundObserver* o : observers_) o->OnMembershipChange(report);
+  }
+  void OnStaleAnswer(const StaleAnswerReport& report) override {
+    for (RoundObserver* o : observers_) o->OnStaleAnswer(report);
   }
   void OnTick(absl::Time now) override {
     for (RoundObserver* o : observers_) o->OnTick(now);

@@ -22,6 +22,13 @@ const prometheus::Histogram::BucketBoundaries& ContributorBuckets() {
   return *buckets;
 }
 
+// Steps, 0 to the largest staleness bound (64).
+const prometheus::Histogram::BucketBoundaries& StalenessBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64};
+  return *buckets;
+}
+
 constexpr const char* kOutcomeNames[] = {"ok", "quorum", "failed", "deadline"};
 
 }  // namespace
@@ -56,6 +63,20 @@ RoundMetrics::RoundMetrics(prometheus::Registry& registry) {
                          "Rounds completed by the job's quorum policy "
                          "without every rank.")
                      .Register(registry);
+  auto& staleness = prometheus::BuildHistogram()
+                        .Name("syncnorm_stale_answer_staleness_steps")
+                        .Help(
+                            "Stale-synchronous answers by the staleness "
+                            "they used: their step minus the oldest step "
+                            "of their view.")
+                        .Register(registry);
+  auto& clock_waits = prometheus::BuildCounter()
+                          .Name("syncnorm_stale_clock_waits_total")
+                          .Help(
+                              "Stale-synchronous contributions not answered "
+                              "on arrival: a member was more than the "
+                              "staleness bound behind.")
+                          .Register(registry);
   for (Phase phase : {Phase::kForward, Phase::kBackward}) {
     const std::string name = phase == Phase::kForward ? "FORWARD" : "BACKWARD";
     PerPhase& p = Of(phase);
@@ -67,6 +88,8 @@ RoundMetrics::RoundMetrics(prometheus::Registry& registry) {
     p.stragglers = &stragglers.Add({{"phase", name}});
     p.deadline_failures = &deadlines.Add({{"phase", name}});
     p.quorum_rounds = &quorum.Add({{"phase", name}});
+    p.staleness = &staleness.Add({{"phase", name}}, StalenessBuckets());
+    p.clock_waits = &clock_waits.Add({{"phase", name}});
   }
   versions_ = &prometheus::BuildCounter()
                    .Name("syncnorm_state_versions_total")
@@ -137,6 +160,12 @@ void RoundMetrics::OnDeadline(const RoundReport& report) {
 void RoundMetrics::OnCheckpoint(const CheckpointReport& report) {
   (report.status.ok() ? checkpoint_ok_ : checkpoint_failed_)
       ->Observe(absl::ToDoubleSeconds(report.duration));
+}
+
+void RoundMetrics::OnStaleAnswer(const StaleAnswerReport& report) {
+  PerPhase& p = Of(report.phase);
+  p.staleness->Observe(static_cast<double>(report.staleness));
+  if (report.waited) p.clock_waits->Increment();
 }
 
 }  // namespace syncnorm

@@ -25,6 +25,13 @@ namespace syncnorm {
 //   syncnorm_membership_changes_total    membership versions made
 //   syncnorm_membership_ranks_total{change}  ranks that joined, left or
 //                                        were removed
+//   syncnorm_stale_answer_staleness_steps{phase}  histogram of the
+//                                        staleness a stale-synchronous
+//                                        answer used (its step minus the
+//                                        oldest step of its view)
+//   syncnorm_stale_clock_waits_total{phase}  stale-synchronous
+//                                        contributions not answered on
+//                                        arrival (the clock condition)
 // phase is FORWARD or BACKWARD. Thread-safe; `registry` must outlive it.
 class RoundMetrics final : public RoundObserver {
  public:
@@ -34,6 +41,7 @@ class RoundMetrics final : public RoundObserver {
   void OnDeadline(const RoundReport& report) override;
   void OnCheckpoint(const CheckpointReport& report) override;
   void OnMembershipChange(const MembershipReport& report) override;
+  void OnStaleAnswer(const StaleAnswerReport& report) override;
 
  private:
   enum Outcome { kOk, kQuorum, kFailed, kDeadline, kNumOutcomes };
@@ -44,6 +52,8 @@ class RoundMetrics final : public RoundObserver {
     prometheus::Counter* stragglers;
     prometheus::Counter* deadline_failures;
     prometheus::Counter* quorum_rounds;
+    prometheus::Histogram* staleness;
+    prometheus::Counter* clock_waits;
   };
 
   PerPhase& Of(Phase phase) {

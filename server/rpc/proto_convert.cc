@@ -60,6 +60,7 @@ JobSpec JobSpecFromProto(const v1::CreateJobRequest& request) {
                                    request.shard().owned_layers().end());
   }
   spec.members.assign(request.members().begin(), request.members().end());
+  spec.staleness = request.staleness();
   return spec;
 }
 
@@ -98,6 +99,7 @@ void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
     for (int layer : spec.shard.owned_layers) shard->add_owned_layers(layer);
   }
   info.set_next_step(job.next_step);
+  info.set_staleness(spec.staleness);
   if (!job.membership.empty()) {
     v1::Membership* m = info.mutable_membership();
     const MembershipChange& latest = job.membership.back();
@@ -146,6 +148,11 @@ void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
   }
   result.set_version(outcome.version);
   for (int rank : outcome.missing_ranks) result.add_missing_ranks(rank);
+  for (const ViewEntry& v : outcome.view) {
+    v1::ViewEntry* out = result.add_view();
+    out->set_rank(v.rank);
+    out->set_step(v.step);
+  }
   if (key.phase == Phase::kForward) {
     ToProto(outcome.moments, *result.mutable_moments());
   } else {

@@ -43,6 +43,12 @@ std::string MembershipKey(absl::string_view job) {
   return absl::StrCat("e/", job);
 }
 
+std::string StaleAnswerKey(absl::string_view job, const StaleKey& k) {
+  return absl::StrCat("s/", job, "/", k.group, "/", k.layer, "/",
+                      static_cast<int>(k.phase), "/", PaddedStep(k.step).view(),
+                      "/", k.rank);
+}
+
 std::string CheckpointKey(absl::string_view job, int64_t step) {
   return absl::StrCat("c/", job, "/", PaddedStep(step).view());
 }
@@ -102,6 +108,7 @@ absl::StatusOr<std::vector<StoredJob>> KvStateStore::LoadAll() {
   if (s.ok()) s = TakeStatsFromRounds(jobs, stats_in_round);
   if (s.ok()) s = LoadCheckpoints(jobs);
   if (s.ok()) s = LoadMembership(jobs);
+  if (s.ok()) s = LoadStaleAnswers(jobs);
   if (!s.ok()) return s;
   return jobs;
 }
@@ -115,7 +122,7 @@ absl::Status KvStateStore::LoadJobs(std::vector<StoredJob>& jobs) {
         if (JobKey(spec->job_id) != key) {
           return Corrupt(key, absl::DataLossError("it names another job"));
         }
-        jobs.push_back(StoredJob{*std::move(spec), {}, {}, {}});
+        jobs.push_back(StoredJob{*std::move(spec), {}, {}, {}, {}});
         return absl::OkStatus();
       });
 }
@@ -258,6 +265,46 @@ absl::Status KvStateStore::LoadMembership(std::vector<StoredJob>& jobs) {
       });
 }
 
+absl::Status KvStateStore::LoadStaleAnswers(std::vector<StoredJob>& jobs) {
+  return engine_->Scan(
+      "s/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        std::string id;
+        std::vector<int64_t> n;
+        if (!ParseKey(key, 5, id, n)) {
+          return Corrupt(key, absl::DataLossError("malformed key"));
+        }
+        StoredJob* job = FindJob(jobs, id);
+        if (job == nullptr) return absl::OkStatus();  // as rounds are
+        const JobSpec& spec = job->spec;
+        if (n[0] >= spec.num_groups() ||
+            n[1] >= static_cast<int64_t>(spec.layers.size()) ||
+            (n[2] != static_cast<int>(Phase::kForward) &&
+             n[2] != static_cast<int>(Phase::kBackward)) ||
+            n[4] >= spec.world_size) {
+          return Corrupt(key, absl::DataLossError(
+                                  "group, layer, phase or rank out of range"));
+        }
+        const StaleKey k{static_cast<int>(n[0]), static_cast<int>(n[1]),
+                         static_cast<Phase>(n[2]), n[3],
+                         static_cast<int>(n[4])};
+        absl::StatusOr<StoredStaleAnswer> a = DecodeStaleAnswer(value, spec, k);
+        if (!a.ok()) return Corrupt(key, a.status());
+        job->stale.push_back(*std::move(a));
+        return absl::OkStatus();
+      });
+}
+
+absl::Status KvStateStore::PutStaleAnswer(const std::string& job_id,
+                                          const StoredStaleAnswer& answer,
+                                          absl::Span<const StaleKey> evicted) {
+  KvBatch batch;
+  batch.Reserve(1 + evicted.size());
+  batch.Put(StaleAnswerKey(job_id, answer.key), EncodeStaleAnswer(answer));
+  for (const StaleKey& k : evicted) batch.Delete(StaleAnswerKey(job_id, k));
+  return engine_->Write(batch);
+}
+
 absl::Status KvStateStore::PutMembership(
     const std::string& job_id,
     const std::vector<MembershipChange>& membership) {
@@ -276,14 +323,16 @@ absl::Status KvStateStore::DeleteJob(const std::string& job_id) {
   KvBatch batch;
   batch.Delete(JobKey(job_id));
   batch.Delete(MembershipKey(job_id));
-  for (const char* kind : {"l", "r", "c"}) DeleteAllOf(batch, kind, job_id);
+  for (const char* kind : {"l", "r", "c", "s"}) {
+    DeleteAllOf(batch, kind, job_id);
+  }
   return engine_->Write(batch);
 }
 
 absl::Status KvStateStore::PutJobImage(const JobImage& image) {
   const JobSpec& spec = image.job.spec;
   KvBatch batch;
-  for (const char* kind : {"l", "r", "c"}) {
+  for (const char* kind : {"l", "r", "c", "s"}) {
     DeleteAllOf(batch, kind, spec.job_id);
   }
   batch.Put(JobKey(spec.job_id), EncodeJob(spec));
@@ -306,6 +355,9 @@ absl::Status KvStateStore::PutJobImage(const JobImage& image) {
   }
   for (const CheckpointData& c : image.checkpoints) {
     batch.Put(CheckpointKey(spec.job_id, c.meta.step), EncodeCheckpoint(c));
+  }
+  for (const StoredStaleAnswer& a : image.job.stale) {
+    batch.Put(StaleAnswerKey(spec.job_id, a.key), EncodeStaleAnswer(a));
   }
   return engine_->Write(batch);
 }
@@ -354,7 +406,10 @@ absl::Status KvStateStore::PutLayers(
     const std::string& job_id, absl::Span<const LayerSlot> layers,
     bool drop_rounds, const std::vector<MembershipChange>* membership) {
   KvBatch batch;
-  if (drop_rounds) DeleteAllOf(batch, "r", job_id);
+  if (drop_rounds) {
+    DeleteAllOf(batch, "r", job_id);
+    DeleteAllOf(batch, "s", job_id);
+  }
   if (membership != nullptr) {
     batch.Put(MembershipKey(job_id), EncodeMembership(*membership));
   }

@@ -19,6 +19,7 @@ namespace syncnorm {
 //   r/<job>/<group>/<layer>/<phase>/<step>    RoundRecord
 //   c/<job>/<step>                            CheckpointRecord
 //   e/<job>                                   MembershipRecord
+//   s/<job>/<group>/<layer>/<phase>/<step>/<rank>  StaleAnswerRecord
 // Values are server/store/state.proto messages. Thread-safe.
 class KvStateStore final : public StateStore {
  public:
@@ -35,6 +36,9 @@ class KvStateStore final : public StateStore {
       const std::string& job_id, absl::Span<const LayerSlot> layers,
       bool drop_rounds,
       const std::vector<MembershipChange>* membership = nullptr) override;
+  absl::Status PutStaleAnswer(const std::string& job_id,
+                              const StoredStaleAnswer& answer,
+                              absl::Span<const StaleKey> evicted) override;
   absl::Status PutMembership(
       const std::string& job_id,
       const std::vector<MembershipChange>& membership) override;
@@ -64,6 +68,7 @@ class KvStateStore final : public StateStore {
                                    const std::vector<LayerId>& layers);
   absl::Status LoadCheckpoints(std::vector<StoredJob>& jobs);
   absl::Status LoadMembership(std::vector<StoredJob>& jobs);
+  absl::Status LoadStaleAnswers(std::vector<StoredJob>& jobs);
   // DATA_LOSS naming the store and the key, with `cause`'s message.
   absl::Status Corrupt(absl::string_view key, const absl::Status& cause) const;
 

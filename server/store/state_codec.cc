@@ -193,6 +193,10 @@ std::string EncodeJob(const JobSpec& spec) {
     p.set_format(kMembershipFormat);
     p.mutable_members()->Assign(spec.members.begin(), spec.members.end());
   }
+  if (spec.staleness > 0) {
+    p.set_format(kMembershipFormat);
+    p.set_staleness(spec.staleness);
+  }
   return p.SerializeAsString();
 }
 
@@ -220,6 +224,7 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
     spec.groups.emplace_back(group.ranks().begin(), group.ranks().end());
   }
   spec.members.assign(p.members().begin(), p.members().end());
+  spec.staleness = p.staleness();
   // A stored spec was resolved before it was written: resolving it again
   // must change nothing, which also validates it.
   absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, absl::Seconds(1));
@@ -410,6 +415,97 @@ std::string EncodeMembership(const std::vector<MembershipChange>& changes) {
     out->set_restored(c.restored);
   }
   return p.SerializeAsString();
+}
+
+std::string EncodeStaleAnswer(const StoredStaleAnswer& a) {
+  pb::StaleAnswerRecord p;
+  p.set_format(kMembershipFormat);
+  if (const auto* m = std::get_if<Moments>(&a.payload)) {
+    p.set_count(m->count);
+    ToRepeated(m->mean, p.mutable_mean());
+    ToRepeated(m->m2, p.mutable_m2());
+  } else if (const auto* g = std::get_if<GradSums>(&a.payload)) {
+    ToRepeated(g->sum_dy, p.mutable_sum_dy());
+    ToRepeated(g->sum_dy_xmu, p.mutable_sum_dy_xmu());
+  }
+  p.set_fingerprint(a.fingerprint);
+  p.set_fingerprint_kind(static_cast<uint32_t>(a.fingerprint_kind));
+  const RoundOutcome& o = a.outcome;
+  p.set_result_count(o.moments.count);
+  ToRepeated(o.moments.mean, p.mutable_result_mean());
+  ToRepeated(o.moments.var, p.mutable_result_var());
+  ToRepeated(o.grad_sums.sum_dy, p.mutable_result_sum_dy());
+  ToRepeated(o.grad_sums.sum_dy_xmu, p.mutable_result_sum_dy_xmu());
+  p.set_version(o.version);
+  for (const ViewEntry& v : o.view) {
+    p.add_view_ranks(v.rank);
+    p.add_view_steps(v.step);
+  }
+  return p.SerializeAsString();
+}
+
+absl::StatusOr<StoredStaleAnswer> DecodeStaleAnswer(absl::string_view value,
+                                                    const JobSpec& spec,
+                                                    const StaleKey& key) {
+  pb::StaleAnswerRecord p;
+  if (absl::Status s = Parse(value, p, "stale answer"); !s.ok()) return s;
+  const int channels = spec.layers[key.layer].channels;
+  const auto sized = [&](const google::protobuf::RepeatedField<double>& f) {
+    return f.size() == channels;
+  };
+  StoredStaleAnswer a;
+  a.key = key;
+  a.fingerprint = p.fingerprint();
+  if (p.fingerprint_kind() >
+      static_cast<uint32_t>(FingerprintKind::kWordLanes)) {
+    return Bad("a stale answer with an unknown fingerprint kind");
+  }
+  a.fingerprint_kind = static_cast<FingerprintKind>(p.fingerprint_kind());
+  RoundOutcome& o = a.outcome;
+  o.version = p.version();
+  if (key.phase == Phase::kForward) {
+    if (!sized(p.mean()) || !sized(p.m2()) || !sized(p.result_mean()) ||
+        !sized(p.result_var()) || p.count() < 0 || p.result_count() < 0) {
+      return Bad(
+          absl::StrCat("a stale forward answer that does not fit a "
+                       "layer of ",
+                       channels, " channels"));
+    }
+    Moments m;
+    m.count = p.count();
+    m.mean = ToVector(p.mean());
+    m.m2 = ToVector(p.m2());
+    a.payload = std::move(m);
+    o.moments.count = p.result_count();
+    o.moments.mean = ToVector(p.result_mean());
+    o.moments.var = ToVector(p.result_var());
+  } else {
+    if (!sized(p.sum_dy()) || !sized(p.sum_dy_xmu()) ||
+        !sized(p.result_sum_dy()) || !sized(p.result_sum_dy_xmu())) {
+      return Bad(
+          absl::StrCat("a stale backward answer that does not fit a "
+                       "layer of ",
+                       channels, " channels"));
+    }
+    GradSums g;
+    g.sum_dy = ToVector(p.sum_dy());
+    g.sum_dy_xmu = ToVector(p.sum_dy_xmu());
+    a.payload = std::move(g);
+    o.grad_sums.sum_dy = ToVector(p.result_sum_dy());
+    o.grad_sums.sum_dy_xmu = ToVector(p.result_sum_dy_xmu());
+  }
+  if (p.view_ranks_size() != p.view_steps_size()) {
+    return Bad("a stale answer whose view has ranks and steps apart");
+  }
+  for (int i = 0; i < p.view_ranks_size(); ++i) {
+    const int rank = p.view_ranks(i);
+    if (rank < 0 || rank >= spec.world_size || p.view_steps(i) < 0 ||
+        (i > 0 && rank <= p.view_ranks(i - 1))) {
+      return Bad("a stale answer whose view is not ascending ranks");
+    }
+    o.view.push_back(ViewEntry{rank, p.view_steps(i)});
+  }
+  return a;
 }
 
 absl::StatusOr<std::vector<MembershipChange>> DecodeMembership(

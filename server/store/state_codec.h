@@ -28,6 +28,7 @@ std::string EncodeLayer(const LayerState& state, bool stats_in_round = false);
 std::string EncodeRound(const StoredRound& round);
 std::string EncodeCheckpoint(const CheckpointData& checkpoint);
 std::string EncodeMembership(const std::vector<MembershipChange>& changes);
+std::string EncodeStaleAnswer(const StoredStaleAnswer& answer);
 
 // Each decoder returns DATA_LOSS saying what is wrong when the bytes do not
 // parse, carry a newer format, or do not fit the job's spec (channel
@@ -44,6 +45,11 @@ absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
                                         int layer);
 absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
                                                 const JobSpec& spec);
+// An answer of (key), its payload and result of the layer's channels and
+// its view of ranks of the key's group.
+absl::StatusOr<StoredStaleAnswer> DecodeStaleAnswer(absl::string_view value,
+                                                    const JobSpec& spec,
+                                                    const StaleKey& key);
 // Changes of ranks within the spec's world, versions and steps ascending.
 absl::StatusOr<std::vector<MembershipChange>> DecodeMembership(
     absl::string_view value, const JobSpec& spec);

@@ -76,6 +76,31 @@ struct CheckpointData {
   std::vector<LayerSlot> layers;
 };
 
+// Identifies one stale-synchronous answer of a job.
+struct StaleKey {
+  int group = 0;
+  int layer = 0;
+  Phase phase = Phase::kForward;
+  int64_t step = 0;
+  int rank = 0;
+};
+
+// The answer to one rank's contribution in a job with staleness > 0, kept
+// so that a retry gets it again and so that, after a restart, the
+// contribution still counts (in the views of later answers, and in its
+// step's merge of the running statistics).
+struct StoredStaleAnswer {
+  StaleKey key;
+  // What the rank sent: Moments (FORWARD) or GradSums (BACKWARD).
+  Payload payload;
+  // ContributionFingerprint of the payload (no round update: a stale job
+  // takes none), computed as fingerprint_kind says.
+  uint64_t fingerprint = 0;
+  FingerprintKind fingerprint_kind = kFingerprintKind;
+  // OK: moments or grad_sums, version and view.
+  RoundOutcome outcome;
+};
+
 // A job as found at startup.
 struct StoredJob {
   JobSpec spec;                     // resolved
@@ -84,6 +109,9 @@ struct StoredJob {
   // The job's membership changes, oldest first; empty: never changed
   // (the spec's initial members).
   std::vector<MembershipChange> membership;
+  // Its stale-synchronous answers (staleness > 0), by layer, group, phase,
+  // step and rank.
+  std::vector<StoredStaleAnswer> stale;
 };
 
 // Everything the store holds of one job: what a backup carries.
@@ -131,6 +159,12 @@ class StateStore {
       const std::string& job_id, absl::Span<const LayerSlot> layers,
       bool drop_rounds,
       const std::vector<MembershipChange>* membership = nullptr) = 0;
+
+  // Stores one stale-synchronous answer and removes those at `evicted`
+  // (fallen out of what the job keeps).
+  virtual absl::Status PutStaleAnswer(const std::string& job_id,
+                                      const StoredStaleAnswer& answer,
+                                      absl::Span<const StaleKey> evicted) = 0;
 
   // Replaces the job's membership changes (StoredJob::membership).
   virtual absl::Status PutMembership(

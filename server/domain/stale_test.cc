@@ -1,0 +1,414 @@
+// Stale-synchronous rounds (staleness tau > 0): answers as soon as every
+// member is within tau steps, each the merge of the view it names; the
+// running statistics bit for bit those of a synchronous run; retries and
+// restarts give the same answers. References are float64 merges of the
+// samples of the (rank, step)s named, and a synchronous job fed the same
+// contributions.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/moments.h"
+#include "server/domain/aggregator.h"
+#include "server/domain/fake_clock.h"
+#include "server/domain/job_spec.h"
+#include "server/domain/outcome_recorder.h"
+#include "server/store/kv_state_store.h"
+#include "server/store/memory_engine.h"
+
+namespace syncnorm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kChannels = 2;
+
+std::vector<double> Samples(int rank, int64_t step, int channel) {
+  std::vector<double> x;
+  for (int i = 0; i < 3; ++i) {
+    x.push_back(std::sin(0.5 + rank * 2.1 + step * 1.3 + channel * 0.7 + i) *
+                    (1 + rank) +
+                0.2 * step);
+  }
+  return x;
+}
+
+Moments LocalMoments(int rank, int64_t step) {
+  Moments m = Moments::Zero(kChannels);
+  m.count = 3;
+  for (int c = 0; c < kChannels; ++c) {
+    const std::vector<double> x = Samples(rank, step, c);
+    double sum = 0;
+    for (double v : x) sum += v;
+    m.mean[c] = sum / x.size();
+    for (double v : x) m.m2[c] += (v - m.mean[c]) * (v - m.mean[c]);
+  }
+  return m;
+}
+
+GradSums LocalGrads(int rank, int64_t step) {
+  GradSums g;
+  for (int c = 0; c < kChannels; ++c) {
+    g.sum_dy.push_back(0.25 * (rank + 1) + step + c);
+    g.sum_dy_xmu.push_back(-0.5 * rank + 0.125 * step * c);
+  }
+  return g;
+}
+
+Contribution Make(const std::string& job, int64_t step, int rank, Phase phase) {
+  Contribution c;
+  c.job_id = job;
+  c.layer = 0;
+  c.step = step;
+  c.phase = phase;
+  c.rank = rank;
+  if (phase == Phase::kForward) {
+    c.payload = LocalMoments(rank, step);
+  } else {
+    c.payload = LocalGrads(rank, step);
+  }
+  return c;
+}
+
+// A forward answer must be the float64 merge of the samples of its view.
+void ExpectMergeOfView(const RoundOutcome& o) {
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  ASSERT_FALSE(o.view.empty());
+  ASSERT_EQ(o.moments.count, 3 * static_cast<int64_t>(o.view.size()));
+  for (int c = 0; c < kChannels; ++c) {
+    std::vector<double> all;
+    for (const ViewEntry& v : o.view) {
+      const std::vector<double> x = Samples(v.rank, v.step, c);
+      all.insert(all.end(), x.begin(), x.end());
+    }
+    double sum = 0;
+    for (double v : all) sum += v;
+    const double mean = sum / all.size();
+    double ss = 0;
+    for (double v : all) ss += (v - mean) * (v - mean);
+    EXPECT_NEAR(o.moments.mean[c], mean, 1e-12);
+    EXPECT_NEAR(o.moments.var[c], ss / all.size(), 1e-12);
+  }
+}
+
+// A backward answer must be the sum of the grads of its forward's view.
+void ExpectSumOfView(const RoundOutcome& o, const RoundOutcome& forward) {
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  ASSERT_EQ(o.view.size(), forward.view.size());
+  ASSERT_EQ(o.grad_sums.sum_dy.size(), static_cast<size_t>(kChannels));
+  ASSERT_EQ(o.grad_sums.sum_dy_xmu.size(), static_cast<size_t>(kChannels));
+  for (int c = 0; c < kChannels; ++c) {
+    double dy = 0, dyx = 0;
+    for (size_t i = 0; i < forward.view.size(); ++i) {
+      EXPECT_TRUE(o.view[i] == forward.view[i]);
+      const GradSums g = LocalGrads(forward.view[i].rank, forward.view[i].step);
+      dy += g.sum_dy[c];
+      dyx += g.sum_dy_xmu[c];
+    }
+    EXPECT_NEAR(o.grad_sums.sum_dy[c], dy, 1e-12);
+    EXPECT_NEAR(o.grad_sums.sum_dy_xmu[c], dyx, 1e-12);
+  }
+}
+
+JobSpec Spec(const std::string& id, int world, int staleness) {
+  JobSpec s;
+  s.job_id = id;
+  s.world_size = world;
+  s.round_timeout = absl::Seconds(30);
+  LayerConfig l;
+  l.name = "bn";
+  l.channels = kChannels;
+  s.layers = {l};
+  s.staleness = staleness;
+  return s;
+}
+
+bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+class StaleTest : public ::testing::Test {
+ protected:
+  StaleTest()
+      : store_(std::make_unique<MemoryEngine>()),
+        agg_(std::make_unique<Aggregator>(AggregatorOptions(), &clock_,
+                                          &store_)) {}
+
+  // Sends and returns the outcome if answered at once.
+  std::optional<RoundOutcome> Send(const Contribution& c) {
+    auto got = std::make_shared<std::optional<RoundOutcome>>();
+    agg_->Contribute(c, [got](const RoundOutcome& o) { *got = o; });
+    return *got;
+  }
+
+  FakeClock clock_;
+  KvStateStore store_;
+  std::unique_ptr<Aggregator> agg_;
+};
+
+TEST_F(StaleTest, AStragglerWithinTheBoundHoldsNoOneBack) {
+  ASSERT_TRUE(agg_->CreateJob(Spec("s", 3, 2)).ok());
+  // Ranks 0 and 1 run steps 0 and 1 (forward and backward) while rank 2
+  // has sent nothing: each answer merges what has arrived within the bound.
+  for (int64_t step : {0, 1}) {
+    for (int r : {0, 1}) {
+      std::optional<RoundOutcome> o = Send(Make("s", step, r, Phase::kForward));
+      ASSERT_TRUE(o.has_value()) << "step " << step << " rank " << r;
+      ExpectMergeOfView(*o);
+      for (const ViewEntry& v : o->view) EXPECT_NE(v.rank, 2);
+      EXPECT_EQ(o->version, 0);  // no step has every member's merge yet
+    }
+    for (int r : {0, 1}) {
+      ASSERT_TRUE(Send(Make("s", step, r, Phase::kBackward)).has_value());
+    }
+  }
+  // Step 2 is more than 2 steps ahead of rank 2 (nothing sent: -1).
+  OutcomeRecorder ahead(2);
+  agg_->Contribute(Make("s", 2, 0, Phase::kForward), ahead.Slot(0));
+  agg_->Contribute(Make("s", 2, 1, Phase::kForward), ahead.Slot(1));
+  EXPECT_EQ(ahead.calls(0), 0);
+  // Rank 2's step 0 is answered with every member's step 0, and lets
+  // ranks 0 and 1 on: their view of step 2 has rank 2's step 0.
+  std::optional<RoundOutcome> slow = Send(Make("s", 0, 2, Phase::kForward));
+  ASSERT_TRUE(slow.has_value());
+  ExpectMergeOfView(*slow);
+  EXPECT_THAT(slow->view,
+              ElementsAre(ViewEntry{0, 0}, ViewEntry{1, 0}, ViewEntry{2, 0}));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(ahead.calls(i), 1);
+    ExpectMergeOfView(ahead.get(i));
+    EXPECT_THAT(ahead.get(i).view,
+                ElementsAre(ViewEntry{0, 2}, ViewEntry{1, 2}, ViewEntry{2, 0}));
+  }
+  // Step 0 had every member's contribution: the running statistics moved.
+  auto stats = agg_->GetRunningStats("s", {}, 0);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->layers[0].stats.num_batches_tracked, 1);
+  // A backward sums the grads of its forward's view, once they are in.
+  OutcomeRecorder back(2);
+  agg_->Contribute(Make("s", 2, 0, Phase::kBackward), back.Slot(0));
+  agg_->Contribute(Make("s", 2, 1, Phase::kBackward), back.Slot(1));
+  EXPECT_EQ(back.calls(0), 0);  // rank 2's backward of step 0 is missing
+  std::optional<RoundOutcome> b = Send(Make("s", 0, 2, Phase::kBackward));
+  ASSERT_TRUE(b.has_value());
+  ExpectSumOfView(*b, *slow);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(back.calls(i), 1);
+    ExpectSumOfView(back.get(i), ahead.get(i));
+  }
+}
+
+// Ranks that each run in lock step (a forward, its answer, a backward, its
+// answer, the next step) at different speeds, in a random order: every
+// answer is its view's merge, no rank is answered more than tau steps
+// ahead of any other's latest, and the running statistics equal a
+// synchronous job's bit for bit. With `restart_at`, the aggregator is
+// replaced by one loaded from the store after that many sends, and every
+// answer given before is asked for again.
+void RunRandomOrder(int world, int staleness, int steps, uint64_t seed,
+                    int restart_at = -1) {
+  FakeClock clock;
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  auto agg = std::make_unique<Aggregator>(AggregatorOptions(), &clock, &store);
+  ASSERT_TRUE(agg->CreateJob(Spec("s", world, staleness)).ok());
+  std::mt19937_64 rng(seed);
+  struct Rank {
+    int64_t step = 0;
+    bool backward = false;  // its next send
+    bool waiting = false;
+  };
+  std::vector<Rank> ranks(world);
+  std::vector<int64_t> sent(world, -1);  // latest forward step sent
+  // (rank, step, phase) -> outcome
+  std::map<std::tuple<int, int64_t, int>, RoundOutcome> answers;
+  auto pending = std::make_shared<std::vector<std::pair<int, RoundOutcome>>>();
+  int sends = 0;
+  while (true) {
+    std::vector<int> ready;
+    for (int r = 0; r < world; ++r) {
+      if (!ranks[r].waiting && ranks[r].step < steps) ready.push_back(r);
+    }
+    if (ready.empty()) break;
+    // Rank r is slower the higher it is: it is picked less often.
+    std::vector<double> weight;
+    for (int r : ready) weight.push_back(1.0 / (1 + r));
+    std::discrete_distribution<size_t> pick(weight.begin(), weight.end());
+    const int r = ready[pick(rng)];
+    Rank& me = ranks[r];
+    const Phase phase = me.backward ? Phase::kBackward : Phase::kForward;
+    if (phase == Phase::kForward) sent[r] = me.step;
+    me.waiting = true;
+    const int64_t step = me.step;
+    agg->Contribute(
+        Make("s", step, r, phase),
+        [pending, r](const RoundOutcome& o) { pending->emplace_back(r, o); });
+    if (++sends == restart_at) {
+      agg = std::make_unique<Aggregator>(AggregatorOptions(), &clock, &store);
+      ASSERT_TRUE(agg->Load().ok());
+      // The old one told its waiting callers it was going away.
+      pending->erase(std::remove_if(pending->begin(), pending->end(),
+                                    [](const auto& p) {
+                                      return p.second.status.code() ==
+                                             absl::StatusCode::kUnavailable;
+                                    }),
+                     pending->end());
+      // Every answer given so far comes back the same, bit for bit.
+      for (const auto& [key, o] : answers) {
+        const auto& [rank, s, p] = key;
+        auto again = std::make_shared<std::optional<RoundOutcome>>();
+        agg->Contribute(Make("s", s, rank, static_cast<Phase>(p)),
+                        [again](const RoundOutcome& x) { *again = x; });
+        ASSERT_TRUE(again->has_value()) << "rank " << rank << " step " << s;
+        EXPECT_TRUE((*again)->view == o.view);
+        EXPECT_TRUE(SameBits((*again)->moments.mean, o.moments.mean));
+        EXPECT_TRUE(SameBits((*again)->grad_sums.sum_dy, o.grad_sums.sum_dy));
+      }
+      // The contributions waiting when it went down are sent again.
+      for (int w = 0; w < world; ++w) {
+        if (!ranks[w].waiting) continue;
+        const Phase ph = ranks[w].backward ? Phase::kBackward : Phase::kForward;
+        const int64_t st = ranks[w].step;
+        if (answers.count({w, st, static_cast<int>(ph)}) > 0) continue;
+        if (std::any_of(pending->begin(), pending->end(),
+                        [&](const auto& p) { return p.first == w; })) {
+          continue;  // answered before the restart, not yet handed out
+        }
+        agg->Contribute(Make("s", st, w, ph),
+                        [pending, w](const RoundOutcome& o) {
+                          pending->emplace_back(w, o);
+                        });
+      }
+    }
+    // Hand out the answers that came.
+    std::vector<std::pair<int, RoundOutcome>> got;
+    got.swap(*pending);
+    for (auto& [who, o] : got) {
+      Rank& him = ranks[who];
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      const int64_t s = him.step;
+      if (!him.backward) {
+        ExpectMergeOfView(o);
+        // The clock condition held: no one was more than tau behind.
+        for (int w = 0; w < world; ++w) {
+          EXPECT_GE(sent[w], s - staleness) << "rank " << who << " step " << s;
+        }
+        for (const ViewEntry& v : o.view) {
+          EXPECT_LE(v.step, s);
+          EXPECT_GE(v.step, s - staleness);
+        }
+        answers[{who, s, static_cast<int>(Phase::kForward)}] = o;
+        him.backward = true;
+      } else {
+        ExpectSumOfView(o,
+                        answers[{who, s, static_cast<int>(Phase::kForward)}]);
+        answers[{who, s, static_cast<int>(Phase::kBackward)}] = o;
+        him.backward = false;
+        ++him.step;
+      }
+      him.waiting = false;
+    }
+  }
+  for (int r = 0; r < world; ++r) ASSERT_EQ(ranks[r].step, steps) << r;
+
+  // The synchronous reference: the same contributions, step by step.
+  FakeClock sync_clock;
+  KvStateStore sync_store(std::make_unique<MemoryEngine>());
+  Aggregator sync(AggregatorOptions(), &sync_clock, &sync_store);
+  ASSERT_TRUE(sync.CreateJob(Spec("s", world, 0)).ok());
+  for (int64_t step = 0; step < steps; ++step) {
+    for (int r = 0; r < world; ++r) {
+      sync.Contribute(Make("s", step, r, Phase::kForward),
+                      [](const RoundOutcome&) {});
+    }
+  }
+  auto want = sync.GetRunningStats("s", {}, 0);
+  auto got = agg->GetRunningStats("s", {}, 0);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(got->layers[0].stats.num_batches_tracked, steps);
+  EXPECT_TRUE(SameBits(got->layers[0].stats.mean, want->layers[0].stats.mean));
+  EXPECT_TRUE(SameBits(got->layers[0].stats.var, want->layers[0].stats.var));
+}
+
+TEST(StaleRunTest, RunningStatisticsEqualASynchronousRunBitForBit) {
+  for (uint64_t seed : {1, 2, 3}) {
+    for (int tau : {1, 2, 4}) {
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " tau " << tau);
+      RunRandomOrder(/*world=*/4, tau, /*steps=*/12, seed);
+    }
+  }
+}
+
+TEST(StaleRunTest, ARestartLosesNoAnswerAndNoStep) {
+  for (int restart_at : {7, 23, 41}) {
+    SCOPED_TRACE(::testing::Message() << "restart after " << restart_at);
+    RunRandomOrder(/*world=*/3, /*staleness=*/2, /*steps=*/10, restart_at,
+                   restart_at);
+  }
+}
+
+TEST_F(StaleTest, ARetryGetsTheSameAnswerAndAChangedPayloadIsRefused) {
+  ASSERT_TRUE(agg_->CreateJob(Spec("s", 2, 1)).ok());
+  std::optional<RoundOutcome> first = Send(Make("s", 0, 0, Phase::kForward));
+  ASSERT_TRUE(first.has_value());
+  std::optional<RoundOutcome> again = Send(Make("s", 0, 0, Phase::kForward));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_TRUE(again->view == first->view);
+  EXPECT_TRUE(SameBits(again->moments.mean, first->moments.mean));
+  Contribution changed = Make("s", 0, 0, Phase::kForward);
+  std::get<Moments>(changed.payload).mean[0] += 1;
+  std::optional<RoundOutcome> conflict = Send(changed);
+  ASSERT_TRUE(conflict.has_value());
+  EXPECT_EQ(conflict->status.code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(StaleTest, WhatAStaleJobRefusesIsSaid) {
+  EXPECT_EQ(agg_->CreateJob(Spec("big", 2, kMaxStaleness + 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  JobSpec both = Spec("both", 2, 1);
+  both.quorum.min_ranks = 1;
+  both.quorum.grace = absl::Seconds(1);
+  EXPECT_EQ(agg_->CreateJob(both).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(agg_->CreateJob(Spec("s", 2, 1)).ok());
+  Contribution c = Make("s", 0, 0, Phase::kForward);
+  c.update.momentum = RoundMomentum{MomentumMode::kTorch, 0.5};
+  std::optional<RoundOutcome> o = Send(c);
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(o->status.message(), HasSubstr("stale-synchronous"));
+  // A backward before its forward was answered.
+  o = Send(Make("s", 0, 1, Phase::kBackward));
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(StaleTest, AWaitingContributionMissesItsDeadlineAndARetryWaitsAgain) {
+  ASSERT_TRUE(agg_->CreateJob(Spec("s", 2, 1)).ok());
+  ASSERT_TRUE(Send(Make("s", 0, 0, Phase::kForward)).has_value());
+  // Step 1 of rank 0 waits for rank 1 to send step 0 at least.
+  OutcomeRecorder out(2);
+  agg_->Contribute(Make("s", 1, 0, Phase::kForward), out.Slot(0));
+  clock_.Advance(absl::Seconds(31));
+  agg_->ExpireRounds(clock_.Now());
+  ASSERT_EQ(out.calls(0), 1);
+  EXPECT_EQ(out.get(0).status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(out.get(0).status.message(), HasSubstr("ranks [1]"));
+  agg_->Contribute(Make("s", 1, 0, Phase::kForward), out.Slot(1));
+  EXPECT_EQ(out.calls(1), 0);
+  ASSERT_TRUE(Send(Make("s", 0, 1, Phase::kForward)).has_value());
+  ASSERT_EQ(out.calls(1), 1);
+  ExpectMergeOfView(out.get(1));
+}
+
+}  // namespace
+}  // namespace syncnorm
