@@ -59,7 +59,6 @@ class LayerRendezvous {
   // its group in range (the store checks both).
   void Load(const StoredLayer& stored) ABSL_LOCKS_EXCLUDED(mu_);
 
-
   // A callback with the outcome it is owed.
   struct Delivery {
     RoundCallback done;
