@@ -25,9 +25,10 @@ std::string WhatChanged(const v1::MembershipChange& c) {
   if (c.removed_size() > 0) {
     parts.push_back(absl::StrCat("removed ", FormatRanks(c.removed())));
   }
-  if (c.restored_from_step() > 0 || (parts.empty() && c.version() > 0)) {
-    parts.push_back(absl::StrCat("restored from the checkpoint of step ",
-                                 c.restored_from_step()));
+  if (c.restored()) {
+    // A restore puts the checkpoint's members back from its step + 1.
+    parts.push_back(
+        absl::StrCat("restored from the checkpoint of step ", c.step() - 1));
   }
   if (parts.empty()) return "as created";
   std::string out = parts[0];
