@@ -242,6 +242,13 @@ absl::StatusOr<JobSnapshot> Aggregator::RestoreCheckpoint(
   return restored;
 }
 
+absl::StatusOr<JobSnapshot> Aggregator::UpdateMembership(
+    absl::string_view job_id, const MembershipRequest& request) {
+  std::shared_ptr<Job> job = FindJob(job_id);
+  if (job == nullptr) return NotFound(job_id);
+  return job->UpdateMembership(request);
+}
+
 absl::StatusOr<std::vector<JobRestore>> Aggregator::RestoreJobs(
     std::vector<JobImage> images, bool replace, absl::string_view source) {
   std::vector<JobRestore> out;

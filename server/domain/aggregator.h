@@ -151,6 +151,11 @@ class Aggregator {
                                                 int64_t step)
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
+  // Changes a job's members; see Job::UpdateMembership.
+  absl::StatusOr<JobSnapshot> UpdateMembership(absl::string_view job_id,
+                                               const MembershipRequest& request)
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
   // Loads jobs from a backup's images (`source` names the backup in notes
   // and logs): a job the server does not hold is stored, one write each,
   // and served from then on; one it holds is kept, unless `replace`, which

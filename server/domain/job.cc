@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/domain/bounded_text.h"
+#include "server/domain/log.h"
 
 namespace syncnorm {
 namespace {
@@ -29,7 +30,9 @@ Job::Job(JobSpec spec, JobOptions options, StateStore* store,
       layout_(spec_),
       options_(options),
       store_(store),
-      clock_(clock) {
+      clock_(clock),
+      members_(
+          std::make_shared<const Membership>(spec_.world_size, spec_.members)) {
   rendezvous_.reserve(spec_.layers.size());
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     rendezvous_.push_back(std::make_unique<LayerRendezvous>(
@@ -41,6 +44,11 @@ Job::Job(JobSpec spec, JobOptions options, StateStore* store,
 void Job::Load(const StoredJob& stored) {
   for (const StoredLayer& layer : stored.layers) {
     rendezvous_[layer.slot.layer]->Load(layer);
+  }
+  if (!stored.membership.empty()) {
+    absl::MutexLock lock(&members_mu_);
+    members_ = std::make_shared<const Membership>(
+        Membership::FromHistory(spec_.world_size, stored.membership));
   }
   absl::MutexLock lock(&admin_mu_);
   for (const CheckpointMeta& c : stored.checkpoints) checkpoints_[c.step] = c;
@@ -113,7 +121,10 @@ void Job::Contribute(Contribution c, RoundCallback done, absl::Time now) {
     // A deleted job's rounds must not store anything any more.
     deleted = deleted_;
     if (!deleted) {
-      applied = rendezvous.Contribute(std::move(c), std::move(done), now, out);
+      // Stays the same while state_mu_ is held: it is replaced under it.
+      const std::shared_ptr<const Membership> members = Members();
+      applied = rendezvous.Contribute(std::move(c), *members, std::move(done),
+                                      now, out);
     }
   }
   if (deleted) {
@@ -171,15 +182,89 @@ bool Job::SameSpec(const JobSpec& other) const {
   return theirs == spec_;
 }
 
+std::shared_ptr<const Membership> Job::Members() const {
+  absl::MutexLock lock(&members_mu_);
+  return members_;
+}
+
 int64_t Job::CommittedStep() const {
+  const std::shared_ptr<const Membership> members = Members();
+  std::vector<std::vector<int>> ranks;  // of each group, when needed
+  if (!members->everyone()) {
+    for (int g = 0; g < spec_.num_groups(); ++g) {
+      ranks.push_back(layout_.Ranks(g));
+    }
+  }
   int64_t committed = INT64_MAX;
   for (size_t l = 0; l < rendezvous_.size(); ++l) {
     if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (int g = 0; g < spec_.num_groups(); ++g) {
-      committed = std::min(committed, rendezvous_[l]->LastAppliedStep(g));
+      const int64_t applied = rendezvous_[l]->LastAppliedStep(g);
+      // A group whose ranks have all left waits for nothing: it does not
+      // hold the job back.
+      if (!ranks.empty() &&
+          std::none_of(ranks[g].begin(), ranks[g].end(), [&](int r) {
+            return members->IsMember(r, applied + 1);
+          })) {
+        continue;
+      }
+      committed = std::min(committed, applied);
     }
   }
   return committed;
+}
+
+int64_t Job::NextStep() const {
+  int64_t next = 0;
+  for (size_t l = 0; l < rendezvous_.size(); ++l) {
+    if (!spec_.shard.owns(static_cast<int>(l))) continue;
+    next = std::max(next, rendezvous_[l]->NextStep());
+  }
+  return next;
+}
+
+absl::StatusOr<JobSnapshot> Job::UpdateMembership(
+    const MembershipRequest& request) {
+  LayerRendezvous::Deliveries out;
+  {
+    absl::WriterMutexLock lock(&state_mu_);
+    if (deleted_) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", BoundedText(spec_.job_id), "' was deleted"));
+    }
+    const std::shared_ptr<const Membership> members = Members();
+    absl::StatusOr<Membership> next = members->Apply(
+        request, spec_.world_size, NextStep(), CommittedStep(), spec_.job_id);
+    if (!next.ok()) return next.status();
+    if (next->version() != members->version()) {
+      if (absl::Status s = store_->PutMembership(spec_.job_id, next->history());
+          !s.ok()) {
+        return s;
+      }
+      auto changed = std::make_shared<const Membership>(*std::move(next));
+      {
+        absl::MutexLock members_lock(&members_mu_);
+        members_ = changed;
+      }
+      const absl::Time now = clock_->Now();
+      for (size_t l = 0; l < rendezvous_.size(); ++l) {
+        if (!spec_.shard.owns(static_cast<int>(l))) continue;
+        rendezvous_[l]->Rebalance(*changed, now, out);
+      }
+      LogLine("membership_changed", LogLevel::kInfo)
+          .Add("job", BoundedText(spec_.job_id))
+          .Add("version", changed->version())
+          .Add("step", changed->latest().step)
+          .Add("members", RankList(changed->latest().members))
+          .Add("joined", RankList(changed->latest().joined))
+          .Add("left", RankList(changed->latest().left))
+          .Add("removed", RankList(changed->latest().removed));
+    }
+  }
+  LayerRendezvous::Deliver(out);
+  // A group emptied, or a round completed, may commit a checkpoint's step.
+  if (has_pending_.load()) ServeReady();
+  return Snapshot();
 }
 
 int64_t Job::ReportedCommittedStep() const {
@@ -188,7 +273,8 @@ int64_t Job::ReportedCommittedStep() const {
 }
 
 JobSnapshot Job::Snapshot() const {
-  return JobSnapshot{spec_, ReportedCommittedStep()};
+  return JobSnapshot{spec_, ReportedCommittedStep(), Members()->history(),
+                     NextStep()};
 }
 
 absl::StatusOr<std::vector<int>> Job::Wanted(absl::Span<const int> layers,

@@ -23,6 +23,7 @@
 #include "server/domain/group_layout.h"
 #include "server/domain/job_spec.h"
 #include "server/domain/layer_rendezvous.h"
+#include "server/domain/membership.h"
 #include "server/domain/round_observer.h"
 #include "server/store/state_store.h"
 
@@ -33,6 +34,10 @@ struct JobSnapshot {
   JobSpec spec;  // resolved
   // Highest step applied by every layer of every group; -1 before any.
   int64_t committed_step = -1;
+  // The membership changes kept, oldest first (Membership::history).
+  std::vector<MembershipChange> membership;
+  // The first step a membership change may name (Job::NextStep).
+  int64_t next_step = 0;
 };
 
 // The running statistics of one layer of one group.
@@ -131,13 +136,31 @@ class Job {
       ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
 
   // Minimum over groups and owned layers (spec().shard) of the last
-  // applied step; -1 if any such (group, layer) has applied none;
+  // applied step, skipping a group with no members at the step after it
+  // (an elastic job's group whose ranks all left: its statistics stay as
+  // they were); -1 if any such (group, layer) has applied none;
   // INT64_MAX (vacuously) when this shard owns none of the layers.
   int64_t CommittedStep() const;
   // CommittedStep() as callers see it: -1 instead of INT64_MAX.
   int64_t ReportedCommittedStep() const;
 
   JobSnapshot Snapshot() const;
+
+  // One past the highest forward step any owned (group, layer) has
+  // completed: the first step a membership change may name.
+  int64_t NextStep() const;
+
+  // Changes the job's members from a step on (see Membership::Apply),
+  // stores the change, and makes the waiting rounds wait for the new
+  // members (LayerRendezvous::Rebalance). Returns the job as changed (or
+  // as it is, for a change in force already). NOT_FOUND once deleted; the
+  // store's error, with nothing changed, if the write fails.
+  absl::StatusOr<JobSnapshot> UpdateMembership(const MembershipRequest& request)
+      ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
+
+  // The current membership.
+  std::shared_ptr<const Membership> Members() const
+      ABSL_LOCKS_EXCLUDED(members_mu_);
 
   // The running statistics of `layers` (empty: all this shard owns) of
   // `group`; INVALID_ARGUMENT for a layer or group out of range,
@@ -222,8 +245,14 @@ class Job {
   // pending_ is not empty; read without the lock on the hot path.
   std::atomic<bool> has_pending_{false};
 
-  mutable absl::Mutex state_mu_;
+  mutable absl::Mutex state_mu_ ABSL_ACQUIRED_BEFORE(members_mu_);
   bool deleted_ ABSL_GUARDED_BY(state_mu_) = false;
+
+  // Replaced only under state_mu_ held exclusively, so a contribution
+  // (state_mu_ shared) sees one membership throughout; members_mu_ lets
+  // readers without state_mu_ (snapshots) take it too.
+  mutable absl::Mutex members_mu_;
+  std::shared_ptr<const Membership> members_ ABSL_GUARDED_BY(members_mu_);
 };
 
 }  // namespace syncnorm

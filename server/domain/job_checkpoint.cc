@@ -120,14 +120,21 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
   }
   const absl::Time start = clock_->Now();
   CheckpointData data;
-  data.meta =
-      CheckpointMeta{spec_.job_id, step, tag, absl::ToUnixMillis(start)};
+  data.meta.job_id = spec_.job_id;
+  data.meta.step = step;
+  data.meta.tag = tag;
+  data.meta.created_unix_ms = absl::ToUnixMillis(start);
   {
     absl::ReaderMutexLock lock(&state_mu_);
     if (deleted_) {
       return absl::NotFoundError(
           absl::StrCat("job '", BoundedText(spec_.job_id), "' was deleted"));
     }
+    // What a restore to this checkpoint puts back: the members training
+    // resumes with.
+    const std::shared_ptr<const Membership> members = Members();
+    data.meta.members = members->At(step + 1).members;
+    data.meta.membership_version = members->version();
     // Each layer's state as of `step` is fixed once applied, so cutting
     // them one by one while rounds go on still gives one consistent step.
     // A shard of a sharded job cuts the layers it owns.
@@ -245,8 +252,21 @@ absl::Status Job::RestoreLocked(int64_t step,
     return absl::NotFoundError(
         absl::StrCat("job '", BoundedText(spec_.job_id), "' was deleted"));
   }
-  absl::Status s = store_->PutLayers(spec_.job_id, data->layers, true);
+  // The checkpoint's members come back from step + 1, as a new version (a
+  // checkpoint from before membership existed: the initial members).
+  std::vector<int> members = data->meta.members.value_or(spec_.members);
+  if (members.empty()) {
+    for (int r = 0; r < spec_.world_size; ++r) members.push_back(r);
+  }
+  auto restored = std::make_shared<const Membership>(
+      Members()->Restored(step, std::move(members), step));
+  absl::Status s =
+      store_->PutLayers(spec_.job_id, data->layers, true, &restored->history());
   if (!s.ok()) return s;
+  {
+    absl::MutexLock members_lock(&members_mu_);
+    members_ = std::move(restored);
+  }
   for (size_t l = 0; l < rendezvous_.size(); ++l) {
     if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (RoundCallback& done : rendezvous_[l]->Reset(per_layer[l])) {

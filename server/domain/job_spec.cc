@@ -84,6 +84,30 @@ absl::Status CheckShape(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// Checks the initial members of an elastic job and sorts them; a list of
+// every rank is no list. REQUIRES: CheckShape(spec).ok().
+absl::Status ResolveMembers(JobSpec& spec) {
+  std::vector<bool> seen(spec.world_size, false);
+  for (int rank : spec.members) {
+    if (rank < 0 || rank >= spec.world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("members has rank ", rank, ", outside the ranks 0..",
+                       spec.world_size - 1,
+                       " (world_size is the rank space of an elastic job)"));
+    }
+    if (seen[rank]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("members has rank ", rank, " twice"));
+    }
+    seen[rank] = true;
+  }
+  std::sort(spec.members.begin(), spec.members.end());
+  if (spec.members.size() == static_cast<size_t>(spec.world_size)) {
+    spec.members.clear();
+  }
+  return absl::OkStatus();
+}
+
 // Checks that `groups` partition the ranks of the world, then sorts them
 // and, when they are consecutive blocks of one size, makes them group_size.
 // REQUIRES: CheckShape(spec).ok().
@@ -279,6 +303,7 @@ absl::StatusOr<JobSpec> ResolveJobSpec(JobSpec spec,
     s = ResolveLayer(i, spec.layers[i]);
   }
   if (s.ok()) s = ResolveGroups(spec);
+  if (s.ok()) s = ResolveMembers(spec);
   if (!s.ok()) return s;
   if (spec.group_size == 0 && spec.groups.empty()) {
     spec.group_size = spec.world_size;
@@ -316,7 +341,7 @@ bool operator==(const JobSpec& a, const JobSpec& b) {
   return a.job_id == b.job_id && a.world_size == b.world_size &&
          a.group_size == b.group_size && a.groups == b.groups &&
          a.round_timeout == b.round_timeout && a.layers == b.layers &&
-         a.quorum == b.quorum && a.shard == b.shard;
+         a.quorum == b.quorum && a.shard == b.shard && a.members == b.members;
 }
 
 bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }

@@ -74,6 +74,10 @@ struct JobSpec {
   // The layers this server holds when the job is spread over shards;
   // default: all of them.
   ShardAssignment shard;
+  // The ranks that contribute from step 0 of an elastic job (its members
+  // change later, see Membership); empty: every rank. Resolution sorts
+  // them and empties a list of every rank.
+  std::vector<int> members;
 
   int num_groups() const {
     if (!groups.empty()) return static_cast<int>(groups.size());

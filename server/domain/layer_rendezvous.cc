@@ -110,24 +110,105 @@ absl::Status LayerRendezvous::Replaced(const Contribution& c) const {
       "result"));
 }
 
-bool LayerRendezvous::Contribute(Contribution c, RoundCallback done,
-                                 absl::Time now, Deliveries& out) {
+absl::Status LayerRendezvous::NotMember(int rank, int64_t step,
+                                        const Membership& members) const {
+  const MembershipChange& at = members.At(step);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank, " is not a member of job '", BoundedText(spec_.job_id),
+      "' at step ", step, " (members from step ", at.step, ", version ",
+      at.version, ": ", RankList(at.members),
+      "); join it first (UpdateMembership), from the job's next_step"));
+}
+
+void LayerRendezvous::SetRoles(Round& round, int64_t step,
+                               const Membership& members,
+                               Deliveries& out) const {
+  std::vector<RoundCallback> dropped;
+  round.SetRoles(
+      [&](int rank) {
+        if (!members.IsMember(rank, step)) return Round::Role::kOutside;
+        return members.Excused(rank, step) ? Round::Role::kExcused
+                                           : Round::Role::kMember;
+      },
+      dropped);
+  if (dropped.empty()) return;
+  // Only a rank that has left can lose its contribution; say which.
+  for (RoundCallback& done : dropped) {
+    out.push_back(Failure(
+        std::move(done),
+        absl::FailedPreconditionError(absl::StrCat(
+            "a contribution to layer ", layer_, ", step ", step,
+            " was dropped: its rank is no member of job '",
+            BoundedText(spec_.job_id), "' at that step any more (members: ",
+            RankList(members.At(step).members), ", version ", members.version(),
+            ")"))));
+  }
+}
+
+bool LayerRendezvous::Rebalance(const Membership& members, absl::Time now,
+                                Deliveries& out) {
   bool applied = false;
   Reports reports;
   {
     absl::MutexLock lock(&mu_);
-    ContributeLocked(std::move(c), std::move(done), now, out, applied);
+    std::vector<RoundKey> keys;
+    keys.reserve(rounds_.size());
+    for (const auto& [key, round] : rounds_) keys.push_back(key);
+    // Ascending steps: completing one fails the earlier ones it supersedes,
+    // which are then gone from rounds_.
+    for (const RoundKey& key : keys) {
+      auto it = rounds_.find(key);
+      if (it == rounds_.end()) continue;
+      Round& round = it->second;
+      SetRoles(round, std::get<1>(key), members, out);
+      if (round.received() == 0) {
+        rounds_.erase(it);  // its only contributors left
+      } else if (round.complete() || QuorumReached(round, now)) {
+        bool forward = false;
+        Complete(key, round, now, out, forward);
+        applied = applied || forward;
+      }
+    }
     reports.swap(reports_);
   }
   Notify(reports);
   return applied;
 }
 
-void LayerRendezvous::ContributeLocked(Contribution c, RoundCallback done,
-                                       absl::Time now, Deliveries& out,
-                                       bool& applied) {
+int64_t LayerRendezvous::NextStep() const {
+  absl::MutexLock lock(&mu_);
+  int64_t latest = -1;
+  for (const GroupState& g : groups_) {
+    latest =
+        std::max(latest, g.state.latest_completed[PhaseIndex(Phase::kForward)]);
+  }
+  return latest + 1;
+}
+
+bool LayerRendezvous::Contribute(Contribution c, const Membership& members,
+                                 RoundCallback done, absl::Time now,
+                                 Deliveries& out) {
+  bool applied = false;
+  Reports reports;
+  {
+    absl::MutexLock lock(&mu_);
+    ContributeLocked(std::move(c), members, std::move(done), now, out, applied);
+    reports.swap(reports_);
+  }
+  Notify(reports);
+  return applied;
+}
+
+void LayerRendezvous::ContributeLocked(Contribution c,
+                                       const Membership& members,
+                                       RoundCallback done, absl::Time now,
+                                       Deliveries& out, bool& applied) {
   if (aborted_.has_value()) {
     out.push_back(Failure(std::move(done), *aborted_));
+    return;
+  }
+  if (!members.everyone() && !members.IsMember(c.rank, c.step)) {
+    out.push_back(Failure(std::move(done), NotMember(c.rank, c.step, members)));
     return;
   }
   // The layer's own momentum, sent anyway, is no momentum of the round's.
@@ -164,6 +245,7 @@ void LayerRendezvous::ContributeLocked(Contribution c, RoundCallback done,
                  .try_emplace(key, layout_.Ranks(std::get<0>(key)),
                               now + spec_.round_timeout)
                  .first->second;
+  if (!members.everyone()) SetRoles(r, c.step, members, out);
   AddToRound(key, r, std::move(c), std::move(done), now, out, applied);
 }
 
@@ -191,7 +273,8 @@ void LayerRendezvous::AddToRound(const RoundKey& key, Round& round,
 
 bool LayerRendezvous::QuorumReached(const Round& round, absl::Time now) const {
   const QuorumPolicy& q = spec_.quorum;
-  return q.enabled() && round.received() >= q.min_ranks &&
+  return q.enabled() &&
+         round.received() >= std::min(q.min_ranks, round.members()) &&
          now >= round.first_arrival() + q.grace;
 }
 

@@ -24,6 +24,7 @@
 #include "server/domain/contribution.h"
 #include "server/domain/group_layout.h"
 #include "server/domain/job_spec.h"
+#include "server/domain/membership.h"
 #include "server/domain/recent_rounds.h"
 #include "server/domain/round.h"
 #include "server/domain/round_observer.h"
@@ -78,10 +79,25 @@ class LayerRendezvous {
   // any order. The answers this call can give are appended to `out` for
   // the caller to Deliver. Returns true when this call completed a forward
   // round that was applied.
+  // A rank that is no member of the job at c.step (`members`) is refused
+  // with FAILED_PRECONDITION; a round waits for the members in force at its
+  // step and not for ranks removed later.
   // c.job_id is not read (the spec's is). REQUIRES: c is validated against
   // the spec and c.layer is this layer.
-  bool Contribute(Contribution c, RoundCallback done, absl::Time now,
-                  Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
+  bool Contribute(Contribution c, const Membership& members, RoundCallback done,
+                  absl::Time now, Deliveries& out) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // After a membership change: every pending round waits for the members
+  // `members` has at its step. A rank no longer a member loses its
+  // contribution (its callers get FAILED_PRECONDITION), and a round that no
+  // longer waits for anyone completes. The answers go to `out`. Returns
+  // true when a forward round was applied.
+  bool Rebalance(const Membership& members, absl::Time now, Deliveries& out)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // One past the highest forward step any group has completed (0 before
+  // any).
+  int64_t NextStep() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Completes every round whose quorum grace period has passed with enough
   // ranks present (spec.quorum), then fails every round whose deadline is
@@ -154,9 +170,9 @@ class LayerRendezvous {
   std::string RoundLabel(const RoundKey& key) const;
   PhaseState& StateOf(const RoundKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void ContributeLocked(Contribution c, RoundCallback done, absl::Time now,
-                        Deliveries& out, bool& applied)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ContributeLocked(Contribution c, const Membership& members,
+                        RoundCallback done, absl::Time now, Deliveries& out,
+                        bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddToRound(const RoundKey& key, Round& round, Contribution c,
                   RoundCallback done, absl::Time now, Deliveries& out,
                   bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -202,6 +218,12 @@ class LayerRendezvous {
   absl::Status Superseded(const RoundKey& key, int64_t latest) const;
   absl::Status BeforeForward(const RoundKey& key, int64_t forward) const;
   absl::Status Conflict(const Contribution& c) const;
+  absl::Status NotMember(int rank, int64_t step,
+                         const Membership& members) const;
+  // Gives every rank of `round` (of step `step`) its role under `members`;
+  // the callbacks of ranks put outside are failed into `out`.
+  void SetRoles(Round& round, int64_t step, const Membership& members,
+                Deliveries& out) const;
   // For the waiter a retry evicted (Round::kMaxWaitersPerRank).
   absl::Status Replaced(const Contribution& c) const;
 

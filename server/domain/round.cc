@@ -21,8 +21,44 @@ Round::Round(std::vector<int> ranks, absl::Time deadline)
     : ranks_(std::move(ranks)),
       deadline_(deadline),
       slots_(ranks_.size()),
-      fingerprints_(ranks_.size()) {
+      fingerprints_(ranks_.size()),
+      awaited_(ranks_.size()),
+      members_(static_cast<int>(ranks_.size())) {
   waiters_.reserve(ranks_.size());
+}
+
+void Round::SetRoles(absl::FunctionRef<Role(int rank)> role_of,
+                     std::vector<RoundCallback>& dropped) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    slot.role = role_of(ranks_[i]);
+    if (slot.role != Role::kOutside || !slot.payload.has_value()) continue;
+    slot.payload.reset();
+    slot.update = RoundUpdate();
+    slot.arrival = absl::InfiniteFuture();
+    fingerprints_[i].reset();
+    --received_;
+    const int index = static_cast<int>(i);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->index != index) {
+        ++it;
+        continue;
+      }
+      dropped.push_back(std::move(it->done));
+      it = waiters_.erase(it);
+    }
+    slot.waiting = 0;
+  }
+  awaited_ = 0;
+  members_ = 0;
+  first_arrival_ = absl::InfiniteFuture();
+  for (const Slot& slot : slots_) {
+    if (slot.role != Role::kOutside) ++members_;
+    if (slot.role == Role::kMember && !slot.payload.has_value()) ++awaited_;
+    if (slot.payload.has_value()) {
+      first_arrival_ = std::min(first_arrival_, slot.arrival);
+    }
+  }
 }
 
 Round::Round(int first_rank, int group_size, absl::Time deadline)
@@ -64,6 +100,7 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
   slot.arrival = now;
   first_arrival_ = std::min(first_arrival_, now);
   ++received_;
+  if (slot.role == Role::kMember) --awaited_;
   waiters_.push_back(Waiter{index, std::move(done)});
   ++slot.waiting;
   return AddResult::kAdded;
@@ -73,7 +110,7 @@ std::vector<int> Round::MissingRanks() const {
   std::vector<int> missing;
   missing.reserve(slots_.size() - received_);
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].payload.has_value()) {
+    if (!slots_[i].payload.has_value() && slots_[i].role != Role::kOutside) {
       missing.push_back(ranks_[i]);
     }
   }

@@ -55,14 +55,32 @@ class Round {
   AddResult Add(int rank, Payload payload, RoundUpdate update,
                 RoundCallback&& done, absl::Time now, RoundCallback* evicted);
 
-  bool complete() const { return received_ == slots_.size(); }
+  // A rank's part in the round, when the job's members changed (all are
+  // kMember otherwise).
+  enum class Role {
+    kMember,   // waited for
+    kExcused,  // removed by a later change: not waited for, but missing
+    kOutside,  // no member at the round's step: neither
+  };
+  // Gives each rank of the group its role (`role_of(rank)`). A rank put
+  // kOutside loses what it sent; its callbacks are appended to `dropped`
+  // for the caller to answer.
+  void SetRoles(absl::FunctionRef<Role(int rank)> role_of,
+                std::vector<RoundCallback>& dropped);
+
+  // Every member has contributed.
+  bool complete() const { return awaited_ == 0; }
   // Ranks that have contributed.
   int received() const { return static_cast<int>(received_); }
+  // Ranks waited for or excused (every rank of the group unless the job's
+  // members changed).
+  int members() const { return members_; }
   absl::Time deadline() const { return deadline_; }
   // When the first payload arrived; InfiniteFuture before any.
   absl::Time first_arrival() const { return first_arrival_; }
 
-  // Global ranks that have not contributed, ascending.
+  // Global ranks (members or excused) that have not contributed,
+  // ascending.
   std::vector<int> MissingRanks() const;
   // Global ranks that have contributed, ascending.
   std::vector<int> PresentRanks() const;
@@ -114,11 +132,14 @@ class Round {
     RoundUpdate update;
     absl::Time arrival = absl::InfiniteFuture();
     int waiting = 0;  // callbacks of this rank in waiters_
+    Role role = Role::kMember;
   };
   std::vector<Slot> slots_;
   std::vector<std::optional<uint64_t>> fingerprints_;  // of payload and update
   absl::Time first_arrival_ = absl::InfiniteFuture();
   size_t received_ = 0;
+  size_t awaited_ = 0;  // members without a payload
+  int members_ = 0;     // members and excused ranks
   struct Waiter {
     int index;  // position in ranks_
     RoundCallback done;

@@ -59,7 +59,18 @@ JobSpec JobSpecFromProto(const v1::CreateJobRequest& request) {
     spec.shard.owned_layers.assign(request.shard().owned_layers().begin(),
                                    request.shard().owned_layers().end());
   }
+  spec.members.assign(request.members().begin(), request.members().end());
   return spec;
+}
+
+MembershipRequest MembershipRequestFromProto(
+    const v1::UpdateMembershipRequest& request) {
+  MembershipRequest r;
+  r.step = request.step();
+  r.join.assign(request.join().begin(), request.join().end());
+  r.leave.assign(request.leave().begin(), request.leave().end());
+  r.remove.assign(request.remove().begin(), request.remove().end());
+  return r;
 }
 
 void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
@@ -85,6 +96,23 @@ void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
     shard->set_shard(spec.shard.shard);
     shard->set_num_shards(spec.shard.num_shards);
     for (int layer : spec.shard.owned_layers) shard->add_owned_layers(layer);
+  }
+  info.set_next_step(job.next_step);
+  if (!job.membership.empty()) {
+    v1::Membership* m = info.mutable_membership();
+    const MembershipChange& latest = job.membership.back();
+    m->set_version(latest.version);
+    m->mutable_members()->Assign(latest.members.begin(), latest.members.end());
+    for (const MembershipChange& c : job.membership) {
+      v1::MembershipChange* out = m->add_history();
+      out->set_version(c.version);
+      out->set_step(c.step);
+      out->mutable_members()->Assign(c.members.begin(), c.members.end());
+      out->mutable_joined()->Assign(c.joined.begin(), c.joined.end());
+      out->mutable_left()->Assign(c.left.begin(), c.left.end());
+      out->mutable_removed()->Assign(c.removed.begin(), c.removed.end());
+      out->set_restored(c.restored);
+    }
   }
 }
 
@@ -160,6 +188,10 @@ void CheckpointToProto(const CheckpointMeta& meta, v1::CheckpointInfo& info) {
   info.set_step(meta.step);
   info.set_tag(meta.tag);
   info.set_created_unix_ms(meta.created_unix_ms);
+  if (meta.members.has_value()) {
+    info.mutable_members()->Assign(meta.members->begin(), meta.members->end());
+    info.set_membership_version(meta.membership_version);
+  }
 }
 
 void BackupToProto(const BackupSummary& backup, v1::BackupInfo& info) {

@@ -22,6 +22,9 @@ JobSpec JobSpecFromProto(const v1::CreateJobRequest& request);
 // A job's resolved spec and committed step.
 void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info);
 
+MembershipRequest MembershipRequestFromProto(
+    const v1::UpdateMembershipRequest& request);
+
 // The contribution, its payload moved out of `proto`.
 Contribution ContributionFromProto(v1::Contribution&& proto);
 

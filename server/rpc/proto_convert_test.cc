@@ -29,7 +29,10 @@ TEST(ProtoConvertTest, JobSpecRoundTrip) {
   EXPECT_FALSE(spec.layers[0].rule.track);
   EXPECT_TRUE(spec.layers[0].rule.biased_var);
   v1::JobInfo info;
-  JobInfoToProto(JobSnapshot{spec, 7}, info);
+  JobSnapshot job;
+  job.spec = spec;
+  job.committed_step = 7;
+  JobInfoToProto(job, info);
   EXPECT_EQ(info.committed_step(), 7);
   EXPECT_EQ(info.round_timeout_ms(), 1500);
   EXPECT_EQ(info.layers(0).SerializeAsString(), l->SerializeAsString());

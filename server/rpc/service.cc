@@ -272,6 +272,21 @@ grpc::ServerUnaryReactor* AggregatorService::RestoreCheckpoint(
                 });
 }
 
+grpc::ServerUnaryReactor* AggregatorService::UpdateMembership(
+    grpc::CallbackServerContext* context,
+    const v1::UpdateMembershipRequest* request, v1::JobInfo* response) {
+  return Answer(
+      context,
+      Admit(context, *request, "an UpdateMembership request",
+            request->job_id()),
+      [&] {
+        absl::StatusOr<JobSnapshot> job = aggregator_->UpdateMembership(
+            request->job_id(), MembershipRequestFromProto(*request));
+        if (job.ok()) JobInfoToProto(*job, *response);
+        return job.status();
+      });
+}
+
 absl::Status AggregatorService::AdmitBackupCall(
     const grpc::CallbackServerContext* context,
     const google::protobuf::MessageLite& request,

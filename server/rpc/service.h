@@ -92,6 +92,10 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::ListCheckpointsRequest* request,
       v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* UpdateMembership(
+      grpc::CallbackServerContext* context,
+      const v1::UpdateMembershipRequest* request,
+      v1::JobInfo* response) override;
   grpc::ServerUnaryReactor* RestoreCheckpoint(
       grpc::CallbackServerContext* context,
       const v1::RestoreCheckpointRequest* request,

@@ -125,7 +125,10 @@ absl::StatusOr<BackupSummary> ReadManifest(const std::string& folder) {
           "'", path,
           "' holds a job that does not read: ", spec.status().message()));
     }
-    s.jobs.push_back(JobSnapshot{*std::move(spec), j.committed_step()});
+    JobSnapshot job;
+    job.spec = *std::move(spec);
+    job.committed_step = j.committed_step();
+    s.jobs.push_back(std::move(job));
   }
   s.path = folder;
   s.bytes = FolderBytes(folder);

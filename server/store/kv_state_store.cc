@@ -39,6 +39,10 @@ std::string RoundKey(absl::string_view job, int group, int layer, Phase phase,
                       static_cast<int>(phase), "/", PaddedStep(step).view());
 }
 
+std::string MembershipKey(absl::string_view job) {
+  return absl::StrCat("e/", job);
+}
+
 std::string CheckpointKey(absl::string_view job, int64_t step) {
   return absl::StrCat("c/", job, "/", PaddedStep(step).view());
 }
@@ -97,6 +101,7 @@ absl::StatusOr<std::vector<StoredJob>> KvStateStore::LoadAll() {
   if (s.ok()) s = LoadRounds(jobs);
   if (s.ok()) s = TakeStatsFromRounds(jobs, stats_in_round);
   if (s.ok()) s = LoadCheckpoints(jobs);
+  if (s.ok()) s = LoadMembership(jobs);
   if (!s.ok()) return s;
   return jobs;
 }
@@ -110,7 +115,7 @@ absl::Status KvStateStore::LoadJobs(std::vector<StoredJob>& jobs) {
         if (JobKey(spec->job_id) != key) {
           return Corrupt(key, absl::DataLossError("it names another job"));
         }
-        jobs.push_back(StoredJob{*std::move(spec), {}, {}});
+        jobs.push_back(StoredJob{*std::move(spec), {}, {}, {}});
         return absl::OkStatus();
       });
 }
@@ -238,6 +243,29 @@ absl::Status KvStateStore::LoadCheckpoints(std::vector<StoredJob>& jobs) {
       });
 }
 
+absl::Status KvStateStore::LoadMembership(std::vector<StoredJob>& jobs) {
+  return engine_->Scan(
+      "e/",
+      [&](absl::string_view key, absl::string_view value) -> absl::Status {
+        const std::string id(key.substr(2));
+        StoredJob* job = FindJob(jobs, id);
+        if (job == nullptr) return absl::OkStatus();  // as rounds are
+        absl::StatusOr<std::vector<MembershipChange>> changes =
+            DecodeMembership(value, job->spec);
+        if (!changes.ok()) return Corrupt(key, changes.status());
+        job->membership = *std::move(changes);
+        return absl::OkStatus();
+      });
+}
+
+absl::Status KvStateStore::PutMembership(
+    const std::string& job_id,
+    const std::vector<MembershipChange>& membership) {
+  KvBatch batch;
+  batch.Put(MembershipKey(job_id), EncodeMembership(membership));
+  return engine_->Write(batch);
+}
+
 absl::Status KvStateStore::PutJob(const JobSpec& spec) {
   KvBatch batch;
   batch.Put(JobKey(spec.job_id), EncodeJob(spec));
@@ -247,6 +275,7 @@ absl::Status KvStateStore::PutJob(const JobSpec& spec) {
 absl::Status KvStateStore::DeleteJob(const std::string& job_id) {
   KvBatch batch;
   batch.Delete(JobKey(job_id));
+  batch.Delete(MembershipKey(job_id));
   for (const char* kind : {"l", "r", "c"}) DeleteAllOf(batch, kind, job_id);
   return engine_->Write(batch);
 }
@@ -258,6 +287,12 @@ absl::Status KvStateStore::PutJobImage(const JobImage& image) {
     DeleteAllOf(batch, kind, spec.job_id);
   }
   batch.Put(JobKey(spec.job_id), EncodeJob(spec));
+  if (image.job.membership.empty()) {
+    batch.Delete(MembershipKey(spec.job_id));
+  } else {
+    batch.Put(MembershipKey(spec.job_id),
+              EncodeMembership(image.job.membership));
+  }
   for (const StoredLayer& layer : image.job.layers) {
     // With its statistics: the round that holds them may have been evicted
     // in the source store's retry window, never here.
@@ -315,11 +350,14 @@ absl::Status KvStateStore::CommitRound(const std::string& job_id,
   return engine_->Write(batch);
 }
 
-absl::Status KvStateStore::PutLayers(const std::string& job_id,
-                                     absl::Span<const LayerSlot> layers,
-                                     bool drop_rounds) {
+absl::Status KvStateStore::PutLayers(
+    const std::string& job_id, absl::Span<const LayerSlot> layers,
+    bool drop_rounds, const std::vector<MembershipChange>* membership) {
   KvBatch batch;
   if (drop_rounds) DeleteAllOf(batch, "r", job_id);
+  if (membership != nullptr) {
+    batch.Put(MembershipKey(job_id), EncodeMembership(*membership));
+  }
   for (const LayerSlot& slot : layers) {
     batch.Put(LayerKey(job_id, slot.group, slot.layer),
               EncodeLayer(slot.state));

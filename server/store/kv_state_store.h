@@ -18,6 +18,7 @@ namespace syncnorm {
 //   l/<job>/<group>/<layer>                   LayerRecord
 //   r/<job>/<group>/<layer>/<phase>/<step>    RoundRecord
 //   c/<job>/<step>                            CheckpointRecord
+//   e/<job>                                   MembershipRecord
 // Values are server/store/state.proto messages. Thread-safe.
 class KvStateStore final : public StateStore {
  public:
@@ -30,9 +31,13 @@ class KvStateStore final : public StateStore {
   absl::Status CommitRound(const std::string& job_id, const LayerSlot& slot,
                            const StoredRound& round,
                            absl::Span<const int64_t> evicted_steps) override;
-  absl::Status PutLayers(const std::string& job_id,
-                         absl::Span<const LayerSlot> layers,
-                         bool drop_rounds) override;
+  absl::Status PutLayers(
+      const std::string& job_id, absl::Span<const LayerSlot> layers,
+      bool drop_rounds,
+      const std::vector<MembershipChange>* membership = nullptr) override;
+  absl::Status PutMembership(
+      const std::string& job_id,
+      const std::vector<MembershipChange>& membership) override;
   absl::Status PutCheckpoint(const CheckpointData& checkpoint,
                              absl::Span<const int64_t> drop_steps) override;
   absl::StatusOr<CheckpointData> GetCheckpoint(const std::string& job_id,
@@ -58,6 +63,7 @@ class KvStateStore final : public StateStore {
   absl::Status TakeStatsFromRounds(std::vector<StoredJob>& jobs,
                                    const std::vector<LayerId>& layers);
   absl::Status LoadCheckpoints(std::vector<StoredJob>& jobs);
+  absl::Status LoadMembership(std::vector<StoredJob>& jobs);
   // DATA_LOSS naming the store and the key, with `cause`'s message.
   absl::Status Corrupt(absl::string_view key, const absl::Status& cause) const;
 

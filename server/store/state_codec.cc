@@ -39,14 +39,28 @@ absl::Status Bad(absl::string_view what) {
   return absl::DataLossError(std::string(what));
 }
 
+// DATA_LOSS unless `ranks` are ascending, distinct ranks of spec's world.
+absl::Status CheckRanks(const std::vector<int>& ranks, const JobSpec& spec,
+                        absl::string_view what) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= spec.world_size ||
+        (i > 0 && ranks[i] <= ranks[i - 1])) {
+      return Bad(absl::StrCat(what, " are not ascending ranks of 0..",
+                              spec.world_size - 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename Message>
 absl::Status Parse(absl::string_view value, Message& m, const char* kind) {
   if (!m.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
     return Bad(absl::StrCat("the ", kind, " record does not parse"));
   }
-  if (m.format() == 0 || m.format() > kStateFormat) {
+  if (m.format() == 0 || m.format() > kNewestStateFormat) {
     return Bad(absl::StrCat("the ", kind, " record has format ", m.format(),
-                            "; this build reads formats 1..", kStateFormat,
+                            "; this build reads formats 1..",
+                            kNewestStateFormat,
                             " (was it written by a newer syncnorm?)"));
   }
   return absl::OkStatus();
@@ -175,6 +189,10 @@ std::string EncodeJob(const JobSpec& spec) {
   for (const std::vector<int>& group : spec.groups) {
     p.add_groups()->mutable_ranks()->Assign(group.begin(), group.end());
   }
+  if (!spec.members.empty()) {
+    p.set_format(kMembershipFormat);
+    p.mutable_members()->Assign(spec.members.begin(), spec.members.end());
+  }
   return p.SerializeAsString();
 }
 
@@ -201,6 +219,7 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
   for (const pb::RankGroup& group : p.groups()) {
     spec.groups.emplace_back(group.ranks().begin(), group.ranks().end());
   }
+  spec.members.assign(p.members().begin(), p.members().end());
   // A stored spec was resolved before it was written: resolving it again
   // must change nothing, which also validates it.
   absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, absl::Seconds(1));
@@ -325,6 +344,12 @@ std::string EncodeCheckpoint(const CheckpointData& checkpoint) {
     l->set_layer(slot.layer);
     StateToProto(slot.state, l->mutable_state());
   }
+  if (checkpoint.meta.members.has_value()) {
+    p.set_has_members(true);
+    p.mutable_members()->Assign(checkpoint.meta.members->begin(),
+                                checkpoint.meta.members->end());
+    p.set_membership_version(checkpoint.meta.membership_version);
+  }
   return p.SerializeAsString();
 }
 
@@ -334,7 +359,19 @@ absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
   if (absl::Status s = Parse(value, p, "checkpoint"); !s.ok()) return s;
   const int layers = static_cast<int>(spec.layers.size());
   CheckpointData c;
-  c.meta = CheckpointMeta{p.job_id(), p.step(), p.tag(), p.created_unix_ms()};
+  c.meta.job_id = p.job_id();
+  c.meta.step = p.step();
+  c.meta.tag = p.tag();
+  c.meta.created_unix_ms = p.created_unix_ms();
+  if (p.has_members()) {
+    std::vector<int> members(p.members().begin(), p.members().end());
+    if (absl::Status s = CheckRanks(members, spec, "the checkpoint's members");
+        !s.ok()) {
+      return s;
+    }
+    c.meta.members = std::move(members);
+    c.meta.membership_version = p.membership_version();
+  }
   std::set<std::pair<int, int>> seen;
   for (const pb::CheckpointLayer& l : p.layers()) {
     if (l.group() < 0 || l.group() >= spec.num_groups() || l.layer() < 0 ||
@@ -357,6 +394,53 @@ absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
                             owned * spec.num_groups(), " (group, layer)s"));
   }
   return c;
+}
+
+std::string EncodeMembership(const std::vector<MembershipChange>& changes) {
+  pb::MembershipRecord p;
+  p.set_format(kMembershipFormat);
+  for (const MembershipChange& c : changes) {
+    pb::MembershipChange* out = p.add_changes();
+    out->set_version(c.version);
+    out->set_step(c.step);
+    out->mutable_members()->Assign(c.members.begin(), c.members.end());
+    out->mutable_joined()->Assign(c.joined.begin(), c.joined.end());
+    out->mutable_left()->Assign(c.left.begin(), c.left.end());
+    out->mutable_removed()->Assign(c.removed.begin(), c.removed.end());
+    out->set_restored(c.restored);
+  }
+  return p.SerializeAsString();
+}
+
+absl::StatusOr<std::vector<MembershipChange>> DecodeMembership(
+    absl::string_view value, const JobSpec& spec) {
+  pb::MembershipRecord p;
+  if (absl::Status s = Parse(value, p, "membership"); !s.ok()) return s;
+  if (p.changes().empty()) return Bad("the membership record has no change");
+  std::vector<MembershipChange> out;
+  for (const pb::MembershipChange& m : p.changes()) {
+    MembershipChange c;
+    c.version = m.version();
+    c.step = m.step();
+    c.members.assign(m.members().begin(), m.members().end());
+    c.joined.assign(m.joined().begin(), m.joined().end());
+    c.left.assign(m.left().begin(), m.left().end());
+    c.removed.assign(m.removed().begin(), m.removed().end());
+    c.restored = m.restored();
+    const std::string what = absl::StrCat("membership version ", c.version);
+    for (const std::vector<int>* ranks :
+         {&c.members, &c.joined, &c.left, &c.removed}) {
+      if (absl::Status s = CheckRanks(*ranks, spec, what); !s.ok()) return s;
+    }
+    if (c.members.empty() || c.step < 0 || c.version < 0 ||
+        (!out.empty() &&
+         (c.version <= out.back().version || c.step < out.back().step))) {
+      return Bad(absl::StrCat(what, " (step ", c.step,
+                              ") has no members or is out of order"));
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 }  // namespace syncnorm

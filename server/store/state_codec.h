@@ -14,6 +14,11 @@ namespace syncnorm {
 
 // The record format this build writes; newer ones are refused.
 inline constexpr uint32_t kStateFormat = 1;
+// The format of records that need membership (an elastic job's spec and
+// membership): builds before it refuse them instead of waiting for every
+// rank. This build reads formats 1..kNewestStateFormat.
+inline constexpr uint32_t kMembershipFormat = 2;
+inline constexpr uint32_t kNewestStateFormat = kMembershipFormat;
 
 std::string EncodeJob(const JobSpec& spec);
 // With `stats_in_round`, state.stats are left out: the caller writes them in
@@ -22,6 +27,7 @@ std::string EncodeJob(const JobSpec& spec);
 std::string EncodeLayer(const LayerState& state, bool stats_in_round = false);
 std::string EncodeRound(const StoredRound& round);
 std::string EncodeCheckpoint(const CheckpointData& checkpoint);
+std::string EncodeMembership(const std::vector<MembershipChange>& changes);
 
 // Each decoder returns DATA_LOSS saying what is wrong when the bytes do not
 // parse, carry a newer format, or do not fit the job's spec (channel
@@ -38,6 +44,9 @@ absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
                                         int layer);
 absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
                                                 const JobSpec& spec);
+// Changes of ranks within the spec's world, versions and steps ascending.
+absl::StatusOr<std::vector<MembershipChange>> DecodeMembership(
+    absl::string_view value, const JobSpec& spec);
 
 }  // namespace syncnorm
 

@@ -17,6 +17,7 @@
 #include "kernels/moments.h"
 #include "server/domain/contribution.h"
 #include "server/domain/job_spec.h"
+#include "server/domain/membership.h"
 
 namespace syncnorm {
 
@@ -62,6 +63,11 @@ struct CheckpointMeta {
   int64_t step = 0;
   std::string tag;  // empty: untagged (subject to retention)
   int64_t created_unix_ms = 0;
+  // The members in force after `step` when it was cut, and their version;
+  // absent in checkpoints written before membership existed (a restore
+  // then keeps every rank of the job's initial members).
+  std::optional<std::vector<int>> members;
+  int64_t membership_version = 0;
 };
 
 // An immutable snapshot of every (group, layer) of a job at one step.
@@ -75,6 +81,9 @@ struct StoredJob {
   JobSpec spec;                     // resolved
   std::vector<StoredLayer> layers;  // only (group, layer)s written so far
   std::vector<CheckpointMeta> checkpoints;  // by step
+  // The job's membership changes, oldest first; empty: never changed
+  // (the spec's initial members).
+  std::vector<MembershipChange> membership;
 };
 
 // Everything the store holds of one job: what a backup carries.
@@ -116,10 +125,17 @@ class StateStore {
                                    absl::Span<const int64_t> evicted_steps) = 0;
 
   // Replaces the state of the given (group, layer)s; with `drop_rounds`,
-  // also forgets every stored round of the job (a restore).
-  virtual absl::Status PutLayers(const std::string& job_id,
-                                 absl::Span<const LayerSlot> layers,
-                                 bool drop_rounds) = 0;
+  // also forgets every stored round of the job (a restore), and with
+  // `membership` (not null) replaces the job's membership changes.
+  virtual absl::Status PutLayers(
+      const std::string& job_id, absl::Span<const LayerSlot> layers,
+      bool drop_rounds,
+      const std::vector<MembershipChange>* membership = nullptr) = 0;
+
+  // Replaces the job's membership changes (StoredJob::membership).
+  virtual absl::Status PutMembership(
+      const std::string& job_id,
+      const std::vector<MembershipChange>& membership) = 0;
 
   // Stores a checkpoint and deletes the job's checkpoints at `drop_steps`.
   virtual absl::Status PutCheckpoint(const CheckpointData& checkpoint,

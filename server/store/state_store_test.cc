@@ -69,7 +69,10 @@ void Fill(StateStore& store) {
     ASSERT_TRUE(store.CommitRound("a", Slot(step), Round(step), evicted).ok());
   }
   CheckpointData c;
-  c.meta = CheckpointMeta{"a", 2, "t", 99};
+  c.meta.job_id = "a";
+  c.meta.step = 2;
+  c.meta.tag = "t";
+  c.meta.created_unix_ms = 99;
   c.layers.push_back(Slot(7));
   ASSERT_TRUE(store.PutCheckpoint(c, {}).ok());
 }
@@ -131,6 +134,66 @@ TEST(StateStoreTest, RoundTripThroughRocksDbAndAReopen) {
   ASSERT_TRUE(jobs.ok());
   EXPECT_TRUE((*jobs)[0].layers[0].rounds.empty());
   EXPECT_EQ((*jobs)[0].layers[0].slot.state.stats.mean[0], 9);
+}
+
+TEST(StateStoreTest, MembershipRoundTripsAndGoesWithItsJob) {
+  const std::string dir = TempDir("membership");
+  const std::vector<MembershipChange> history = {
+      MembershipChange{0, 0, {0, 1}, {}, {}, {}, false},
+      MembershipChange{1, 5, {0}, {}, {}, {1}, false},
+      MembershipChange{2, 9, {0, 1}, {1}, {}, {}, true},
+  };
+  JobSpec elastic = Spec("a");
+  elastic.world_size = 4;
+  elastic.group_size = 4;
+  elastic.members = {0, 1};
+  {
+    auto engine = RocksDbEngine::Open(dir, false);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    KvStateStore store(*std::move(engine));
+    ASSERT_TRUE(store.PutJob(elastic).ok());
+    ASSERT_TRUE(store.PutJob(Spec("b")).ok());
+    ASSERT_TRUE(store.PutMembership("a", {history[0], history[1]}).ok());
+    // A restore writes the layers and the membership at once.
+    ASSERT_TRUE(store.PutLayers("a", {Slot(1)}, true, &history).ok());
+    CheckpointData c;
+    c.meta.job_id = "a";
+    c.meta.step = 8;
+    c.meta.members = std::vector<int>{0, 3};
+    c.meta.membership_version = 1;
+    c.layers.push_back(Slot(7));
+    ASSERT_TRUE(store.PutCheckpoint(c, {}).ok());
+  }
+  auto engine = RocksDbEngine::Open(dir, false);
+  ASSERT_TRUE(engine.ok());
+  KvStateStore store(*std::move(engine));
+  auto jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_TRUE((*jobs)[0].spec == elastic);
+  EXPECT_EQ((*jobs)[0].membership, history);
+  EXPECT_TRUE((*jobs)[1].membership.empty());
+  auto c = store.GetCheckpoint("a", 8);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->meta.members.has_value());
+  EXPECT_EQ(*c->meta.members, (std::vector<int>{0, 3}));
+  EXPECT_EQ(c->meta.membership_version, 1);
+  // An elastic job's records are a format older builds refuse.
+  EXPECT_EQ(static_cast<uint8_t>(EncodeJob(elastic)[1]), kMembershipFormat);
+  EXPECT_EQ(static_cast<uint8_t>(EncodeJob(Spec("b"))[1]), kStateFormat);
+  // A backup image carries it; a delete removes it.
+  auto images = store.LoadImages();
+  ASSERT_TRUE(images.ok());
+  EXPECT_EQ((*images)[0].job.membership, history);
+  ASSERT_TRUE(store.DeleteJob("a").ok());
+  ASSERT_TRUE(store.PutJob(elastic).ok());
+  jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_TRUE((*jobs)[0].membership.empty());
+  ASSERT_TRUE(store.PutJobImage((*images)[0]).ok());
+  jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ((*jobs)[0].membership, history);
 }
 
 // A forward round whose stats_after are the layer's new statistics, as the
@@ -204,6 +267,12 @@ TEST(StateStoreTest, BadRecordsAreDataLossNamingFolderAndKey) {
        EncodeRound(newer)},
       {"malformed key", "r/a/zero", "x"},
       {"garbage job", "j/c", "not a job"},
+      {"garbage membership", "e/a", "\xff\xff not a membership"},
+      {"membership rank out of range", "e/a",
+       EncodeMembership({MembershipChange{0, 0, {0, 5}, {}, {}, {}, false}})},
+      {"membership out of order", "e/a",
+       EncodeMembership({MembershipChange{1, 4, {0, 1}, {}, {}, {}, false},
+                         MembershipChange{2, 3, {0}, {}, {1}, {}, false}})},
   };
   int n = 0;
   for (const Case& c : cases) {

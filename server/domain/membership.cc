@@ -1,0 +1,214 @@
+#include "server/domain/membership.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/domain/bounded_text.h"
+#include "server/domain/job_spec.h"
+
+namespace syncnorm {
+
+bool operator==(const MembershipChange& a, const MembershipChange& b) {
+  return a.version == b.version && a.step == b.step && a.members == b.members &&
+         a.joined == b.joined && a.left == b.left && a.removed == b.removed &&
+         a.restored == b.restored;
+}
+
+std::string RankList(absl::Span<const int> ranks) {
+  return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");
+}
+
+Membership::Membership(int world_size, absl::Span<const int> members)
+    : world_size_(world_size) {
+  MembershipChange first;
+  if (members.empty()) {
+    first.members.resize(world_size);
+    for (int r = 0; r < world_size; ++r) first.members[r] = r;
+  } else {
+    first.members.assign(members.begin(), members.end());
+  }
+  history_.push_back(std::move(first));
+  Index();
+}
+
+Membership Membership::FromHistory(int world_size,
+                                   std::vector<MembershipChange> history) {
+  Membership m;
+  m.world_size_ = world_size;
+  m.history_ = std::move(history);
+  m.Index();
+  return m;
+}
+
+void Membership::Index() {
+  everyone_ = std::all_of(
+      history_.begin(), history_.end(), [&](const MembershipChange& c) {
+        return c.members.size() == static_cast<size_t>(world_size_);
+      });
+}
+
+const MembershipChange& Membership::At(int64_t step) const {
+  // The newest change whose step is at or before `step`.
+  for (auto it = history_.rbegin(); it != history_.rend(); ++it) {
+    if (it->step <= step) return *it;
+  }
+  return history_.front();
+}
+
+bool Membership::IsMember(int rank, int64_t step) const {
+  if (everyone_) return rank >= 0 && rank < world_size_;
+  const std::vector<int>& m = At(step).members;
+  return std::binary_search(m.begin(), m.end(), rank);
+}
+
+bool Membership::Excused(int rank, int64_t step) const {
+  for (auto it = history_.rbegin(); it != history_.rend() && it->step > step;
+       ++it) {
+    if (std::binary_search(it->removed.begin(), it->removed.end(), rank)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Membership::OwesRounds(int rank, int64_t committed_step) const {
+  for (auto it = history_.rbegin(); it != history_.rend(); ++it) {
+    if (std::binary_search(it->removed.begin(), it->removed.end(), rank)) {
+      return false;
+    }
+    if (std::binary_search(it->left.begin(), it->left.end(), rank)) {
+      return it->step > committed_step;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<Membership> Membership::Apply(const MembershipRequest& request,
+                                             int world_size, int64_t next_step,
+                                             int64_t committed_step,
+                                             const std::string& job_id) const {
+  const std::string job = absl::StrCat("job '", BoundedText(job_id), "'");
+  std::set<int> named;
+  const auto check = [&](const std::vector<int>& ranks,
+                         const char* what) -> absl::Status {
+    for (int r : ranks) {
+      if (r < 0 || r >= world_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " rank ", r, " is out of range: ", job, " has world_size ",
+            world_size, " (ranks 0..", world_size - 1,
+            "; a rank that may join later must be below world_size)"));
+      }
+      if (!named.insert(r).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r,
+                         " is named twice; name each rank once over join, "
+                         "leave and remove"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = check(request.join, "join"); !s.ok()) return s;
+  if (absl::Status s = check(request.leave, "leave"); !s.ok()) return s;
+  if (absl::Status s = check(request.remove, "remove"); !s.ok()) return s;
+  if (named.empty()) {
+    return absl::InvalidArgumentError(
+        "the change names no rank; give ranks to join, leave or remove");
+  }
+  if (absl::Status s = CheckStep(request.step, "step"); !s.ok()) return s;
+
+  const MembershipChange& latest = this->latest();
+  std::set<int> members(latest.members.begin(), latest.members.end());
+  MembershipChange next;
+  for (int r : request.join) {
+    if (members.count(r) == 0) next.joined.push_back(r);
+  }
+  for (int r : request.leave) {
+    if (members.count(r) != 0) next.left.push_back(r);
+  }
+  for (int r : request.remove) {
+    if (members.count(r) != 0 || OwesRounds(r, committed_step)) {
+      next.removed.push_back(r);
+    }
+  }
+  if (next.joined.empty() && next.left.empty() && next.removed.empty()) {
+    return *this;  // in force already: a retry
+  }
+  next.step = request.step == 0 ? next_step : request.step;
+  if (next.step < next_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", next.step, " is too early: a layer of ", job,
+        " has completed step ", next_step - 1, " already; name step ",
+        next_step, " or later (or 0 for the next)"));
+  }
+  if (next.step < latest.step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", next.step, " is before the latest membership change of ", job,
+        " (version ", latest.version, " from step ", latest.step,
+        "); changes apply in step order"));
+  }
+  for (int r : next.joined) members.insert(r);
+  for (int r : next.left) members.erase(r);
+  for (int r : next.removed) members.erase(r);
+  if (members.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the change would leave ", job,
+        " without members; keep at least one rank (or delete the job)"));
+  }
+  std::sort(next.joined.begin(), next.joined.end());
+  std::sort(next.left.begin(), next.left.end());
+  std::sort(next.removed.begin(), next.removed.end());
+  next.members.assign(members.begin(), members.end());
+  next.version = latest.version + 1;
+  Membership out = *this;
+  out.history_.push_back(std::move(next));
+  out.Fold(committed_step);
+  if (out.history_.size() > static_cast<size_t>(kMaxHistory)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        job, " has ", kMaxHistory,
+        " membership changes for steps after its committed step ",
+        committed_step, "; let training pass them before changing again"));
+  }
+  out.Index();
+  return out;
+}
+
+Membership Membership::Restored(int64_t step, std::vector<int> members,
+                                int64_t committed_step) const {
+  const std::vector<int>& before = At(step + 1).members;
+  if (before == members && latest().step <= step + 1) return *this;
+  Membership out = *this;
+  while (out.history_.size() > 1 && out.history_.back().step > step + 1) {
+    out.history_.pop_back();
+  }
+  MembershipChange next;
+  next.version = latest().version + 1;
+  next.step = step + 1;
+  std::set_difference(members.begin(), members.end(), before.begin(),
+                      before.end(), std::back_inserter(next.joined));
+  std::set_difference(before.begin(), before.end(), members.begin(),
+                      members.end(), std::back_inserter(next.left));
+  next.members = std::move(members);
+  next.restored = true;
+  out.history_.push_back(std::move(next));
+  out.Fold(committed_step);
+  // A restore is never refused for the history's size: the oldest go.
+  while (out.history_.size() > static_cast<size_t>(kMaxHistory)) {
+    out.history_.erase(out.history_.begin());
+  }
+  out.Index();
+  return out;
+}
+
+void Membership::Fold(int64_t committed_step) {
+  // history_[0] stands for the steps before history_[1]; once every layer
+  // has passed history_[1]'s step, history_[1] can stand for them instead.
+  while (history_.size() > static_cast<size_t>(kMaxHistory) &&
+         history_[1].step <= committed_step) {
+    history_.erase(history_.begin());
+  }
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,165 @@
+#include "server/domain/membership.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace syncnorm {
+namespace {
+
+MembershipRequest Request(int64_t step, std::vector<int> join,
+                          std::vector<int> leave = {},
+                          std::vector<int> remove = {}) {
+  MembershipRequest r;
+  r.step = step;
+  r.join = std::move(join);
+  r.leave = std::move(leave);
+  r.remove = std::move(remove);
+  return r;
+}
+
+TEST(MembershipTest, EveryRankIsAMemberOfAJobThatNeverChanged) {
+  const Membership m(4, {});
+  EXPECT_TRUE(m.everyone());
+  EXPECT_EQ(m.version(), 0);
+  EXPECT_EQ(m.latest().members, (std::vector<int>{0, 1, 2, 3}));
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(m.IsMember(r, 1000));
+  EXPECT_FALSE(m.IsMember(4, 0));
+}
+
+TEST(MembershipTest, ChangesApplyFromTheirStepOn) {
+  const Membership m0(8, std::vector<int>{0, 1, 2, 3});
+  EXPECT_FALSE(m0.everyone());
+  absl::StatusOr<Membership> m1 =
+      m0.Apply(Request(0, {}, {3}), 8, /*next_step=*/5, /*committed=*/4, "j");
+  ASSERT_TRUE(m1.ok()) << m1.status();
+  EXPECT_EQ(m1->version(), 1);
+  EXPECT_EQ(m1->latest().step, 5);  // 0: the next step
+  EXPECT_EQ(m1->latest().left, (std::vector<int>{3}));
+  EXPECT_TRUE(m1->IsMember(3, 4));
+  EXPECT_FALSE(m1->IsMember(3, 5));
+  EXPECT_FALSE(m1->Excused(3, 4));  // it left: rounds before 5 wait for it
+
+  absl::StatusOr<Membership> m2 = m1->Apply(Request(9, {4, 5}), 8, 6, 5, "j");
+  ASSERT_TRUE(m2.ok()) << m2.status();
+  EXPECT_EQ(m2->latest().members, (std::vector<int>{0, 1, 2, 4, 5}));
+  EXPECT_FALSE(m2->IsMember(4, 8));
+  EXPECT_TRUE(m2->IsMember(4, 9));
+  EXPECT_EQ(m2->At(7).version, 1);
+  EXPECT_EQ(m2->At(9).version, 2);
+  EXPECT_EQ(m2->At(0).version, 0);
+}
+
+TEST(MembershipTest, ARemovedRankIsExcusedFromTheRoundsBeforeItsRemoval) {
+  const Membership m0(4, {});
+  absl::StatusOr<Membership> m1 =
+      m0.Apply(Request(0, {}, {}, {2}), 4, 7, 5, "j");
+  ASSERT_TRUE(m1.ok()) << m1.status();
+  EXPECT_FALSE(m1->everyone());
+  EXPECT_TRUE(m1->IsMember(2, 6));  // it was a member at step 6 ...
+  EXPECT_TRUE(m1->Excused(2, 6));   // ... whose rounds no longer wait for it
+  EXPECT_FALSE(m1->IsMember(2, 7));
+  EXPECT_FALSE(m1->Excused(1, 6));
+}
+
+TEST(MembershipTest, RemovingARankThatLeftButOwesRoundsExcusesIt) {
+  const Membership m0(4, {});
+  // Rank 3 leaves from step 10, then dies before finishing step 9.
+  absl::StatusOr<Membership> m1 = m0.Apply(Request(10, {}, {3}), 4, 9, 8, "j");
+  ASSERT_TRUE(m1.ok()) << m1.status();
+  absl::StatusOr<Membership> m2 =
+      m1->Apply(Request(0, {}, {}, {3}), 4, 10, 8, "j");
+  ASSERT_TRUE(m2.ok()) << m2.status();
+  EXPECT_EQ(m2->version(), 2);
+  EXPECT_EQ(m2->latest().removed, (std::vector<int>{3}));
+  EXPECT_TRUE(m2->Excused(3, 9));
+  // Once it has been removed, removing it again changes nothing.
+  absl::StatusOr<Membership> m3 =
+      m2->Apply(Request(0, {}, {}, {3}), 4, 10, 8, "j");
+  ASSERT_TRUE(m3.ok());
+  EXPECT_EQ(m3->version(), 2);
+}
+
+TEST(MembershipTest, ARetryOfAChangeInForceChangesNothing) {
+  const Membership m0(8, std::vector<int>{0, 1});
+  absl::StatusOr<Membership> m1 = m0.Apply(Request(0, {2}), 8, 3, 2, "j");
+  ASSERT_TRUE(m1.ok());
+  // Later, with training gone on, the same request again.
+  absl::StatusOr<Membership> again = m1->Apply(Request(0, {2}), 8, 30, 29, "j");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->version(), 1);
+  EXPECT_EQ(again->latest().step, 3);
+}
+
+TEST(MembershipTest, BadRequestsAreRefusedNamingTheFix) {
+  const Membership m(4, {});
+  const auto code = [&](const MembershipRequest& r, int64_t next = 5) {
+    return m.Apply(r, 4, next, next - 1, "j").status().code();
+  };
+  EXPECT_EQ(code(Request(0, {4})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(Request(0, {-1})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(Request(0, {}, {1}, {1})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(Request(0, {})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(Request(-3, {}, {1})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(Request(0, {}, {0, 1, 2, 3})),
+            absl::StatusCode::kInvalidArgument);  // no member left
+  const absl::Status early =
+      m.Apply(Request(3, {}, {1}), 4, 5, 4, "j").status();
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.message().find("name step 5 or later"),
+            absl::string_view::npos)
+      << early;
+  absl::StatusOr<Membership> later =
+      m.Apply(Request(20, {}, {1}), 4, 5, 4, "j");
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->Apply(Request(10, {}, {2}), 4, 5, 4, "j").status().code(),
+            absl::StatusCode::kFailedPrecondition);  // before the latest
+}
+
+TEST(MembershipTest, TheHistoryFoldsOnlyWhatEveryLayerHasPassed) {
+  Membership m(2, {});
+  // Changes ahead of the committed step are all kept, up to the bound.
+  for (int i = 0; i < Membership::kMaxHistory - 1; ++i) {
+    absl::StatusOr<Membership> next =
+        m.Apply(Request(10 + i, {}, {i % 2 == 0 ? 1 : 0}, {}), 2, 10, 9, "j");
+    if (!next.ok()) {
+      // Leaving rank 0 when 1 left too would empty the job: rejoin instead.
+      next =
+          m.Apply(Request(10 + i, {1 - (i % 2 == 0 ? 1 : 0)}), 2, 10, 9, "j");
+    }
+    ASSERT_TRUE(next.ok()) << i << ": " << next.status();
+    m = *std::move(next);
+  }
+  ASSERT_EQ(m.history().size(), static_cast<size_t>(Membership::kMaxHistory));
+  const MembershipRequest one_more = Request(
+      200, m.IsMember(0, 200) ? std::vector<int>{1} : std::vector<int>{0});
+  EXPECT_EQ(m.Apply(one_more, 2, 10, 9, "j").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Once training has passed them, the oldest fold away.
+  absl::StatusOr<Membership> folded = m.Apply(one_more, 2, 150, 149, "j");
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  EXPECT_EQ(folded->history().size(),
+            static_cast<size_t>(Membership::kMaxHistory));
+  EXPECT_EQ(folded->history().front().version, 1);
+}
+
+TEST(MembershipTest, ARestorePutsTheCheckpointsMembersBackAsANewVersion) {
+  const Membership m0(8, std::vector<int>{0, 1, 2, 3});
+  absl::StatusOr<Membership> m1 = m0.Apply(Request(6, {4}), 8, 6, 5, "j");
+  ASSERT_TRUE(m1.ok());
+  absl::StatusOr<Membership> m2 = m1->Apply(Request(12, {}, {0}), 8, 9, 8, "j");
+  ASSERT_TRUE(m2.ok());
+  // Back to the checkpoint of step 4, whose members were 0..3.
+  const Membership r = m2->Restored(4, {0, 1, 2, 3}, 4);
+  EXPECT_EQ(r.version(), 3);
+  EXPECT_TRUE(r.latest().restored);
+  EXPECT_EQ(r.latest().step, 5);
+  EXPECT_EQ(r.latest().members, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_FALSE(r.IsMember(4, 6));  // the join from step 6 is undone
+  EXPECT_TRUE(r.IsMember(0, 12));  // and so is the leave from step 12
+  // Restoring to the members in force, with nothing ahead, changes nothing.
+  EXPECT_EQ(m0.Restored(4, {0, 1, 2, 3}, 4).version(), 0);
+}
+
+}  // namespace
+}  // namespace syncnorm
