@@ -1,0 +1,181 @@
+// An elastic job through the C++ client and the SyncBatchNorm layer, against
+// the aggregator binary: ranks 0 and 1 train, rank 2 joins (JoinJob: it
+// starts from the service's statistics at the step it joined), rank 0
+// leaves (LeaveJob) and is then refused. Every layer's running statistics
+// and the aggregator's equal the float64 reference of the concatenated
+// batch of the members of each step.
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "client/job_membership.h"
+#include "client/layer_spec.h"
+#include "client/running_stats.h"
+#include "client/solo_node_group.h"
+#include "client/sync_batch_norm.h"
+#include "gtest/gtest.h"
+#include "kernels/testing/batch_norm_reference.h"
+#include "kernels/testing/expect_close.h"
+#include "tests/testing/cluster.h"
+
+namespace syncnorm::testing {
+namespace {
+
+namespace ref = ::syncnorm::reference;
+
+constexpr int kChannels = 3;
+constexpr char kJob[] = "elastic";
+
+// The input of `rank` at `step`, (2 + rank) x 3 x 5: a pure function of
+// both, different for each.
+std::vector<float> Input(int rank, int64_t step) {
+  std::mt19937 rng(static_cast<uint32_t>(100 * rank + step));
+  std::normal_distribution<float> value(0.5f * step - rank, 1.0f + rank);
+  std::vector<float> x((2 + rank) * kChannels * 5);
+  for (float& v : x) v = value(rng);
+  return x;
+}
+
+ref::Layout LayoutOf(int rank) { return ref::Layout{{2 + rank, kChannels, 5}}; }
+
+// One worker: its own Reduce stream and one layer.
+struct Worker {
+  Worker(Client& client, int rank, const SyncBatchNormOptions& options)
+      : rank(rank),
+        group(
+            std::make_unique<SoloNodeGroup>(client.NewContributor(kJob, rank))),
+        layer(0, options, group.get(), static_cast<ThreadPool*>(nullptr)) {}
+
+  absl::Status Step() {
+    const std::vector<float> x = Input(rank, layer.step());
+    std::vector<float> y(x.size());
+    const std::vector<int64_t> shape = LayoutOf(rank).shape;
+    return layer.Forward({const_cast<float*>(x.data()), shape},
+                         {y.data(), shape});
+  }
+
+  const int rank;
+  std::unique_ptr<NodeGroup> group;
+  SyncBatchNorm layer;
+};
+
+// The reference's running statistics after `step` with `members`.
+void Apply(ref::Running& running, int64_t step,
+           const std::vector<int>& members) {
+  std::vector<std::vector<float>> xs;
+  std::vector<ref::Layout> layouts;
+  for (int r : members) {
+    xs.push_back(Input(r, step));
+    layouts.push_back(LayoutOf(r));
+  }
+  std::vector<const std::vector<float>*> ptrs;
+  for (const auto& x : xs) ptrs.push_back(&x);
+  ref::UpdateRunning(MomentumMode::kTorch, 0.1L, false,
+                     ref::Moments<float>(kChannels, layouts, ptrs), running);
+}
+
+void ExpectStats(const RunningStats& got, const ref::Running& want,
+                 const std::string& what) {
+  EXPECT_EQ(got.num_batches_tracked, want.num_batches_tracked) << what;
+  ref::ExpectClose(got.mean, want.mean, 1e-12, what + " running_mean");
+  ref::ExpectClose(got.var, want.var, 1e-12, what + " running_var");
+}
+
+// One step of every worker in `workers`, at once.
+void StepAll(const std::vector<Worker*>& workers) {
+  std::vector<std::thread> threads;
+  for (Worker* w : workers) {
+    threads.emplace_back([w] {
+      absl::Status s = w->Step();
+      EXPECT_TRUE(s.ok()) << "rank " << w->rank << ": " << s;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(ElasticClientTest, JoinTrainLeaveAgainstTheFloat64Reference) {
+  auto agg = AggregatorProcess::Start(MakeScratchDir("elastic-client"));
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  ClientOptions o;
+  o.address = (*agg)->address();
+  o.rpc_timeout = absl::Seconds(10);
+  o.round_timeout = absl::Seconds(10);
+  Client client(o);
+  SyncBatchNormOptions options;
+  options.num_features = kChannels;
+  v1::CreateJobRequest job;
+  job.set_job_id(kJob);
+  job.set_world_size(3);
+  job.add_members(0);
+  job.add_members(1);
+  *job.add_layers() = *ToLayerSpec(options, "bn");
+  ASSERT_TRUE(client.CreateJob(job).ok());
+
+  Worker w0(client, 0, options), w1(client, 1, options), w2(client, 2, options);
+  ref::Running want{0, ref::Reals(kChannels, 0), ref::Reals(kChannels, 1)};
+  for (int64_t step = 0; step < 3; ++step) {
+    StepAll({&w0, &w1});
+    Apply(want, step, {0, 1});
+  }
+  // Rank 2 joins at the next step, 3, with the statistics after step 2.
+  SyncBatchNorm* joining[] = {&w2.layer};
+  absl::StatusOr<int64_t> first = JoinJob(client, kJob, 2, joining);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, 3);
+  EXPECT_EQ(w2.layer.step(), 3);
+  ExpectStats(w2.layer.running_stats(), want, "rank 2 as it joined");
+  for (int64_t step = 3; step < 5; ++step) {
+    StepAll({&w0, &w1, &w2});
+    Apply(want, step, {0, 1, 2});
+  }
+  const ref::Running after4 = want;
+  // Rank 0 leaves from its next step, 5.
+  SyncBatchNorm* leaving[] = {&w0.layer};
+  absl::StatusOr<v1::JobInfo> left = LeaveJob(client, kJob, 0, leaving);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_FALSE(IsMember(*left, 0));
+  StepAll({&w1, &w2});
+  Apply(want, 5, {1, 2});
+  ExpectStats(w1.layer.running_stats(), want, "rank 1 at the end");
+  ExpectStats(w2.layer.running_stats(), want, "rank 2 at the end");
+  // Rank 0 left with the statistics after step 4; a step of it now is
+  // refused.
+  ExpectStats(w0.layer.running_stats(), after4, "rank 0 as it left");
+  absl::Status refused = w0.Step();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+
+  v1::GetRunningStatsRequest request;
+  request.set_job_id(kJob);
+  absl::StatusOr<v1::RunningStats> server = client.GetRunningStats(request);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_EQ(server->layers_size(), 1);
+  RunningStats got;
+  got.num_batches_tracked = server->layers(0).num_batches_tracked();
+  got.mean.assign(server->layers(0).running_mean().begin(),
+                  server->layers(0).running_mean().end());
+  got.var.assign(server->layers(0).running_var().begin(),
+                 server->layers(0).running_var().end());
+  ExpectStats(got, want, "the aggregator");
+
+  absl::StatusOr<v1::JobInfo> info = client.GetJob(kJob);
+  ASSERT_TRUE(info.ok()) << info.status();
+  const v1::Membership& m = info->membership();
+  ASSERT_EQ(m.history_size(), 3) << m.DebugString();
+  const std::vector<std::pair<int64_t, std::vector<int>>> plan = {
+      {0, {0, 1}}, {3, {0, 1, 2}}, {5, {1, 2}}};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(m.history(i).step(), plan[i].first) << m.DebugString();
+    EXPECT_EQ(std::vector<int>(m.history(i).members().begin(),
+                               m.history(i).members().end()),
+              plan[i].second)
+        << m.DebugString();
+  }
+  EXPECT_EQ(info->next_step(), 6);
+}
+
+}  // namespace
+}  // namespace syncnorm::testing
