@@ -192,7 +192,6 @@ def orchestrate(args):
     """Runs the plan against args.address; returns the summary."""
     import syncnorm
     client = syncnorm.Client(args.address)
-    mark = lambda name: os.path.join(args.markers, name)  # noqa: E731
     p = args.phase
     procs = {
         "r0": start(args, 0, "member", pause_before=3 * p),
@@ -212,8 +211,24 @@ def orchestrate(args):
 
 
 def run_plan(args, client, procs):
-    mark = lambda name: os.path.join(args.markers, name)  # noqa: E731
     p = args.phase
+
+    def mark(name):
+        return os.path.join(args.markers, name)
+
+    def wait_for(path, timeout=300.0):
+        """As the workers' wait_for, but a worker that fails ends it."""
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            for name, proc in procs.items():
+                code = proc.poll()
+                if code not in (None, 0) and name != "r%d" % KILLED:
+                    sys.exit("worker %s exited with %s while the launcher "
+                             "waited for %s" % (name, code,
+                                                os.path.basename(path)))
+            if time.monotonic() > deadline:
+                sys.exit("waited %.0f s for %s" % (timeout, path))
+            time.sleep(0.01)
     # Phase 2: rank 2 is gone after its last step; the operator removes it
     # from the next step, so that the rounds waiting for it go on.
     wait_for(mark("r%d.step%d" % (KILLED, 2 * p - 1)))
