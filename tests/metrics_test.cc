@@ -5,6 +5,7 @@
 // the run implies. Skipped, saying why, where prometheus is not installed
 // (scripts/deps.sh installs it).
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -113,9 +114,26 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
   auto outputs = RunWorkers(config, w);
   ASSERT_TRUE(outputs.ok()) << outputs.status();
   ASSERT_TRUE(client.Checkpoint("metrics", config.steps - 1).ok());
+  // A membership change: rank 1 leaves from the next step.
+  {
+    auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
+        (*aggregator)->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    v1::UpdateMembershipRequest leave;
+    leave.set_job_id("metrics");
+    leave.add_leave(1);
+    v1::JobInfo info;
+    const grpc::Status s = stub->UpdateMembership(&context, leave, &info);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
   // The exposition itself, before Prometheus reads it.
   const std::string text = HttpGet(metrics_port, "/metrics");
   EXPECT_NE(text.find("grpc_server_started_total{"), std::string::npos) << text;
+  EXPECT_NE(text.find("syncnorm_membership_changes_total 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("syncnorm_membership_ranks_total{change=\"left\"} 1"),
+            std::string::npos)
+      << text;
 
   const int web_port = FreePort();
   ASSERT_GT(web_port, 0);

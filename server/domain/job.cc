@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <utility>
 #include <variant>
@@ -226,6 +227,7 @@ int64_t Job::NextStep() const {
 absl::StatusOr<JobSnapshot> Job::UpdateMembership(
     const MembershipRequest& request) {
   LayerRendezvous::Deliveries out;
+  std::optional<MembershipReport> report;
   {
     absl::WriterMutexLock lock(&state_mu_);
     if (deleted_) {
@@ -259,7 +261,18 @@ absl::StatusOr<JobSnapshot> Job::UpdateMembership(
           .Add("joined", RankList(changed->latest().joined))
           .Add("left", RankList(changed->latest().left))
           .Add("removed", RankList(changed->latest().removed));
+      const MembershipChange& latest = changed->latest();
+      report = MembershipReport{spec_.job_id,
+                                latest.version,
+                                latest.step,
+                                static_cast<int>(latest.members.size()),
+                                static_cast<int>(latest.joined.size()),
+                                static_cast<int>(latest.left.size()),
+                                static_cast<int>(latest.removed.size())};
     }
+  }
+  if (report.has_value() && options_.observer != nullptr) {
+    options_.observer->OnMembershipChange(*report);
   }
   LayerRendezvous::Deliver(out);
   // A group emptied, or a round completed, may commit a checkpoint's step.

@@ -63,6 +63,19 @@ struct CheckpointReport {
   absl::Status status;
 };
 
+// One change of an elastic job's members (Job::UpdateMembership).
+struct MembershipReport {
+  std::string job_id;
+  int64_t version = 0;
+  // The first step it applies to.
+  int64_t step = 0;
+  int members = 0;
+  // Ranks that joined, left and were removed.
+  int joined = 0;
+  int left = 0;
+  int removed = 0;
+};
+
 // Receives a report for every round that ends. Implementations must be
 // thread-safe and fast: calls come from the contributing and the reaper
 // threads, concurrently for different layers, after the layer's lock is
@@ -84,6 +97,11 @@ class RoundObserver {
   // A checkpoint was cut (or its store write failed). Called under the
   // job's checkpoint lock; the default ignores it.
   virtual void OnCheckpoint(const CheckpointReport& report) {}
+
+  // A job's members changed (not called for a retry that changed nothing,
+  // nor for a restore). Called with no lock of the job held; the default
+  // ignores it.
+  virtual void OnMembershipChange(const MembershipReport& report) {}
 
   // Time passes: called by the aggregator's reaper thread every reaper
   // period with its clock's time, and with InfiniteFuture() when the
@@ -184,6 +202,9 @@ class FanoutRoundObserver final : public RoundObserver {
   }
   void OnCheckpoint(const CheckpointReport& report) override {
     for (RoundObserver* o : observers_) o->OnCheckpoint(report);
+  }
+  void OnMembershipChange(const MembershipReport& report) override {
+    for (RoundObserver* o : observers_) o->OnMembershipChange(report);
   }
   void OnTick(absl::Time now) override {
     for (RoundObserver* o : observers_) o->OnTick(now);

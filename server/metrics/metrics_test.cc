@@ -45,6 +45,8 @@ TEST(MetricsTest, ServesRoundAndCheckpointMetrics) {
   observer->OnDeadline(expired);
   observer->OnCheckpoint(
       CheckpointReport{"j", 7, absl::Milliseconds(4), 6, absl::OkStatus()});
+  observer->OnMembershipChange(MembershipReport{"j", 1, 10, 5, 2, 0, 1});
+  observer->OnMembershipChange(MembershipReport{"j", 2, 12, 4, 0, 1, 0});
 
   const std::string text = ScrapeMetrics((*metrics)->port());
   for (const char* want : {
@@ -57,6 +59,10 @@ TEST(MetricsTest, ServesRoundAndCheckpointMetrics) {
            "syncnorm_deadline_failures_total{phase=\"BACKWARD\"} 1",
            "syncnorm_state_versions_total 2",
            "syncnorm_checkpoint_duration_seconds_count{outcome=\"ok\"} 1",
+           "syncnorm_membership_changes_total 2",
+           "syncnorm_membership_ranks_total{change=\"joined\"} 2",
+           "syncnorm_membership_ranks_total{change=\"left\"} 1",
+           "syncnorm_membership_ranks_total{change=\"removed\"} 1",
        }) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }

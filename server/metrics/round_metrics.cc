@@ -84,6 +84,29 @@ RoundMetrics::RoundMetrics(prometheus::Registry& registry) {
   checkpoint_ok_ = &checkpoints.Add({{"outcome", "ok"}}, LatencyBuckets());
   checkpoint_failed_ =
       &checkpoints.Add({{"outcome", "failed"}}, LatencyBuckets());
+  membership_changes_ = &prometheus::BuildCounter()
+                             .Name("syncnorm_membership_changes_total")
+                             .Help(
+                                 "Membership versions made by "
+                                 "UpdateMembership (elastic jobs).")
+                             .Register(registry)
+                             .Add({});
+  auto& ranks = prometheus::BuildCounter()
+                    .Name("syncnorm_membership_ranks_total")
+                    .Help(
+                        "Ranks that joined, left or were removed by "
+                        "membership changes.")
+                    .Register(registry);
+  joined_ = &ranks.Add({{"change", "joined"}});
+  left_ = &ranks.Add({{"change", "left"}});
+  removed_ = &ranks.Add({{"change", "removed"}});
+}
+
+void RoundMetrics::OnMembershipChange(const MembershipReport& report) {
+  membership_changes_->Increment();
+  joined_->Increment(report.joined);
+  left_->Increment(report.left);
+  removed_->Increment(report.removed);
 }
 
 void RoundMetrics::Record(const RoundReport& report, Outcome outcome) {

@@ -22,6 +22,9 @@ namespace syncnorm {
 //                                        applied (forward rounds that ended OK)
 //   syncnorm_checkpoint_duration_seconds{outcome}  histogram of checkpoint
 //                                        cuts (snapshot and store write)
+//   syncnorm_membership_changes_total    membership versions made
+//   syncnorm_membership_ranks_total{change}  ranks that joined, left or
+//                                        were removed
 // phase is FORWARD or BACKWARD. Thread-safe; `registry` must outlive it.
 class RoundMetrics final : public RoundObserver {
  public:
@@ -30,6 +33,7 @@ class RoundMetrics final : public RoundObserver {
   void OnRoundCompleted(const RoundReport& report) override;
   void OnDeadline(const RoundReport& report) override;
   void OnCheckpoint(const CheckpointReport& report) override;
+  void OnMembershipChange(const MembershipReport& report) override;
 
  private:
   enum Outcome { kOk, kQuorum, kFailed, kDeadline, kNumOutcomes };
@@ -53,6 +57,10 @@ class RoundMetrics final : public RoundObserver {
   prometheus::Counter* versions_;
   prometheus::Histogram* checkpoint_ok_;
   prometheus::Histogram* checkpoint_failed_;
+  prometheus::Counter* membership_changes_;
+  prometheus::Counter* joined_;
+  prometheus::Counter* left_;
+  prometheus::Counter* removed_;
 };
 
 }  // namespace syncnorm

@@ -100,6 +100,37 @@ if got != want:
     sys.exit("round: got %s, want %s" % (got, want))
 ' || fail "ReduceOnce answered $result"
 
+# An elastic job through the generic client: created with ranks 0 and 2 of
+# a world of 4, rank 1 joins from step 3 and rank 2 leaves from step 5; the
+# history comes back in the JSON of UpdateMembership and GetJob, and a
+# change for a step that is too early is a failed_precondition.
+bufcurl -d '{"job_id": "elastic", "world_size": 4, "members": [0, 2],
+  "layers": [{"name": "bn", "num_features": 2}]}' \
+  "$url/syncnorm.v1.Aggregator/CreateJob" >/dev/null || fail "elastic CreateJob failed"
+bufcurl -d '{"job_id": "elastic", "step": 3, "join": [1]}' \
+  "$url/syncnorm.v1.Aggregator/UpdateMembership" >/dev/null ||
+  fail "UpdateMembership (join) failed"
+bufcurl -d '{"job_id": "elastic", "step": 5, "leave": [2]}' \
+  "$url/syncnorm.v1.Aggregator/UpdateMembership" >/dev/null ||
+  fail "UpdateMembership (leave) failed"
+elastic=$(bufcurl -d '{"job_id": "elastic"}' "$url/syncnorm.v1.Aggregator/GetJob") ||
+  fail "GetJob of the elastic job failed"
+echo "$elastic" | /usr/bin/python3 -c '
+import json, sys
+m = json.load(sys.stdin)["membership"]
+got = [(int(c.get("version", 0)), int(c.get("step", 0)), c.get("members", []))
+       for c in m["history"]]
+want = [(0, 0, [0, 2]), (1, 3, [0, 1, 2]), (2, 5, [0, 1])]
+if got != want or int(m["version"]) != 2 or m["members"] != [0, 1]:
+    sys.exit("membership: got %s, want %s" % (m, want))
+' || fail "GetJob of the elastic job answered $elastic"
+if early=$(bufcurl -d '{"job_id": "elastic", "step": 2, "leave": [0]}' \
+  "$url/syncnorm.v1.Aggregator/UpdateMembership" 2>&1); then
+  fail "a change before the latest one's step succeeded: $early"
+fi
+echo "$early" | grep -q '"code": "failed_precondition"' ||
+  fail "a change before the latest one's step answered $early"
+
 # An error reaches the generic client with its code and message. The server
 # also sends them as google.rpc.Status details, which buf decodes and shows
 # in place of grpc-status: details that did not decode, or said another
