@@ -3,21 +3,27 @@
 // starts from the service's statistics at the step it joined), rank 0
 // leaves (LeaveJob) and is then refused. Every layer's running statistics
 // and the aggregator's equal the float64 reference of the concatenated
-// batch of the members of each step.
+// batch of the members of each step. Over two shards, a join at "the next
+// step" takes effect at the same step on both.
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/job_membership.h"
 #include "client/layer_spec.h"
+#include "client/node_group.h"
 #include "client/running_stats.h"
 #include "client/solo_node_group.h"
 #include "client/sync_batch_norm.h"
 #include "gtest/gtest.h"
+#include "kernels/moments.h"
 #include "kernels/testing/batch_norm_reference.h"
 #include "kernels/testing/expect_close.h"
 #include "tests/testing/cluster.h"
@@ -175,6 +181,107 @@ TEST(ElasticClientTest, JoinTrainLeaveAgainstTheFloat64Reference) {
         << m.DebugString();
   }
   EXPECT_EQ(info->next_step(), 6);
+}
+
+ClientOptions OptionsFor(const std::string& address) {
+  ClientOptions o;
+  o.address = address;
+  o.rpc_timeout = absl::Seconds(10);
+  o.round_timeout = absl::Seconds(10);
+  return o;
+}
+
+// Forward rounds of `layers` at `step` from each group (rank r sends count
+// 2 + r); each must count exactly `expected_count`.
+void Rounds(const std::vector<NodeGroup*>& groups,
+            const std::vector<int>& layers, int64_t step,
+            int64_t expected_count) {
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < groups.size(); ++r) {
+    threads.emplace_back([&, r] {
+      for (int layer : layers) {
+        Moments m = Moments::Zero(kChannels);
+        m.count = 2 + static_cast<int64_t>(r);
+        m.mean = {0.5 * r, -1.0 * step, 0.25 * layer};
+        m.m2 = {1.0 + r, 2.0, 3.0};
+        absl::StatusOr<ForwardReply> reply =
+            groups[r]->SyncForward(layer, step, m);
+        ASSERT_TRUE(reply.ok()) << "rank " << r << " layer " << layer
+                                << " step " << step << ": " << reply.status();
+        EXPECT_EQ(reply->global.count, expected_count)
+            << "layer " << layer << " step " << step;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// With two shards whose layers are at different steps, a join at "the next
+// step" takes effect at the same step on both: the highest next_step.
+TEST(ElasticClientTest, AJoinOverShardsTakesTheHighestNextStepOnAll) {
+  const std::string root = MakeScratchDir("elastic-shards");
+  std::vector<std::unique_ptr<AggregatorProcess>> servers;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    const std::string dir = absl::StrCat(root, "/shard-", i);
+    std::filesystem::create_directories(dir);
+    auto agg = AggregatorProcess::Start(dir);
+    ASSERT_TRUE(agg.ok()) << agg.status();
+    addresses.push_back((*agg)->address());
+    servers.push_back(*std::move(agg));
+  }
+  Client client(OptionsFor(absl::StrJoin(addresses, ",")));
+  const std::string job_id = "elastic-sharded";
+  v1::CreateJobRequest job;
+  job.set_job_id(job_id);
+  job.set_world_size(3);
+  job.add_members(0);
+  job.add_members(1);
+  SyncBatchNormOptions options;
+  options.num_features = kChannels;
+  std::vector<int> all, on_shard[2];
+  for (int l = 0; l < 6; ++l) {
+    *job.add_layers() = *ToLayerSpec(options, absl::StrCat("bn", l));
+    all.push_back(l);
+    on_shard[client.ShardOf(job_id, l)].push_back(l);
+  }
+  ASSERT_FALSE(on_shard[0].empty() || on_shard[1].empty())
+      << "a shard holds no layer; pick another job id";
+  ASSERT_TRUE(client.CreateJob(job).ok());
+  std::vector<std::unique_ptr<NodeGroup>> owned;
+  std::vector<NodeGroup*> members;
+  for (int r = 0; r < 3; ++r) owned.push_back(client.NewNodeGroup(job_id, r));
+  members = {owned[0].get(), owned[1].get()};
+
+  Rounds(members, all, 0, 2 + 3);
+  Rounds(members, on_shard[0], 1, 2 + 3);  // shard 1 is still at step 1
+  absl::StatusOr<v1::JobInfo> info = client.GetJob(job_id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->next_step(), 2);
+  // Each shard alone would put "the next step" at its own: 2 and 1.
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::JobInfo> one =
+        Client(OptionsFor(addresses[i])).GetJob(job_id);
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_EQ(one->next_step(), 2 - i) << "shard " << i;
+  }
+
+  v1::UpdateMembershipRequest join;
+  join.set_job_id(job_id);
+  join.add_join(2);
+  info = client.UpdateMembership(join);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(*MemberSince(*info, 2), 2);
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::JobInfo> one =
+        Client(OptionsFor(addresses[i])).GetJob(job_id);
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_EQ(*MemberSince(*one, 2), 2) << "shard " << i;
+    EXPECT_EQ(one->membership().version(), 1) << "shard " << i;
+  }
+  // Shard 1's step 1 goes on without rank 2; step 2 counts it everywhere.
+  Rounds(members, on_shard[1], 1, 2 + 3);
+  Rounds({owned[0].get(), owned[1].get(), owned[2].get()}, all, 2, 2 + 3 + 4);
 }
 
 }  // namespace
