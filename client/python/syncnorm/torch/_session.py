@@ -275,7 +275,7 @@ def _await_committed(client, job_id, group, step, timeout):
             return stats
         if time.monotonic() + pause >= deadline:
             raise TimeoutError(
-                "job %r has committed step %d after %.0f s; a rank joining at "
+                "job %r has committed step %d after %g s; a rank joining at "
                 "step %d waits for step %d to load the statistics it starts "
                 "from (are its members training?)"
                 % (job_id, stats.get("step", -1), timeout, step + 1, step))
@@ -329,7 +329,8 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     Elastic jobs (members that change at step boundaries): members, the
     ranks that contribute from step 0 when this call creates the job;
     world_size is then the rank space (every rank that may ever join is
-    below it). A rank that is not a member when it attaches joins at the
+    below it). Like the model, it is part of the job's spec: every rank
+    passes the same, joiners too. A rank that is not a member when it attaches joins at the
     job's next step (Client.update_membership): it waits (at most
     join_timeout seconds) until every step before that is committed,
     loads the service's running statistics into the buffers and starts
