@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "client/contributor.h"
 #include "client/job_membership.h"
 #include "client/layer_spec.h"
 #include "client/node_group.h"
@@ -181,6 +182,82 @@ TEST(ElasticClientTest, JoinTrainLeaveAgainstTheFloat64Reference) {
         << m.DebugString();
   }
   EXPECT_EQ(info->next_step(), 6);
+}
+
+// A removed rank: the round waiting for it completes without it (its
+// missing_ranks names it) and its later contributions are refused; a
+// restore of a checkpoint from before brings it back as a new version.
+TEST(ElasticClientTest, ARemovedRankIsNotWaitedForAndARestoreBringsItBack) {
+  auto agg = AggregatorProcess::Start(MakeScratchDir("elastic-remove"));
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  ClientOptions o;
+  o.address = (*agg)->address();
+  o.rpc_timeout = absl::Seconds(10);
+  o.round_timeout = absl::Seconds(10);
+  Client client(o);
+  v1::CreateJobRequest job;
+  job.set_job_id("remove");
+  job.set_world_size(3);  // every rank a member
+  SyncBatchNormOptions options;
+  options.num_features = kChannels;
+  *job.add_layers() = *ToLayerSpec(options, "bn");
+  ASSERT_TRUE(client.CreateJob(job).ok());
+  std::vector<std::unique_ptr<Contributor>> c;
+  for (int r = 0; r < 3; ++r) c.push_back(client.NewContributor("remove", r));
+  auto local = [](int r) {
+    Moments m = Moments::Zero(kChannels);
+    m.count = 2 + r;
+    m.mean = {1.0 * r, 0.5, -0.5};
+    m.m2 = {1.0, 2.0, 3.0};
+    return m;
+  };
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back(
+          [&, r] { EXPECT_TRUE(c[r]->ReduceForward(0, 0, local(r)).ok()); });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  ASSERT_TRUE(client.Checkpoint("remove", 0).ok());
+  // Step 1: ranks 0 and 1 wait for rank 2, which is gone; it is removed
+  // from step 2, so the round of step 1 completes without it and names it
+  // (from step 2 on it is no member: no round waits for it or names it).
+  std::vector<absl::StatusOr<ForwardReply>> replies(
+      2, absl::UnknownError("not run"));
+  std::vector<std::thread> waiting;
+  for (int r = 0; r < 2; ++r) {
+    waiting.emplace_back(
+        [&, r] { replies[r] = c[r]->ReduceForward(0, 1, local(r)); });
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  v1::UpdateMembershipRequest remove;
+  remove.set_job_id("remove");
+  remove.set_step(2);
+  remove.add_remove(2);
+  absl::StatusOr<v1::JobInfo> removed = client.UpdateMembership(remove);
+  for (std::thread& t : waiting) t.join();
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(removed->membership().history(1).step(), 2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(replies[r].ok()) << replies[r].status();
+    EXPECT_EQ(replies[r]->global.count, 2 + 3) << "rank " << r;
+    EXPECT_EQ(replies[r]->missing_ranks, std::vector<int>{2}) << "rank " << r;
+  }
+  absl::StatusOr<ForwardReply> late = c[2]->ReduceForward(0, 2, local(2));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition)
+      << late.status();
+  // The checkpoint of step 0 held all three: they are back from step 1.
+  absl::StatusOr<v1::JobInfo> restored = client.RestoreCheckpoint("remove", 0);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  const v1::Membership& m = restored->membership();
+  const v1::MembershipChange& latest = m.history(m.history_size() - 1);
+  EXPECT_TRUE(latest.restored()) << m.DebugString();
+  EXPECT_EQ(latest.step(), 1) << m.DebugString();
+  EXPECT_EQ(std::vector<int>(latest.members().begin(), latest.members().end()),
+            (std::vector<int>{0, 1, 2}))
+      << m.DebugString();
+  EXPECT_EQ(m.version(), 2) << m.DebugString();
 }
 
 ClientOptions OptionsFor(const std::string& address) {
