@@ -185,9 +185,12 @@ TEST(ElasticClientTest, JoinTrainLeaveAgainstTheFloat64Reference) {
 }
 
 // A removed rank: the round waiting for it completes without it (its
-// missing_ranks names it) and its later contributions are refused; a
-// restore of a checkpoint from before brings it back as a new version.
-TEST(ElasticClientTest, ARemovedRankIsNotWaitedForAndARestoreBringsItBack) {
+// missing_ranks names it) and its later contributions are refused; a rank
+// that leaves from a step whose round already waits for it is no longer
+// waited for; a restore of a checkpoint from before brings both back as a
+// new version.
+TEST(ElasticClientTest,
+     RanksThatAreGoneAreNotWaitedForAndARestoreBringsThemBack) {
   auto agg = AggregatorProcess::Start(MakeScratchDir("elastic-remove"));
   ASSERT_TRUE(agg.ok()) << agg.status();
   ClientOptions o;
@@ -247,7 +250,32 @@ TEST(ElasticClientTest, ARemovedRankIsNotWaitedForAndARestoreBringsItBack) {
   absl::StatusOr<ForwardReply> late = c[2]->ReduceForward(0, 2, local(2));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition)
       << late.status();
-  // The checkpoint of step 0 held all three: they are back from step 1.
+  // Rank 1 leaves from step 3 after ranks 0 and 1 began waiting at step 3:
+  // that round waits for the members in force at step 3, rank 0 alone.
+  absl::StatusOr<ForwardReply> alone = absl::UnknownError("not run");
+  {
+    std::thread both([&] { replies[1] = c[1]->ReduceForward(0, 2, local(1)); });
+    ASSERT_TRUE(c[0]->ReduceForward(0, 2, local(0)).ok());
+    both.join();
+    ASSERT_TRUE(replies[1].ok()) << replies[1].status();
+    std::thread waiting_at_3(
+        [&] { alone = c[0]->ReduceForward(0, 3, local(0)); });
+    absl::SleepFor(absl::Milliseconds(200));
+    v1::UpdateMembershipRequest leave;
+    leave.set_job_id("remove");
+    leave.set_step(3);
+    leave.add_leave(1);
+    EXPECT_TRUE(client.UpdateMembership(leave).ok());
+    waiting_at_3.join();
+  }
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->global.count, 2);
+  EXPECT_TRUE(alone->missing_ranks.empty());
+  late = c[1]->ReduceForward(0, 3, local(1));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition)
+      << late.status();
+  // The checkpoint of step 0 held all three: they are back from step 1
+  // (the changes of later steps are dropped).
   absl::StatusOr<v1::JobInfo> restored = client.RestoreCheckpoint("remove", 0);
   ASSERT_TRUE(restored.ok()) << restored.status();
   const v1::Membership& m = restored->membership();
@@ -257,7 +285,7 @@ TEST(ElasticClientTest, ARemovedRankIsNotWaitedForAndARestoreBringsItBack) {
   EXPECT_EQ(std::vector<int>(latest.members().begin(), latest.members().end()),
             (std::vector<int>{0, 1, 2}))
       << m.DebugString();
-  EXPECT_EQ(m.version(), 2) << m.DebugString();
+  EXPECT_EQ(m.version(), 3) << m.DebugString();  // after the two changes
 }
 
 ClientOptions OptionsFor(const std::string& address) {
