@@ -34,17 +34,18 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path);
 // below is idempotent); a server still unreachable then is UNAVAILABLE
 // naming it. An error the server answered is returned at once.
 //
-// With several shards, CreateJob, DeleteJob, Checkpoint and
-// RestoreCheckpoint go to every shard (in parallel) and succeed only when
-// every shard does; an error names the shard ("shard 1 (host:port): ...").
-// They are not atomic across shards: after a failure some shards may have
-// done the call; repeating it is safe (each is idempotent). GetJob and
-// ListJobs merge the shards' answers (committed_step: the minimum over the
-// shards holding layers); a job that some of its shards no longer hold (a
-// lost volume) is reported with JobInfo.missing_shards and committed_step
-// -1. GetRunningStats and SetRunningStats ask the shards that hold the
-// layers and answer in the caller's layer order. The shard list must stay
-// the same for the life of a job. Thread-safe.
+// With several shards, CreateJob, DeleteJob, Checkpoint,
+// RestoreCheckpoint and UpdateMembership go to every shard (in parallel) and
+// succeed only when every shard does; an error names the shard ("shard 1
+// (host:port): ..."). They are not atomic across shards: after a failure some
+// shards may have done the call; repeating it is safe (each is idempotent).
+// GetJob and ListJobs merge the shards' answers (committed_step: the minimum
+// over the shards holding layers; next_step: the maximum; membership: the
+// newest version); a job that some of its shards no longer hold (a lost volume)
+// is reported with JobInfo.missing_shards and committed_step -1.
+// GetRunningStats and SetRunningStats ask the shards that hold the layers and
+// answer in the caller's layer order. The shard list must stay the same for the
+// life of a job. Thread-safe.
 class Client {
  public:
   explicit Client(const ClientOptions& options);
@@ -88,6 +89,19 @@ class Client {
   // step + 1 (see LoadRunningStats in running_stats.h for the layers).
   absl::StatusOr<v1::JobInfo> RestoreCheckpoint(const std::string& job_id,
                                                 int64_t step);
+  // Changes which ranks contribute from request.step() on (an elastic
+  // job; see UpdateMembership in aggregator.proto): ranks join, leave, or
+  // are removed when gone. Returns the job with its new membership.
+  // Idempotent. FAILED_PRECONDITION for a step some layer has completed
+  // (the message names the job's next_step) or before the latest change's;
+  // INVALID_ARGUMENT for a rank out of range, named twice, or no member
+  // left. With several shards, step 0 (the next step) is resolved here: the
+  // highest next_step of the shards, sent to every shard; when their steps
+  // move past it meanwhile, it is asked for and sent again, a few times.
+  // ABORTED when that left the change in force from different steps on
+  // different shards (some took an earlier try): then name the step.
+  absl::StatusOr<v1::JobInfo> UpdateMembership(
+      const v1::UpdateMembershipRequest& request);
   // Replaces the running statistics of some layers (an import).
   absl::StatusOr<v1::RunningStats> SetRunningStats(
       const v1::SetRunningStatsRequest& request);

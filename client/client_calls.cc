@@ -19,6 +19,10 @@
 namespace syncnorm {
 namespace {
 
+// How often UpdateMembership with step 0 over several shards asks for the
+// next step and sends it, while the shards' steps move on under it.
+constexpr int kMembershipAttempts = 5;
+
 // The first error of a fan-out, or OK.
 template <typename T>
 absl::Status FirstError(const std::vector<absl::StatusOr<T>>& results) {
@@ -62,6 +66,17 @@ v1::JobInfo MergeJobInfos(const std::vector<const v1::JobInfo*>& by_shard) {
   }
   out.set_committed_step(
       committed == INT64_MAX || out.missing_shards_size() > 0 ? -1 : committed);
+  // Every shard holds the whole membership and gets every change; one that
+  // missed the latest (a change that failed half way) shows an older
+  // version: the newest is the job's. The first step a change may name is
+  // the highest: a layer of any shard may have completed it.
+  for (const v1::JobInfo* info : by_shard) {
+    if (info == nullptr) continue;
+    if (info->membership().version() > out.membership().version()) {
+      *out.mutable_membership() = info->membership();
+    }
+    out.set_next_step(std::max(out.next_step(), info->next_step()));
+  }
   return out;
 }
 
@@ -128,6 +143,33 @@ v1::BackupInfo MergeBackups(
   }
   for (const auto& [id, infos] : jobs) *out.add_jobs() = MergeJobInfos(infos);
   return out;
+}
+
+// The shards' answers to one UpdateMembership as one, or ABORTED when
+// their latest changes start at different steps: an earlier try took
+// effect on some shards before others refused it (their layers had moved
+// on), and a shard keeps a change already in force.
+absl::StatusOr<v1::JobInfo> SameChangeEverywhere(
+    const std::vector<absl::StatusOr<v1::JobInfo>>& results,
+    const std::vector<std::string>& addresses) {
+  std::vector<std::string> steps;
+  bool same = true;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const v1::Membership& m = results[i]->membership();
+    const int64_t step =
+        m.history_size() > 0 ? m.history(m.history_size() - 1).step() : 0;
+    steps.push_back(
+        absl::StrCat("shard ", i, " (", addresses[i], ") from step ", step));
+    const v1::Membership& first = results[0]->membership();
+    same = same && first.history_size() > 0 && m.history_size() > 0 &&
+           first.history(first.history_size() - 1).step() == step;
+  }
+  if (same) return MergeJobInfos(results);
+  return absl::AbortedError(absl::StrCat(
+      "the membership change took effect at different steps on the shards (",
+      absl::StrJoin(steps, ", "),
+      "): their steps moved on while it was sent; name the step explicitly "
+      "(at or above the job's next_step on every shard) to make them agree"));
 }
 
 }  // namespace
@@ -427,6 +469,45 @@ absl::StatusOr<v1::JobInfo> Client::RestoreCheckpoint(const std::string& job_id,
   });
   if (absl::Status s = FirstJobError(results); !s.ok()) return s;
   return MergeJobInfos(results);
+}
+
+absl::StatusOr<v1::JobInfo> Client::UpdateMembership(
+    const v1::UpdateMembershipRequest& request) {
+  if (shards_.size() == 1) {
+    return UnaryOn<v1::UpdateMembershipRequest, v1::JobInfo>(
+        0, request, &v1::Aggregator::Stub::UpdateMembership);
+  }
+  if (request.step() != 0) {
+    auto results = OnEveryShard<v1::JobInfo>([&](size_t i) {
+      return UnaryOn<v1::UpdateMembershipRequest, v1::JobInfo>(
+          i, request, &v1::Aggregator::Stub::UpdateMembership);
+    });
+    if (absl::Status s = FirstJobError(results); !s.ok()) return s;
+    return MergeJobInfos(results);
+  }
+  // Step 0 means each server's own next step, which differs between shards
+  // (each knows its own layers): every shard gets the highest, explicitly,
+  // so that the change takes effect at the same step on all of them.
+  v1::UpdateMembershipRequest explicit_step = request;
+  int64_t tried = -1;
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<v1::JobInfo> job = GetJob(request.job_id());
+    if (!job.ok()) return job.status();
+    explicit_step.set_step(job->next_step());
+    auto results = OnEveryShard<v1::JobInfo>([&](size_t i) {
+      return UnaryOn<v1::UpdateMembershipRequest, v1::JobInfo>(
+          i, explicit_step, &v1::Aggregator::Stub::UpdateMembership);
+    });
+    absl::Status error = FirstJobError(results);
+    if (error.ok()) return SameChangeEverywhere(results, shards());
+    // A shard whose layers completed that step meanwhile refuses it; a
+    // higher next step then is worth another try, the same one is not.
+    if (error.code() != absl::StatusCode::kFailedPrecondition ||
+        attempt >= kMembershipAttempts || job->next_step() <= tried) {
+      return error;
+    }
+    tried = job->next_step();
+  }
 }
 
 absl::StatusOr<v1::RunningStats> Client::SetRunningStats(

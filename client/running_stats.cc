@@ -1,8 +1,12 @@
 #include "client/running_stats.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/job_groups.h"
+#include "client/job_membership.h"
 #include "wire/convert.h"
 
 namespace syncnorm {
@@ -57,6 +61,81 @@ absl::Status ResumeFromCheckpoint(Client& client, const std::string& job_id,
   if (!s.ok()) return s;
   for (SyncBatchNorm* layer : layers) layer->set_step(step + 1);
   return absl::OkStatus();
+}
+
+namespace {
+
+// Waits until the job's committed step reaches `step` (polling its
+// statistics, as a committed step is not pushed), until `deadline`.
+absl::Status AwaitCommitted(Client& client, const std::string& job_id,
+                            int group, int64_t step, absl::Time deadline) {
+  v1::GetRunningStatsRequest request;
+  request.set_job_id(job_id);
+  request.set_group(group);
+  absl::Duration pause = absl::Milliseconds(5);
+  for (;;) {
+    absl::StatusOr<v1::RunningStats> stats = client.GetRunningStats(request);
+    if (!stats.ok()) return stats.status();
+    if (stats->step() >= step) return absl::OkStatus();
+    if (absl::Now() + pause >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "job '", job_id, "' has committed step ", stats->step(),
+          "; a rank joining at step ", step + 1, " waits for step ", step,
+          " to load the statistics it starts from"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(200));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> JoinJob(Client& client, const std::string& job_id,
+                                int rank,
+                                absl::Span<SyncBatchNorm* const> layers,
+                                std::optional<absl::Duration> timeout) {
+  const absl::Time deadline =
+      absl::Now() + timeout.value_or(client.options().rpc_timeout);
+  absl::StatusOr<v1::JobInfo> job = client.GetJob(job_id);
+  if (!job.ok()) return job.status();
+  if (!IsMember(*job, rank)) {
+    v1::UpdateMembershipRequest join;
+    join.set_job_id(job_id);
+    join.add_join(rank);
+    job = client.UpdateMembership(join);
+    if (!job.ok()) return job.status();
+  }
+  absl::StatusOr<int64_t> first = MemberSince(*job, rank);
+  if (!first.ok()) return first.status();
+  absl::StatusOr<int> group = GroupOf(*job, rank);
+  if (!group.ok()) return group.status();
+  // The statistics it starts from are those after every step before its
+  // first, on every layer: a layer may still be finishing one.
+  if (absl::Status s =
+          AwaitCommitted(client, job_id, *group, *first - 1, deadline);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = LoadRunningStats(client, job_id, *group, layers);
+      !s.ok()) {
+    return s;
+  }
+  for (SyncBatchNorm* layer : layers) layer->set_step(*first);
+  return *first;
+}
+
+absl::StatusOr<v1::JobInfo> LeaveJob(Client& client, const std::string& job_id,
+                                     int rank,
+                                     absl::Span<SyncBatchNorm* const> layers) {
+  int64_t next = 0;
+  for (const SyncBatchNorm* layer : layers) {
+    next = std::max(next, layer->step());
+  }
+  v1::UpdateMembershipRequest leave;
+  leave.set_job_id(job_id);
+  leave.set_step(next);
+  leave.add_leave(rank);
+  return client.UpdateMembership(leave);
 }
 
 }  // namespace syncnorm

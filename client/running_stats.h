@@ -8,6 +8,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/client.h"
 #include "client/sync_batch_norm.h"
@@ -34,6 +36,29 @@ absl::Status ResumeFromCheckpoint(Client& client, const std::string& job_id,
                                   int group,
                                   absl::Span<SyncBatchNorm* const> layers,
                                   int64_t step);
+
+// Makes `rank` a member of an elastic job and readies its layers to train
+// from there: joins it at the job's next step (UpdateMembership; nothing
+// is sent when it is a member already, as on a retry), waits until every
+// step before its first is committed (at most `timeout`, default the
+// client's rpc_timeout), loads the running statistics of its group into
+// the layers and sets their next step to its first step, which it
+// returns. The rank's first step is that of the change that made it a
+// member (MemberSince in job_membership.h). DEADLINE_EXCEEDED when the
+// steps before it are not committed in time (the members have not run
+// them yet); the call's status otherwise. On error no layer is changed.
+absl::StatusOr<int64_t> JoinJob(
+    Client& client, const std::string& job_id, int rank,
+    absl::Span<SyncBatchNorm* const> layers,
+    std::optional<absl::Duration> timeout = std::nullopt);
+
+// Takes `rank` out of the job gracefully after the rounds its layers have
+// run: it leaves from the highest next step of the layers (it must have
+// run every layer of the steps before it). Returns the job with its new
+// membership; UpdateMembership's status on failure.
+absl::StatusOr<v1::JobInfo> LeaveJob(Client& client, const std::string& job_id,
+                                     int rank,
+                                     absl::Span<SyncBatchNorm* const> layers);
 
 }  // namespace syncnorm
 

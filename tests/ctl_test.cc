@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -412,6 +413,98 @@ TEST_F(CtlTest, BackupsAreWrittenListedAndRestored) {
   r = Ctl({"backup", "--server", (*bare)->address()}, false);
   EXPECT_EQ(r.code, 5) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "no --backup_dir")) << r.err;
+}
+
+// An elastic job of world 4 with members 0-2 and steps 0 and 1 of one
+// layer done: members, join, leave, remove, and members in the listings.
+TEST_F(CtlTest, MembersAreShownAndChanged) {
+  Client client(Options());
+  v1::CreateJobRequest job;
+  job.set_job_id("elastic");
+  job.set_world_size(4);
+  for (int r : {0, 1, 2}) job.add_members(r);
+  v1::LayerSpec* spec = job.add_layers();
+  spec->set_name("bn");
+  spec->set_num_features(2);
+  ASSERT_TRUE(client.CreateJob(job).ok());
+  std::vector<std::unique_ptr<Contributor>> ranks;
+  for (int r : {0, 1, 2}) ranks.push_back(client.NewContributor("elastic", r));
+  for (int64_t step = 0; step < 2; ++step) {
+    std::vector<std::thread> threads;
+    for (auto& c : ranks) {
+      threads.emplace_back([&c, step] {
+        Moments m = Moments::Zero(2);
+        m.count = 3;
+        m.mean = {0.5 * c->rank(), -1.0};
+        m.m2 = {2.0, 1.0 + step};
+        EXPECT_TRUE(c->ReduceForward(0, step, m).ok());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  ASSERT_TRUE(client.Checkpoint("elastic", 1).ok());
+
+  Result r = Ctl({"members", "elastic"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(
+      r.out, "members 0-2 of world 4 (version 0); next step 2"))
+      << r.out;
+  r = Ctl({"join", "elastic", "3"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(
+      absl::StrContains(r.out, "from step 2 the members are 0-3 (version 1)"))
+      << r.out;
+  r = Ctl({"join", "elastic", "3"});  // again: already in force
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "(version 1)")) << r.out;
+  r = Ctl({"leave", "elastic", "0", "--step", "5"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(
+      absl::StrContains(r.out, "from step 5 the members are 1-3 (version 2)"))
+      << r.out;
+
+  r = Ctl({"members", "elastic"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "joined 3")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "left 0")) << r.out;
+  r = Ctl({"members", "elastic", "-o", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["next_step"], "2") << r.out;
+  EXPECT_EQ(j["membership"]["version"], "2") << r.out;
+  ASSERT_EQ(j["membership"]["history"].size(), 3u) << r.out;
+  EXPECT_EQ(j["membership"]["history"][1]["step"], "2") << r.out;
+  EXPECT_EQ(j["membership"]["history"][1]["joined"], nlohmann::json::array({3}))
+      << r.out;
+  EXPECT_EQ(j["membership"]["members"], nlohmann::json::array({1, 2, 3}))
+      << r.out;
+
+  r = Ctl({"jobs"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  bool listed = false;
+  for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
+    if (!absl::StartsWith(line, "elastic ")) continue;
+    listed = true;
+    EXPECT_TRUE(absl::StrContains(line, " 1-3 ")) << line;
+  }
+  EXPECT_TRUE(listed) << r.out;
+  r = Ctl({"checkpoints", "elastic"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "MEMBERS")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, " 0-2 ")) << r.out;
+
+  // Refusals: a completed step (the message names the next one), a rank
+  // outside the world, a bad word.
+  r = Ctl({"remove", "elastic", "2", "--step=1"});
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "step 2")) << r.err;  // the next
+  r = Ctl({"join", "elastic", "4"});
+  EXPECT_EQ(r.code, 5) << r.err;
+  r = Ctl({"leave", "elastic", "two"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "RANK 'two' is not a rank")) << r.err;
+  r = Ctl({"members", "nope"});
+  EXPECT_EQ(r.code, 4) << r.err;
 }
 
 TEST_F(CtlTest, AServerThatPredatesACallIsNamedAsOlder) {

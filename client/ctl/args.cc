@@ -1,5 +1,7 @@
 #include "client/ctl/args.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
@@ -146,6 +148,23 @@ absl::Status ExpectPositional(const Args& args, size_t min, size_t max,
     return absl::OkStatus();
   }
   return Usage(absl::StrCat("usage: syncnormctl ", args.command, " ", shape));
+}
+
+absl::StatusOr<std::vector<int>> ParseRanks(const Args& args, size_t first) {
+  std::vector<int> ranks;
+  for (size_t i = first; i < args.positional.size(); ++i) {
+    const std::string& word = args.positional[i];
+    int rank = -1;
+    if (!absl::SimpleAtoi(word, &rank) || rank < 0) {
+      return Usage(
+          absl::StrCat("RANK '", word, "' is not a rank (an integer >= 0)"));
+    }
+    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) {
+      return Usage(absl::StrCat("rank ", rank, " is named twice"));
+    }
+    ranks.push_back(rank);
+  }
+  return ranks;
 }
 
 absl::Status Usage(absl::string_view what) {

@@ -46,6 +46,10 @@ absl::StatusOr<Args> ParseArgs(int argc, const char* const* argv);
 absl::Status ExpectPositional(const Args& args, size_t min, size_t max,
                               absl::string_view shape);
 
+// The ranks of positional arguments [first, end): each an integer >= 0,
+// none twice; a usage error naming the first that is not.
+absl::StatusOr<std::vector<int>> ParseRanks(const Args& args, size_t first);
+
 // A usage error: syncnormctl prints the usage and exits 2.
 absl::Status Usage(absl::string_view what);
 bool IsUsage(const absl::Status& status);

@@ -95,5 +95,46 @@ TEST(ArgsTest, MistakesAreUsageErrorsThatSayWhat) {
   EXPECT_EQ(*a->Int("step"), std::nullopt);
 }
 
+TEST(ArgsTest, MembershipCommandsTakeRanksAndAStep) {
+  for (const auto& words : std::vector<std::vector<std::string>>{
+           {"join", "net", "3", "5", "--step", "12"},
+           {"join", "--step=12", "net", "3", "5"},
+       }) {
+    absl::StatusOr<Args> a = Parse(words);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->command, "join");
+    absl::StatusOr<std::vector<int>> ranks = ParseRanks(*a, 1);
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    EXPECT_EQ(*ranks, (std::vector<int>{3, 5}));
+    EXPECT_EQ(*a->Int("step"), 12);
+  }
+  absl::StatusOr<Args> a = Parse({"leave", "net", "0"});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*ParseRanks(*a, 1), (std::vector<int>{0}));
+  EXPECT_EQ(*a->Int("step"), std::nullopt);
+}
+
+TEST(ArgsTest, BadRanksAreUsageErrorsThatSayWhich) {
+  struct Case {
+    std::vector<std::string> words;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"join", "net", "x"}, "RANK 'x' is not a rank"},
+           {{"join", "net", "-1"}, "RANK '-1' is not a rank"},
+           {{"remove", "net", "2", "1.5"}, "RANK '1.5' is not a rank"},
+           {{"leave", "net", "4", "2", "4"}, "rank 4 is named twice"},
+           {{"join", "net", "99999999999"}, "RANK '99999999999'"},
+       }) {
+    absl::StatusOr<Args> a = Parse(c.words);
+    ASSERT_TRUE(a.ok()) << a.status();
+    absl::StatusOr<std::vector<int>> ranks = ParseRanks(*a, 1);
+    ASSERT_FALSE(ranks.ok()) << c.says;
+    EXPECT_TRUE(IsUsage(ranks.status()));
+    EXPECT_TRUE(absl::StrContains(ranks.status().message(), c.says))
+        << ranks.status();
+  }
+}
+
 }  // namespace
 }  // namespace syncnorm::ctl

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/ctl/backup_commands.h"
+#include "client/ctl/membership_commands.h"
 #include "client/ctl/output.h"
 #include "client/ctl/state_dict.h"
 #include "client/job_groups.h"
@@ -74,6 +75,13 @@ std::string JobState(const v1::JobInfo& job) {
                       ": restore it from a backup (syncnormctl backups)");
 }
 
+// The job's latest members ("0-3,5"); "all" when the server reports none
+// (an aggregator without elastic membership).
+std::string Members(const v1::JobInfo& job) {
+  if (!job.has_membership()) return "all";
+  return FormatRanks(job.membership().members());
+}
+
 absl::Status Jobs(Client& client, const Args& args, std::ostream& out) {
   if (absl::Status s = Need(args, 0, ""); !s.ok()) return s;
   auto json = args.Json();
@@ -86,14 +94,15 @@ absl::Status Jobs(Client& client, const Args& args, std::ostream& out) {
     out << ProtoJson(response);
     return absl::OkStatus();
   }
-  out << absl::StrFormat("%-32s %6s %6s %6s %10s  %s\n", "JOB", "WORLD",
-                         "GROUPS", "LAYERS", "COMMITTED", "STATE");
+  out << absl::StrFormat("%-32s %6s %6s %6s %10s  %-16s %4s  %s\n", "JOB",
+                         "WORLD", "GROUPS", "LAYERS", "COMMITTED", "MEMBERS",
+                         "VER", "STATE");
   for (const v1::JobInfo& j : *jobs) {
     out << absl::StrFormat(
-        "%-32s %6d %6d %6d %10s  %s\n", j.job_id(), j.world_size(),
+        "%-32s %6d %6d %6d %10s  %-16s %4d  %s\n", j.job_id(), j.world_size(),
         NumGroups(j), j.layers_size(),
         j.missing_shards_size() > 0 ? "-" : absl::StrCat(j.committed_step()),
-        JobState(j));
+        Members(j), j.membership().version(), JobState(j));
   }
   return absl::OkStatus();
 }
@@ -115,9 +124,10 @@ absl::Status Layers(Client& client, const Args& args, std::ostream& out) {
     return absl::OkStatus();
   }
   out << absl::StrFormat(
-      "job %s: world %d, %d group(s), committed step %d; group %d:\n",
-      job->job_id(), job->world_size(), NumGroups(*job), job->committed_step(),
-      request->group());
+      "job %s: world %d, %d group(s), members %s (version %d), committed "
+      "step %d; group %d:\n",
+      job->job_id(), job->world_size(), NumGroups(*job), Members(*job),
+      job->membership().version(), job->committed_step(), request->group());
   out << absl::StrFormat("%5s %-28s %8s %-10s %9s %7s %12s\n", "INDEX", "NAME",
                          "FEATURES", "MOMENTUM", "VALUE", "VAR", "BATCHES");
   for (int i = 0; i < job->layers_size(); ++i) {
@@ -143,10 +153,12 @@ absl::Status Checkpoints(Client& client, const Args& args, std::ostream& out) {
     out << ProtoJson(response);
     return absl::OkStatus();
   }
-  out << absl::StrFormat("%12s  %-24s %s\n", "STEP", "CREATED (UTC)", "TAG");
+  out << absl::StrFormat("%12s  %-24s %-16s %4s  %s\n", "STEP", "CREATED (UTC)",
+                         "MEMBERS", "VER", "TAG");
   for (const v1::CheckpointInfo& c : *list) {
-    out << absl::StrFormat("%12d  %-24s %s\n", c.step(),
-                           FormatUtc(c.created_unix_ms()), c.tag());
+    out << absl::StrFormat(
+        "%12d  %-24s %-16s %4d  %s\n", c.step(), FormatUtc(c.created_unix_ms()),
+        FormatRanks(c.members()), c.membership_version(), c.tag());
   }
   return absl::OkStatus();
 }
@@ -348,6 +360,10 @@ absl::Status Run(Client& client, const Args& args, std::ostream& out) {
       {"backup", BackupCommand},
       {"backups", ListBackupsCommand},
       {"restore-backup", RestoreBackupCommand},
+      {"members", MembersCommand},
+      {"join", ChangeMembersCommand},
+      {"leave", ChangeMembersCommand},
+      {"remove", ChangeMembersCommand},
   };
   auto it = commands->find(args.command);
   if (it == commands->end()) {
@@ -362,10 +378,10 @@ std::string UsageText() {
   return R"(usage: syncnormctl [--server ADDRESS] [--timeout DURATION] [-o table|json] COMMAND ...
 
 Commands:
-  jobs                                   list the jobs: committed step, or the shards
-                                         that lost one
+  jobs                                   list the jobs: committed step, members and
+                                         their version, or the shards that lost one
   layers JOB [--group G]                 a job's layers with their num_batches_tracked
-  checkpoints JOB                        a job's checkpoints (step, time, tag)
+  checkpoints JOB                        a job's checkpoints (step, time, members, tag)
   stats JOB LAYER [--group G] [--step S] a layer's running statistics as a table
                                          (LAYER: name or index; --step: a checkpoint)
   export JOB [--group G] [--step S] [--out FILE]
@@ -377,6 +393,15 @@ Commands:
   checkpoint JOB STEP [--tag T]          wait for STEP and checkpoint it
   restore JOB STEP                       roll the job back to its checkpoint at STEP
   delete JOB                             delete a job and all of its state
+  members JOB                            an elastic job's members, version, next step
+                                         and the changes it keeps
+  join JOB RANK... [--step N]            RANKs contribute from step N (default: the
+                                         job's next step); each starts from the
+                                         service's running statistics
+  leave JOB RANK... [--step N]           RANKs stop gracefully: in every round before
+                                         step N, none from it
+  remove JOB RANK... [--step N]          RANKs are gone: as leave, and rounds before N
+                                         still waiting for them complete without them
   backup [NAME] [--job JOB]              write backup NAME (default: the UTC time) of every
                                          job, or of JOB, on every shard, each in its
                                          --backup_dir (waits up to --timeout, default 10m)

@@ -1,6 +1,8 @@
 #include "client/ctl/output.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,6 +52,23 @@ std::string FormatBytes(int64_t bytes) {
     ++unit;
   }
   return absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+std::string FormatRanks(const google::protobuf::RepeatedField<int32_t>& ranks) {
+  std::vector<int32_t> sorted(ranks.begin(), ranks.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    if (j - i >= 2) {
+      parts.push_back(absl::StrCat(sorted[i], "-", sorted[j]));
+    } else {
+      for (size_t k = i; k <= j; ++k) parts.push_back(absl::StrCat(sorted[k]));
+    }
+    i = j + 1;
+  }
+  return parts.empty() ? "-" : absl::StrJoin(parts, ",");
 }
 
 std::string JoinShards(const google::protobuf::RepeatedField<int32_t>& shards) {

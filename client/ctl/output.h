@@ -26,6 +26,10 @@ std::string FormatUtc(int64_t unix_ms);
 // "12.3 KiB", "4.0 MiB", "512 B".
 std::string FormatBytes(int64_t bytes);
 
+// Ranks, ascending, with runs of three or more as ranges: "0-3,5,7,8";
+// "-" for none.
+std::string FormatRanks(const google::protobuf::RepeatedField<int32_t>& ranks);
+
 // "1", "1,2" of a list of shard ordinals.
 std::string JoinShards(const google::protobuf::RepeatedField<int32_t>& shards);
 

@@ -250,6 +250,13 @@ void BindClientClass(py::module_& m) {
                                                  request.step());
              });
            })
+      .def(
+          "update_membership_json",
+          [](PyClient& c, const std::string& json) {
+            auto request =
+                Parse<v1::UpdateMembershipRequest>(json, "UpdateMembership");
+            return JsonCall([&] { return c.client.UpdateMembership(request); });
+          })
       .def("list_jobs_json",
            [](PyClient& c) {
              return JsonCall([&]() -> absl::StatusOr<v1::ListJobsResponse> {

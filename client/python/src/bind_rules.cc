@@ -1,12 +1,14 @@
 // Layer specs and the running-statistics rule for Python, so that the
 // Python layer mirrors the aggregator through the same formulas.
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/job_groups.h"
+#include "client/job_membership.h"
 #include "client/layer_spec.h"
 #include "client/python/src/bindings.h"
 #include "client/python/src/json_proto.h"
@@ -136,6 +138,20 @@ int GroupOfPy(const std::string& job_info_json, int rank) {
   return *group;
 }
 
+// None for a rank that is not among the latest members.
+std::optional<int64_t> MemberSincePy(const std::string& job_info_json,
+                                     int rank) {
+  absl::StatusOr<v1::JobInfo> job =
+      FromJson<v1::JobInfo>(job_info_json, "JobInfo");
+  ThrowIfError(job.status());
+  if (rank >= 0 && rank < job->world_size() && !IsMember(*job, rank)) {
+    return std::nullopt;
+  }
+  absl::StatusOr<int64_t> since = MemberSince(*job, rank);
+  ThrowIfError(since.status());
+  return *since;
+}
+
 DoubleArray InvStdPy(const DoubleArray& var, double eps) {
   std::vector<double> out(var.data(), var.data() + var.size());
   for (double& v : out) v = InvStd(v, eps);
@@ -166,6 +182,11 @@ void BindRules(py::module_& m) {
   m.def("group_of", &GroupOfPy, py::arg("job_info_json"), py::arg("rank"),
         "The group of `rank` in a JobInfo (JSON): explicit rank lists or "
         "blocks of group_size (client/job_groups.h).");
+  m.def("member_since", &MemberSincePy, py::arg("job_info_json"),
+        py::arg("rank"),
+        "The first step of `rank`'s current time as a member of the job "
+        "(JobInfo JSON), None when it is not among the latest members "
+        "(client/job_membership.h MemberSince).");
   m.def("inv_std", &InvStdPy, py::arg("var"), py::arg("eps"),
         "1 / sqrt(var + eps), float64.");
 }

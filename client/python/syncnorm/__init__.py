@@ -36,9 +36,10 @@ def _load_extension():
 __version__ = _load_extension().__version__
 
 from ._client import (Client, ServiceError, SingleValuePerChannelError,  # noqa: E402
-                      MOMENTUM_MODES, group_of, layer_spec,
+                      MOMENTUM_MODES, group_of, layer_spec, member_since,
                       momentum_mode_code)
 
 __all__ = ["Client", "ServiceError", "SingleValuePerChannelError",
-           "MOMENTUM_MODES", "group_of", "layer_spec", "momentum_mode_code",
+           "MOMENTUM_MODES", "group_of", "layer_spec", "member_since",
+           "momentum_mode_code",
            "__version__"]

@@ -28,7 +28,8 @@ _MODE_WIRE = {1: "MOMENTUM_TORCH", 2: "MOMENTUM_DECAY",
 # int64 fields, which proto3 JSON writes as strings.
 _INT64_FIELDS = frozenset(
     ["committed_step", "step", "num_batches_tracked", "round_timeout_ms",
-     "created_unix_ms", "count", "checkpoint_step", "grace_ms"])
+     "created_unix_ms", "count", "checkpoint_step", "grace_ms", "next_step",
+     "version", "membership_version"])
 
 
 def momentum_mode_code(mode):
@@ -53,7 +54,9 @@ def _ints(value, key=None):
         return {k: _ints(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [_ints(v, key) for v in value]
-    if key in _INT64_FIELDS and isinstance(value, str):
+    # "version" is also a release's name (BackupInfo): numbers only.
+    if key in _INT64_FIELDS and isinstance(value, str) and \
+            value.lstrip("-").isdigit():
         return int(value)
     return value
 
@@ -85,6 +88,42 @@ def layer_spec(name, num_features, momentum_mode="torch", momentum=-1.0,
         "initial_running_var": [float(v) for v in initial_running_var],
     }
     return json.loads(_syncnorm.layer_spec_json(options, name))
+
+
+def _ranks(ranks, what):
+    """A list of distinct ranks (ints >= 0) from an iterable; ValueError
+    naming `what` otherwise."""
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise ValueError("expected %s as a list of ranks, got %r"
+                         % (what, ranks))
+    out = []
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ValueError("expected %s to be ranks (integers >= 0), got %r"
+                             % (what, r))
+        if r in out:
+            raise ValueError("rank %d is named twice in %s" % (r, what))
+        out.append(int(r))
+    return out
+
+
+def member_since(job_info, rank):
+    """The first step of `rank`'s current time as a member of the job (a
+    JobInfo dict): the step it joined at (0 for a member since the job was
+    created); None when it is not among the latest members."""
+    return _syncnorm.member_since(json.dumps(_wire_int64(job_info)),
+                                  int(rank))
+
+
+def _wire_int64(value, key=None):
+    """A dict of _ints back with int64 fields as strings (proto3 JSON)."""
+    if isinstance(value, dict):
+        return {k: _wire_int64(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_wire_int64(v, key) for v in value]
+    if key in _INT64_FIELDS and isinstance(value, int):
+        return str(value)
+    return value
 
 
 def group_of(job_info, rank):
@@ -140,7 +179,8 @@ class Client:
         return self._raw.address
 
     def create_job(self, job_id, world_size, layers, group_size=0,
-                   round_timeout_ms=0, quorum=None, groups=None):
+                   round_timeout_ms=0, quorum=None, groups=None,
+                   members=None):
         """Creates the job (idempotent: the same spec again returns it).
 
         layers: LayerSpec dicts, e.g. from :func:`layer_spec`. group_size 0:
@@ -152,9 +192,12 @@ class Client:
         QuorumPolicy dict {"min_ranks": k, "grace_ms": t}: grace_ms after a
         round's first contribution, with at least k ranks of the group
         present, the round completes without the others and its result
-        names them (SyncBatchNorm.last_missing_ranks). Returns the JobInfo
-        dict. ServiceError ALREADY_EXISTS when the job exists with another
-        spec.
+        names them (SyncBatchNorm.last_missing_ranks). members: the ranks
+        that contribute from step 0 of an elastic job whose members change
+        later (:meth:`update_membership`); world_size is then the rank
+        space, every rank that may ever join is below it. None: every rank.
+        Returns the JobInfo dict. ServiceError ALREADY_EXISTS when the job
+        exists with another spec.
         """
         request = {
             "job_id": job_id,
@@ -166,6 +209,11 @@ class Client:
         if groups:
             request["groups"] = [{"ranks": [int(r) for r in g]}
                                  for g in groups]
+        if members is not None:
+            request["members"] = _ranks(members, "members")
+            if not request["members"]:
+                raise ValueError("expected at least one member, got none "
+                                 "(members=None means every rank)")
         if quorum:
             request["quorum"] = {
                 "min_ranks": int(quorum.get("min_ranks", 0)),
@@ -235,6 +283,37 @@ class Client:
         request = {"job_id": job_id, "step": str(int(step))}
         return _ints(json.loads(
             self._raw.restore_checkpoint_json(json.dumps(request))))
+
+    def update_membership(self, job_id, step=0, join=(), leave=(),
+                          remove=()):
+        """Changes which ranks of an elastic job contribute, from `step` on
+        (0: the job's next step, one past the highest step any layer has
+        completed). join: ranks that start at `step` from the service's
+        running statistics; leave: ranks that take part in every round
+        before `step` and none from it; remove: ranks that are gone (rounds
+        before `step` still waiting for them complete without them). Each
+        rank at most once. Idempotent. Returns the JobInfo dict, whose
+        "membership" holds the members, version and history. ServiceError
+        FAILED_PRECONDITION for a step already completed (the message names
+        the next step); INVALID_ARGUMENT for a rank out of range or a change
+        that leaves no member."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError("expected step to be an integer >= 0 (0: the "
+                             "job's next step), got %r" % (step,))
+        request = {"job_id": job_id, "step": str(step),
+                   "join": _ranks(join, "join"),
+                   "leave": _ranks(leave, "leave"),
+                   "remove": _ranks(remove, "remove")}
+        named = request["join"] + request["leave"] + request["remove"]
+        for r in named:
+            if named.count(r) > 1:
+                raise ValueError("rank %d is named more than once over join, "
+                                 "leave and remove" % r)
+        if not named:
+            raise ValueError("expected ranks to join, leave or remove, got "
+                             "none")
+        return _ints(json.loads(
+            self._raw.update_membership_json(json.dumps(request))))
 
     def node_group(self, job_id, rank):
         """The NodeGroup of a worker that is alone on its node (its own

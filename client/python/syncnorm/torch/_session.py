@@ -1,11 +1,12 @@
 """attach and Session: a model's SyncBatchNorm layers on a job."""
 
 import os
+import time
 
 import torch
 
 from .. import _syncnorm
-from .._client import Client, group_of
+from .._client import Client, group_of, member_since
 from ._batch_norm import SyncBatchNorm
 
 
@@ -16,8 +17,10 @@ class Session:
     group in the job), group_ranks (the ranks of that group, ascending),
     group (the NodeGroup it syncs through), layers (the SyncBatchNorm
     modules, index = layer), names (their module paths), pool (a kernel
-    ThreadPool or None), and sync_seconds (wall time spent in forward and
-    backward syncs so far). Used by one training thread.
+    ThreadPool or None), sync_seconds (wall time spent in forward and
+    backward syncs so far), first_step (the layers' first step when
+    attached) and joined (whether attach made this rank a member of an
+    elastic job). Used by one training thread.
     """
 
     def __init__(self, client, job_id, rank, world_size, info, names, layers,
@@ -39,6 +42,8 @@ class Session:
         self.group = node_group
         self.pool = pool
         self.sync_seconds = 0.0
+        self.first_step = 0
+        self.joined = False
 
     def steps(self):
         """The next step of each layer."""
@@ -100,6 +105,18 @@ class Session:
         self.pull_running_stats()
         for bn in self.layers:
             bn._sn_step = step + 1
+        return info
+
+    def leave(self):
+        """Leaves the job gracefully and detaches: this rank takes part in
+        every round before its layers' next step (the step after the last
+        it ran) and in none from it, and the layers no longer sync.
+        Returns the job's JobInfo dict with the new membership. Call it
+        between steps, after the backward of the last."""
+        step = max(self.steps())
+        info = self.client.update_membership(self.job_id, step=step,
+                                             leave=[self.rank])
+        self.detach()
         return info
 
     def detach(self):
@@ -247,10 +264,39 @@ def _groups(named, rank, world_size):
     return 0, sorted({tuple(g) for g in everyone})
 
 
+def _await_committed(client, job_id, group, step, timeout):
+    """Waits until the job's committed step reaches `step`; the statistics
+    then hold every round before step + 1."""
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        stats = client.get_running_stats(job_id, group=group)
+        if stats.get("step", -1) >= step:
+            return stats
+        if time.monotonic() + pause >= deadline:
+            raise TimeoutError(
+                "job %r has committed step %d after %g s; a rank joining at "
+                "step %d waits for step %d to load the statistics it starts "
+                "from (are its members training?)"
+                % (job_id, stats.get("step", -1), timeout, step + 1, step))
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def _join(client, job_id, rank, info):
+    """(JobInfo, joined, first step of the rank as a member) of an elastic
+    job, joining it at its next step when the rank is not a member."""
+    since = member_since(info, rank)
+    if since is not None:
+        return info, False, since
+    info = client.update_membership(job_id, join=[rank])
+    return info, True, member_since(info, rank)
+
+
 def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
            group_size=None, groups=None, round_timeout_ms=0,
            example_input=None, start_step=None, num_threads=None,
-           node_group=None, quorum=None):
+           node_group=None, quorum=None, members=None, join_timeout=60.0):
     """Attaches every SyncBatchNorm of `model` to the job `job_id` as `rank`
     of `world_size` and returns the :class:`Session`.
 
@@ -279,6 +325,18 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     :meth:`syncnorm.Client.create_job`); each layer's
     ``last_missing_ranks`` then names the ranks its last round went
     without.
+
+    Elastic jobs (members that change at step boundaries): members, the
+    ranks that contribute from step 0 when this call creates the job;
+    world_size is then the rank space (every rank that may ever join is
+    below it). Like the model, it is part of the job's spec: every rank
+    passes the same, joiners too. A rank that is not a member when it attaches joins at the
+    job's next step (Client.update_membership): it waits (at most
+    join_timeout seconds) until every step before that is committed,
+    loads the service's running statistics into the buffers and starts
+    its layers at that step (Session.joined, Session.first_step). A rank
+    that joined earlier (say, by syncnormctl join) starts at its join
+    step. Session.leave() leaves gracefully.
     """
     if example_input is not None:
         _dry_run(model, example_input)
@@ -302,7 +360,12 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
                          "group size %d" % (world_size, group_size))
     specs = [m.layer_spec(n or "bn") for n, m in named]
     info = client.create_job(job_id, world_size, specs, group_size,
-                             round_timeout_ms, quorum, groups)
+                             round_timeout_ms, quorum, groups, members)
+    # An aggregator without elastic membership reports none: every rank.
+    elastic = "membership" in info
+    joined, since = False, 0
+    if elastic:
+        info, joined, since = _join(client, job_id, rank, info)
     if node_group is None:
         node_group = client.node_group(job_id, rank)
     pool = _syncnorm.ThreadPool(num_threads) if num_threads else None
@@ -310,8 +373,20 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
                       [n for n, _ in named], [m for _, m in named],
                       node_group, pool)
     first = info["committed_step"] + 1 if start_step is None else start_step
+    if start_step is None and since > first:
+        first = since  # a member from a step the job has not reached
+    session.first_step = first
+    session.joined = joined
     for index, ((_, bn), spec) in enumerate(zip(named, info["layers"])):
         bn._sn_attach(session, index, first, spec)
+    if joined or since > info["committed_step"] + 1:
+        # It starts from the statistics after every step before its first,
+        # which a layer may still be finishing; they replace the buffers.
+        stats = _await_committed(client, job_id, session.group_index,
+                                 first - 1, join_timeout)
+        for entry in stats.get("layers", []):
+            session.layers[entry["layer"]]._sn_load(entry)
+        return session
     stats = client.get_running_stats(job_id, group=session.group_index)
     for entry in stats.get("layers", []):
         session.layers[entry["layer"]]._sn_load(
