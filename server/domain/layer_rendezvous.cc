@@ -644,11 +644,13 @@ std::vector<RoundCallback> LayerRendezvous::Reset(
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
     groups_[g].state = per_group[g];
-    // The stale-synchronous window starts afresh with the steps after it.
+    // The stale-synchronous window starts afresh with the steps after it,
+    // as if every rank had just sent the restored step.
     StaleState& stale = groups_[g].stale;
     for (int p = 0; p < 2; ++p) {
       for (auto& by_step : stale.entries[p]) by_step.clear();
-      std::fill(stale.latest[p].begin(), stale.latest[p].end(), -1);
+      std::fill(stale.latest[p].begin(), stale.latest[p].end(),
+                per_group[g].last_applied);
     }
     stale.persisted.clear();
     for (PhaseState& phase : groups_[g].phases) {

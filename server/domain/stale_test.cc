@@ -20,6 +20,7 @@
 #include "server/domain/aggregator.h"
 #include "server/domain/fake_clock.h"
 #include "server/domain/job_spec.h"
+#include "server/domain/membership.h"
 #include "server/domain/outcome_recorder.h"
 #include "server/store/kv_state_store.h"
 #include "server/store/memory_engine.h"
@@ -390,6 +391,58 @@ TEST_F(StaleTest, WhatAStaleJobRefusesIsSaid) {
   o = Send(Make("s", 0, 1, Phase::kBackward));
   ASSERT_TRUE(o.has_value());
   EXPECT_EQ(o->status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(StaleTest, RemovingADeadRankReleasesTheClock) {
+  ASSERT_TRUE(agg_->CreateJob(Spec("s", 3, 1)).ok());
+  for (int r : {0, 1, 2}) {
+    ASSERT_TRUE(Send(Make("s", 0, r, Phase::kForward)).has_value());
+  }
+  // Rank 2 is gone after step 0: ranks 0 and 1 may run one step ahead.
+  for (int r : {0, 1}) {
+    ASSERT_TRUE(Send(Make("s", 1, r, Phase::kForward)).has_value());
+  }
+  OutcomeRecorder held(2);
+  agg_->Contribute(Make("s", 2, 0, Phase::kForward), held.Slot(0));
+  agg_->Contribute(Make("s", 2, 1, Phase::kForward), held.Slot(1));
+  EXPECT_EQ(held.calls(0), 0);
+  MembershipRequest remove;
+  remove.remove = {2};
+  auto removed = agg_->UpdateMembership("s", remove);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(held.calls(i), 1);
+    ExpectMergeOfView(held.get(i));
+    EXPECT_THAT(held.get(i).view,
+                ElementsAre(ViewEntry{0, 2}, ViewEntry{1, 2}));
+  }
+  // Step 1's merge no longer waits for rank 2 either.
+  auto stats = agg_->GetRunningStats("s", {}, 0);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->layers[0].stats.num_batches_tracked, 3);
+}
+
+TEST_F(StaleTest, ARestoreStartsTheWindowAfresh) {
+  ASSERT_TRUE(agg_->CreateJob(Spec("s", 2, 1)).ok());
+  for (int64_t step : {0, 1}) {
+    for (int r : {0, 1}) {
+      ASSERT_TRUE(Send(Make("s", step, r, Phase::kForward)).has_value());
+    }
+  }
+  bool cut = false;
+  agg_->Checkpoint(
+      "s", 0, "", clock_.Now() + absl::Seconds(1),
+      [&](const absl::StatusOr<CheckpointMeta>& m) { cut = m.ok(); });
+  ASSERT_TRUE(cut);
+  ASSERT_TRUE(agg_->RestoreCheckpoint("s", 0).ok());
+  // Step 1 again, with other batches: answered from them, not the old ones.
+  Contribution again = Make("s", 1, 0, Phase::kForward);
+  std::get<Moments>(again.payload) = LocalMoments(0, 7);
+  std::optional<RoundOutcome> o = Send(again);
+  ASSERT_TRUE(o.has_value());
+  ASSERT_TRUE(o->status.ok()) << o->status;
+  EXPECT_THAT(o->view, ElementsAre(ViewEntry{0, 1}));
+  EXPECT_TRUE(SameBits(o->moments.mean, Finalize(LocalMoments(0, 7)).mean));
 }
 
 TEST_F(StaleTest, AWaitingContributionMissesItsDeadlineAndARetryWaitsAgain) {
