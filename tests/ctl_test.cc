@@ -118,6 +118,25 @@ TEST_F(CtlTest, ListsJobsLayersAndStatistics) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+TEST_F(CtlTest, LayersSayWhetherAJobIsStaleSynchronous) {
+  v1::CreateJobRequest stale;
+  stale.set_job_id("stale-ctl");
+  stale.set_world_size(2);
+  stale.set_staleness(2);
+  v1::LayerSpec* l = stale.add_layers();
+  l->set_name("bn");
+  l->set_num_features(1);
+  ASSERT_TRUE(Client(Options()).CreateJob(stale).ok());
+  Result r = Ctl({"layers", "stale-ctl"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "stale-synchronous (staleness 2)"))
+      << r.out;
+  r = Ctl({"layers", "net"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, ", synchronous,")) << r.out;
+  EXPECT_EQ(Ctl({"delete", "stale-ctl"}).code, 0);
+}
+
 TEST_F(CtlTest, ExportsAndImportsAStateDictBitForBit) {
   Result r = Ctl({"export", "net"});
   ASSERT_EQ(r.code, 0) << r.err;

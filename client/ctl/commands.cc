@@ -124,10 +124,14 @@ absl::Status Layers(Client& client, const Args& args, std::ostream& out) {
     return absl::OkStatus();
   }
   out << absl::StrFormat(
-      "job %s: world %d, %d group(s), members %s (version %d), committed "
+      "job %s: world %d, %d group(s), members %s (version %d), %s, committed "
       "step %d; group %d:\n",
       job->job_id(), job->world_size(), NumGroups(*job), Members(*job),
-      job->membership().version(), job->committed_step(), request->group());
+      job->membership().version(),
+      job->staleness() > 0
+          ? absl::StrCat("stale-synchronous (staleness ", job->staleness(), ")")
+          : "synchronous",
+      job->committed_step(), request->group());
   out << absl::StrFormat("%5s %-28s %8s %-10s %9s %7s %12s\n", "INDEX", "NAME",
                          "FEATURES", "MOMENTUM", "VALUE", "VAR", "BATCHES");
   for (int i = 0; i < job->layers_size(); ++i) {
