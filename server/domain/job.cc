@@ -145,10 +145,8 @@ void Job::Contribute(Contribution c, RoundCallback done, absl::Time now) {
     // A deleted job's rounds must not store anything any more.
     deleted = deleted_;
     if (!deleted) {
-      // Stays the same while state_mu_ is held: it is replaced under it.
-      const std::shared_ptr<const Membership> members = Members();
-      applied = rendezvous.Contribute(std::move(c), *members, std::move(done),
-                                      now, out);
+      applied = rendezvous.Contribute(std::move(c), MembersHeld(),
+                                      std::move(done), now, out);
     }
   }
   if (deleted) {

@@ -230,6 +230,13 @@ class Job {
   absl::Status RestoreLocked(int64_t step, std::vector<RoundCallback>& dropped)
       ABSL_LOCKS_EXCLUDED(admin_mu_, state_mu_);
   static void Answer(Answers& answers);
+  // The current membership for a caller that holds state_mu_, under which
+  // alone it is replaced: no lock or reference count on a contribution's
+  // path.
+  const Membership& MembersHeld() const
+      ABSL_SHARED_LOCKS_REQUIRED(state_mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return *members_;
+  }
 
   // Constant after construction; rendezvous_[i] serves spec_.layers[i].
   const JobSpec spec_;
