@@ -244,6 +244,15 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
       leader_status = absl::InternalError(
           "the aggregator answered with a different channel count");
     }
+    if (leader_status.ok() && !reply->view.empty()) {
+      // The broadcast has no room for a view, without which the layers
+      // would mirror a view's merge into their running statistics.
+      leader_status = absl::FailedPreconditionError(
+          "the job is stale-synchronous (staleness > 0), whose answers "
+          "carry a view that an NCCL node group does not pass on yet; sync "
+          "this node through Client::NewNodeGroup or a ThreadNode, or use "
+          "a synchronous job");
+    }
     if (leader_status.ok()) {
       out.count = reply->global.count;
       out.version = reply->version;

@@ -90,8 +90,8 @@ TEST(NcclNodeGroupTest, MissingWorldSizeIsInvalid) {
 
 // Stands in for the aggregator: finalizes the node's moments and returns
 // the node's sums. Step 7 is a quorum round without ranks 2, 9 and 11 (both
-// bytes of the mask), step 8 counts every rank, and step 6 names a rank
-// outside the job.
+// bytes of the mask), step 8 counts every rank, step 6 names a rank
+// outside the job, and step 4 is a stale-synchronous answer (a view).
 class FakeUpstream : public NodeGroup {
  public:
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
@@ -102,6 +102,7 @@ class FakeUpstream : public NodeGroup {
     r.version = step + 1;
     if (step == 7) r.missing_ranks = {2, 9, 11};
     if (step == 6) r.missing_ranks = {kWorldSize};
+    if (step == 4) r.view = {{0, 4}, {1, 3}};  // a stale-synchronous answer
     return r;
   }
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
@@ -134,7 +135,7 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
   for (int r = 0; r < gpus; ++r) MergeMoments(expected, LocalOf(r, kChannels));
   const GlobalMoments global = Finalize(expected);
   std::vector<absl::StatusOr<ForwardReply>> forward(gpus), all_in(gpus),
-      outside(gpus);
+      outside(gpus), stale(gpus);
   std::vector<absl::StatusOr<GradSums>> backward(gpus), failed(gpus);
   std::vector<std::thread> threads;
   for (int r = 0; r < gpus; ++r) {
@@ -160,6 +161,7 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
       failed[r] = (*group)->SyncBackward(3, 99, g);
       all_in[r] = (*group)->SyncForward(3, 8, LocalOf(r, kChannels));
       outside[r] = (*group)->SyncForward(3, 6, LocalOf(r, kChannels));
+      stale[r] = (*group)->SyncForward(3, 4, LocalOf(r, kChannels));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -183,6 +185,9 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
     // A rank the job does not have: the leader fails the round for all.
     EXPECT_EQ(outside[r].status().code(), absl::StatusCode::kInternal);
     EXPECT_THAT(outside[r].status().message(), HasSubstr("rank 12"));
+    // A view cannot cross the node: every rank fails the round alike.
+    EXPECT_EQ(stale[r].status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(stale[r].status().message(), HasSubstr("stale-synchronous"));
   }
 }
 

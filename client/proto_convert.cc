@@ -24,6 +24,10 @@ ForwardReply ForwardReplyFromProto(const v1::RoundResult& r) {
   reply.version = r.version();
   reply.missing_ranks.assign(r.missing_ranks().begin(),
                              r.missing_ranks().end());
+  reply.view.reserve(r.view_size());
+  for (const v1::ViewEntry& v : r.view()) {
+    reply.view.push_back(ForwardReply::ViewEntry{v.rank(), v.step()});
+  }
   return reply;
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "client/job_groups.h"
 #include "client/job_membership.h"
@@ -67,8 +68,10 @@ namespace {
 
 // Waits until the job's committed step reaches `step` (polling its
 // statistics, as a committed step is not pushed), until `deadline`.
+// `why` ends the DEADLINE_EXCEEDED message.
 absl::Status AwaitCommitted(Client& client, const std::string& job_id,
-                            int group, int64_t step, absl::Time deadline) {
+                            int group, int64_t step, absl::Time deadline,
+                            absl::string_view why) {
   v1::GetRunningStatsRequest request;
   request.set_job_id(job_id);
   request.set_group(group);
@@ -79,9 +82,7 @@ absl::Status AwaitCommitted(Client& client, const std::string& job_id,
     if (stats->step() >= step) return absl::OkStatus();
     if (absl::Now() + pause >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "job '", job_id, "' has committed step ", stats->step(),
-          "; a rank joining at step ", step + 1, " waits for step ", step,
-          " to load the statistics it starts from"));
+          "job '", job_id, "' has committed step ", stats->step(), "; ", why));
     }
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(200));
@@ -89,6 +90,29 @@ absl::Status AwaitCommitted(Client& client, const std::string& job_id,
 }
 
 }  // namespace
+
+absl::Status AwaitRunningStats(Client& client, const std::string& job_id,
+                               int group,
+                               absl::Span<SyncBatchNorm* const> layers,
+                               std::optional<absl::Duration> timeout) {
+  const absl::Time deadline =
+      absl::Now() + timeout.value_or(client.options().rpc_timeout);
+  int64_t last = -1;  // the highest step any layer ran
+  for (const SyncBatchNorm* layer : layers) {
+    last = std::max(last, layer->step() - 1);
+  }
+  if (last >= 0) {
+    if (absl::Status s = AwaitCommitted(
+            client, job_id, group, last, deadline,
+            absl::StrCat("the layers ran step ", last,
+                         ", whose statistics wait for every member (is the "
+                         "slowest training?)"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return LoadRunningStats(client, job_id, group, layers);
+}
 
 absl::StatusOr<int64_t> JoinJob(Client& client, const std::string& job_id,
                                 int rank,
@@ -111,8 +135,10 @@ absl::StatusOr<int64_t> JoinJob(Client& client, const std::string& job_id,
   if (!group.ok()) return group.status();
   // The statistics it starts from are those after every step before its
   // first, on every layer: a layer may still be finishing one.
-  if (absl::Status s =
-          AwaitCommitted(client, job_id, *group, *first - 1, deadline);
+  if (absl::Status s = AwaitCommitted(
+          client, job_id, *group, *first - 1, deadline,
+          absl::StrCat("a rank joining at step ", *first, " waits for step ",
+                       *first - 1, " to load the statistics it starts from"));
       !s.ok()) {
     return s;
   }

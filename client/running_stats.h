@@ -26,6 +26,21 @@ absl::Status LoadRunningStats(
     absl::Span<SyncBatchNorm* const> layers,
     std::optional<int64_t> checkpoint_step = std::nullopt);
 
+// LoadRunningStats once the aggregator's statistics hold every step the
+// layers have run: waits (at most `timeout`, default the client's
+// rpc_timeout) until the job's committed step reaches the highest step any
+// of the layers ran (step() - 1), then loads them. For a stale-synchronous
+// job (staleness > 0), whose layers do not mirror the statistics
+// (SyncBatchNorm::running_stats_behind): call it before eval or a
+// checkpoint of the model; it waits for the slowest member to finish this
+// worker's steps (at most staleness steps behind). Layers that have run no
+// step load at once. DEADLINE_EXCEEDED naming the committed step when it
+// is not reached in time; on any error no layer is changed.
+absl::Status AwaitRunningStats(
+    Client& client, const std::string& job_id, int group,
+    absl::Span<SyncBatchNorm* const> layers,
+    std::optional<absl::Duration> timeout = std::nullopt);
+
 // Rolls the job back to its checkpoint at `step` (RestoreCheckpoint), loads
 // the checkpoint's statistics into the layers and sets their next step to
 // step + 1, so training resumes where the trainer's own step-`step`

@@ -67,6 +67,7 @@ absl::Status SyncBatchNorm::SetRunningStats(const RunningStats& stats) {
                                                    channels_));
   }
   running_ = stats;
+  running_behind_ = false;
   return absl::OkStatus();
 }
 
@@ -164,13 +165,22 @@ absl::Status SyncBatchNorm::BatchStatistics(const TensorRef& x,
     if (import_pending_) update.imported = running_;
     const absl::Time start = absl::Now();
     missing_ranks_.clear();
+    view_.clear();
     absl::StatusOr<ForwardReply> reply =
         group_->SyncForwardWithUpdate(layer_, step_, local, update);
     forward_sync_ = absl::Now() - start;
     if (!reply.ok()) return reply.status();
     global = std::move(reply->global);
     missing_ranks_ = std::move(reply->missing_ranks);
-    ApplyRound(rule_, update, global, running_);
+    view_ = std::move(reply->view);
+    version_ = reply->version;
+    if (view_.empty()) {
+      ApplyRound(rule_, update, global, running_);
+    } else {
+      // A stale answer: the aggregator applies this step's full merge, not
+      // the view's, once every member has sent it.
+      running_behind_ = true;
+    }
     import_pending_ = false;
   }
   saved_.global_count = global.count;

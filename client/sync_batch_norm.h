@@ -31,7 +31,12 @@ struct TensorRef {
 // Training forward: local moments (kernels) -> the group's global moments
 // (NodeGroup, one round per step) -> normalize. The running statistics are
 // kept by the aggregator and mirrored here by the same rule, so eval (plain
-// batch norm with running statistics, no round) needs no service. Backward
+// batch norm with running statistics, no round) needs no service. In a
+// stale-synchronous job (staleness > 0) an answer merges a view of recent
+// steps while the aggregator applies each step's full merge later, so the
+// layer does not mirror: running_stats() keep what was last set
+// (running_stats_behind() says so) until the caller loads the aggregator's
+// (AwaitRunningStats in client/running_stats.h, before eval). Backward
 // syncs sum(dy) and sum(dy * (x - mean)) the same way; grad_weight and
 // grad_bias stay local, as in torch (the trainer averages gradients).
 //
@@ -112,6 +117,21 @@ class SyncBatchNorm {
   // the missing ranks). A Forward without a round (eval, freeze) leaves it
   // as it was.
   const std::vector<int>& last_missing_ranks() const { return missing_ranks_; }
+  // A stale-synchronous job: the (rank, step) of each contribution that the
+  // layer's last forward round merged, in rank order (see
+  // ForwardReply::view). Empty in synchronous jobs, before the first round
+  // and after a failed one; a Forward without a round leaves it.
+  const std::vector<ForwardReply::ViewEntry>& last_view() const {
+    return view_;
+  }
+  // The aggregator's running-stats version that the last forward answer
+  // reported (ForwardReply::version); 0 before the first round.
+  int64_t last_version() const { return version_; }
+  // True after a stale-synchronous round: running_stats() are not the
+  // aggregator's (it applies every step's full merge once every member has
+  // sent it, which this layer cannot mirror), until SetRunningStats loads
+  // them (AwaitRunningStats, LoadRunningStats). False in synchronous jobs.
+  bool running_stats_behind() const { return running_behind_; }
 
  private:
   // What Backward needs from the last training Forward.
@@ -165,7 +185,10 @@ class SyncBatchNorm {
   bool import_pending_ = false;
   Saved saved_;
   absl::Duration forward_sync_, backward_sync_;
-  std::vector<int> missing_ranks_;  // of the last forward round
+  std::vector<int> missing_ranks_;             // of the last forward round
+  std::vector<ForwardReply::ViewEntry> view_;  // of the last forward round
+  int64_t version_ = 0;                        // of the last forward answer
+  bool running_behind_ = false;                // running_ lags the aggregator's
 };
 
 }  // namespace syncnorm

@@ -64,6 +64,7 @@ class FakeAggregator : public NodeGroup {
     reply.global = Finalize(merged);
     reply.version = ++version_;
     reply.missing_ranks = missing_ranks_;
+    reply.view = view_;
     return reply;
   }
   absl::StatusOr<ForwardReply> SyncForwardWithUpdate(
@@ -90,6 +91,12 @@ class FakeAggregator : public NodeGroup {
   void NameMissing(std::vector<int> ranks) {
     absl::MutexLock lock(&mu_);
     missing_ranks_ = std::move(ranks);
+  }
+  // Answers as a stale-synchronous job would: with this view (and the
+  // version counter, which such a job does not advance per answer).
+  void AnswerWithView(std::vector<ForwardReply::ViewEntry> view) {
+    absl::MutexLock lock(&mu_);
+    view_ = std::move(view);
   }
   void FailBackward(absl::Status s) {
     absl::MutexLock lock(&mu_);
@@ -127,6 +134,7 @@ class FakeAggregator : public NodeGroup {
   std::vector<RoundUpdate> updates_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> missing_ranks_ ABSL_GUARDED_BY(mu_);
+  std::vector<ForwardReply::ViewEntry> view_ ABSL_GUARDED_BY(mu_);
 };
 
 // k in-process workers: a ThreadNode whose upstream is a FakeAggregator.
@@ -746,6 +754,48 @@ std::pair<double, double> BatchMeanVar(const std::vector<float>& x,
   const reference::Stats s = reference::Moments(l.AsReference(), x);
   return {static_cast<double>(s.mean[c]),
           static_cast<double>(s.m2[c] / (s.count - 1))};
+}
+
+// A stale-synchronous answer (a view): the layer normalizes with it and
+// exposes the view, but does not apply it to the running statistics (the
+// aggregator applies each step's full merge instead); they stay as last
+// set, flagged behind, until SetRunningStats loads the aggregator's. A
+// synchronous answer afterwards mirrors again.
+TEST(SyncBatchNormStaleTest, AViewIsNotAppliedToTheRunningStatistics) {
+  SoloFixture f(/*num_features=*/2);
+  std::mt19937_64 rng(12);
+  Layout l{4, 2, {3}, false};
+  std::vector<float> x = RandomTensor(l, rng, 3, 2), y = Poisoned(l);
+  const RunningStats initial = f.layer->running_stats();
+  EXPECT_FALSE(f.layer->running_stats_behind());
+  EXPECT_TRUE(f.layer->last_view().empty());
+  const std::vector<ForwardReply::ViewEntry> view = {{0, 0}, {1, 0}};
+  f.aggregator.AnswerWithView(view);
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_EQ(f.layer->last_view(), view);
+  EXPECT_EQ(f.layer->last_version(), 1);
+  EXPECT_TRUE(f.layer->running_stats_behind());
+  EXPECT_EQ(f.layer->running_stats().mean, initial.mean);
+  EXPECT_EQ(f.layer->running_stats().var, initial.var);
+  EXPECT_EQ(f.layer->running_stats().num_batches_tracked, 0);
+  // Normalized with the answer's statistics all the same: this batch's.
+  for (int c = 0; c < 2; ++c) {
+    auto [mean, var] = BatchMeanVar(x, l, c);
+    const double biased = var * (l.batch * 3 - 1) / (l.batch * 3);
+    const float want =
+        static_cast<float>((x[c * 3] - mean) / std::sqrt(biased + 1e-5));
+    EXPECT_NEAR(y[c * 3], want, 1e-5) << "channel " << c;
+  }
+  // Loading the aggregator's statistics brings the layer up to date.
+  RunningStats loaded{7, {0.5, -0.5}, {2.0, 3.0}};
+  ASSERT_TRUE(f.layer->SetRunningStats(loaded).ok());
+  EXPECT_FALSE(f.layer->running_stats_behind());
+  // A synchronous answer (no view) is mirrored by the rule.
+  f.aggregator.AnswerWithView({});
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  EXPECT_TRUE(f.layer->last_view().empty());
+  EXPECT_FALSE(f.layer->running_stats_behind());
+  EXPECT_EQ(f.layer->running_stats().num_batches_tracked, 8);
 }
 
 // torch and apex read momentum at every forward: a round with another

@@ -21,6 +21,12 @@ aggregator itself (--aggregator, $SYNCNORM_AGGREGATOR, Bazel's runfiles,
 the installed package's or bazel-bin) on a free loopback port and exports
 SYNCNORM_ADDRESS.
 
+--staleness=tau makes the job stale-synchronous and --slow_rank=r
+--slow_ms=t makes rank r a straggler. DDP's gradient all-reduce still
+holds the ranks within a step of each other, so staleness changes which
+statistics each forward normalizes with (views up to tau steps old), not
+the step rate.
+
 Each worker draws its own, uneven batch (batch + rank % 3 - 1 images) from
 the same 10-class synthetic distribution; rank 0 logs the loss, accuracy,
 step time and the time spent in syncnorm's forward and backward syncs, and
@@ -101,7 +107,8 @@ def worker(args):
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # every rank starts from the same weights
     model = snt.convert_sync_batchnorm(make_model())   # the one-line swap
-    session = snt.attach(model)  # rank, world, job and address from the env
+    # rank, world, job and address from the env
+    session = snt.attach(model, staleness=args.staleness)
     client = session.client
     # syncnorm keeps the buffers equal on every rank: no buffer broadcast.
     ddp = DDP(model, broadcast_buffers=False)
@@ -123,6 +130,8 @@ def worker(args):
     for step in range(1, args.steps + 1):
         x, labels = data.batch(local_batch, g)
         t0 = time.perf_counter()
+        if rank == args.slow_rank:
+            time.sleep(args.slow_ms / 1000.0)  # a straggler
         sync0 = session.sync_seconds
         logits = ddp(x)
         loss = F.cross_entropy(logits, labels)
@@ -146,6 +155,8 @@ def worker(args):
             window = dict.fromkeys(window, 0)
             window["loss"] = 0.0
     elapsed = time.perf_counter() - start
+    # In a stale-synchronous job the first eval forward loads the
+    # aggregator's statistics once every rank has finished these steps.
     model.eval()
     eval_g = torch.Generator().manual_seed(99)
     with torch.no_grad():
@@ -161,10 +172,12 @@ def worker(args):
             (bn.running_var.double() - torch.tensor(
                 entry["running_var"])).abs().max().item())
     if log:
-        print("done: %d steps in %.1f s; eval accuracy %.3f (plain BN on "
-              "the running statistics, no rounds); running statistics vs "
-              "the aggregator: max |diff| %.1e" % (
-                  args.steps, elapsed, acc, drift), flush=True)
+        with torch.no_grad():
+            eval_loss = float(F.cross_entropy(model(x), labels))
+        print("done: %d steps in %.1f s; eval accuracy %.3f, loss %.4f "
+              "(plain BN on the running statistics, no rounds); running "
+              "statistics vs the aggregator: max |diff| %.1e" % (
+                  args.steps, elapsed, acc, eval_loss, drift), flush=True)
     dist.destroy_process_group()
     return 0
 
@@ -241,7 +254,10 @@ def run_workers(args):
     env = dict(os.environ, SYNCNORM_ADDRESS=args.address)
     script = [os.path.abspath(__file__), "--worker",
               "--steps=%d" % args.steps, "--batch=%d" % args.batch,
-              "--lr=%g" % args.lr, "--log_every=%d" % args.log_every]
+              "--lr=%g" % args.lr, "--log_every=%d" % args.log_every,
+              "--staleness=%d" % args.staleness,
+              "--slow_rank=%d" % args.slow_rank,
+              "--slow_ms=%g" % args.slow_ms]
     if args.launcher == "torchrun":
         # --standalone: a local rendezvous and a fresh run id
         # (TORCHELASTIC_RUN_ID, the job id) for each run. --redirects=1
@@ -283,6 +299,14 @@ def main():
     parser.add_argument("--job_id", default="",
                         help="with --launcher=env: the job id "
                              "(TORCHELASTIC_RUN_ID); default: a fresh one")
+    parser.add_argument("--staleness", type=int, default=0,
+                        help="the job's staleness bound tau (0: "
+                             "synchronous); a rank's forward merges what "
+                             "the others sent within tau steps")
+    parser.add_argument("--slow_rank", type=int, default=-1,
+                        help="this rank sleeps --slow_ms before every step "
+                             "(a straggler); -1: none")
+    parser.add_argument("--slow_ms", type=float, default=0.0)
     parser.add_argument("--worker", action="store_true",
                         help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -100,9 +100,13 @@ py::tuple SyncForward(NodeGroup& group, int layer, int64_t step, int64_t count,
     reply = group.SyncForwardWithUpdate(layer, step, local, update);
   }
   ThrowIfServiceError(reply.status());
+  py::tuple view(reply->view.size());
+  for (size_t i = 0; i < reply->view.size(); ++i) {
+    view[i] = py::make_tuple(reply->view[i].rank, reply->view[i].step);
+  }
   return py::make_tuple(reply->global.count, ToArray(reply->global.mean),
                         ToArray(reply->global.var), reply->version,
-                        py::tuple(py::cast(reply->missing_ranks)));
+                        py::tuple(py::cast(reply->missing_ranks)), view);
 }
 
 py::tuple SyncBackward(NodeGroup& group, int layer, int64_t step,
@@ -129,9 +133,11 @@ void BindNodeGroups(py::module_& m) {
            "Sends local moments, with the round's momentum (mode, value) "
            "and imported statistics (num_batches_tracked, running_mean, "
            "running_var) unless None; returns (count, mean, var, version, "
-           "missing_ranks) of the group (var biased; missing_ranks: the "
-           "ranks a quorum round did not count, a tuple, empty when every "
-           "rank was counted). Raises ServiceError.")
+           "missing_ranks, view) of the group (var biased; missing_ranks: "
+           "the ranks a quorum round did not count, a tuple, empty when "
+           "every rank was counted; view: in a stale-synchronous job the "
+           "(rank, step) pairs the answer merged, in rank order, else "
+           "empty). Raises ServiceError.")
       .def("sync_backward", &SyncBackward, py::arg("layer"), py::arg("step"),
            py::arg("sum_dy"), py::arg("sum_dy_xmu"),
            "Sends local gradient sums; returns the group's (sum_dy, "

@@ -169,6 +169,7 @@ class Client:
                  client_cert=None, client_key=None, tls=False):
         if (client_cert is None) != (client_key is None):
             raise ValueError("client_cert and client_key go together")
+        self.rpc_timeout = float(rpc_timeout)
         self._raw = _syncnorm.Client(
             address, float(rpc_timeout), float(round_timeout),
             token=token or "", tls=bool(tls), root_ca=_pem(root_ca),
@@ -180,7 +181,7 @@ class Client:
 
     def create_job(self, job_id, world_size, layers, group_size=0,
                    round_timeout_ms=0, quorum=None, groups=None,
-                   members=None):
+                   members=None, staleness=0):
         """Creates the job (idempotent: the same spec again returns it).
 
         layers: LayerSpec dicts, e.g. from :func:`layer_spec`. group_size 0:
@@ -196,9 +197,20 @@ class Client:
         that contribute from step 0 of an elastic job whose members change
         later (:meth:`update_membership`); world_size is then the rank
         space, every rank that may ever join is below it. None: every rank.
+        staleness: the bound tau of a stale-synchronous job, 0 (default:
+        synchronous) to 64. With tau > 0 a rank's forward of step s is
+        answered once every member of its group has sent a step >= s - tau,
+        with the merge of each member's latest forward within [s - tau, s]
+        (the answer's view); the running statistics are still every step's
+        full merge, in step order. Such a job takes no quorum and no
+        per-round momentum or imported statistics.
         Returns the JobInfo dict. ServiceError ALREADY_EXISTS when the job
         exists with another spec.
         """
+        if isinstance(staleness, bool) or not isinstance(staleness, int) \
+                or staleness < 0:
+            raise ValueError("expected staleness to be an integer >= 0 (0: "
+                             "synchronous), got %r" % (staleness,))
         request = {
             "job_id": job_id,
             "world_size": int(world_size),
@@ -214,6 +226,8 @@ class Client:
             if not request["members"]:
                 raise ValueError("expected at least one member, got none "
                                  "(members=None means every rank)")
+        if staleness:
+            request["staleness"] = staleness
         if quorum:
             request["quorum"] = {
                 "min_ranks": int(quorum.get("min_ranks", 0)),

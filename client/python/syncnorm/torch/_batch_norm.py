@@ -46,6 +46,21 @@ class SyncBatchNorm(_BatchNorm):
     run no round, leave it as it was. ``last_forward_sync`` and
     ``last_backward_sync``: seconds the last rounds took.
 
+    Stale-synchronous jobs (``attach(..., staleness=tau)``, tau > 0):
+    ``last_view`` holds the (rank, step) pairs whose contributions the last
+    training round merged, in rank order (empty in synchronous jobs). Such
+    an answer is not the step's full merge, which the aggregator applies
+    to the running statistics later, once every member has sent the step;
+    so the buffers are not updated by the rounds. They are loaded from the
+    aggregator, after it has applied every step this rank ran, when the
+    layer normalizes with them (eval, freeze), when the model's
+    ``state_dict()`` is taken, and by ``Session.sync_running_stats()``;
+    each waits for the slowest member to reach this rank's last step (at
+    most tau steps behind). Between those the buffers lag. A stale job
+    takes no per-round momentum: changing ``momentum`` after attach raises
+    ValueError, as does a buffer changed by hand (load it with
+    ``Session.push_running_stats()`` instead).
+
     As in torch, ``momentum`` is read at every training forward (None is
     torch's cumulative average), and the running-statistics buffers may be
     reset, loaded or written at any time (reset_running_stats,
@@ -113,6 +128,10 @@ class SyncBatchNorm(_BatchNorm):
         self.last_forward_sync = 0.0
         self.last_backward_sync = 0.0
         self.last_missing_ranks = ()
+        self.last_view = ()
+        # A stale-synchronous job's rounds moved the aggregator's
+        # statistics past _sn_stats (the buffers lag until loaded).
+        self._sn_behind = False
         self._allocate(num_features)
 
     @property
@@ -200,6 +219,18 @@ class SyncBatchNorm(_BatchNorm):
                     break
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # A stale-synchronous job's buffers lag: state_dict holds the
+        # aggregator's statistics after every step this rank ran.
+        self._sn_catch_up()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _sn_catch_up(self):
+        """Loads the aggregator's statistics into the buffers of every layer
+        of the session when this one lags (a stale-synchronous job)."""
+        if self._sn_behind and self._sn_session is not None:
+            self._sn_session.sync_running_stats()
+
     def __getstate__(self):
         state = super().__getstate__()
         state = dict(state)
@@ -207,6 +238,7 @@ class SyncBatchNorm(_BatchNorm):
         # is attached again (attach resumes the job).
         state["_sn_session"] = None
         state["_sn_stats"] = None
+        state["_sn_behind"] = False
         return state
 
     def __setstate__(self, state):
@@ -216,6 +248,8 @@ class SyncBatchNorm(_BatchNorm):
         state.setdefault("_momentum_family", old_mode if old_mode == 2 else 1)
         state.setdefault("use_global_stats", False)
         state.setdefault("_sn_stats", None)
+        state.setdefault("_sn_behind", False)
+        state.setdefault("last_view", ())
         super().__setstate__(state)
 
     def extra_repr(self):
@@ -268,6 +302,8 @@ class SyncBatchNorm(_BatchNorm):
                          bool(spec["biased_running_var"]),
                          not spec["no_running_stats"])
         self._sn_stats = None
+        self._sn_behind = False
+        self.last_view = ()
 
     def _sn_load(self, entry, spec=None):
         """Takes the aggregator's statistics (a LayerStats dict) as known.
@@ -280,6 +316,7 @@ class SyncBatchNorm(_BatchNorm):
                  np.asarray(entry["running_mean"], dtype=np.float64),
                  np.asarray(entry["running_var"], dtype=np.float64))
         self._sn_stats = stats
+        self._sn_behind = False
         pristine = spec is not None and stats[0] == 0 and (
             list(stats[1]) == list(spec["initial_running_mean"]) and
             list(stats[2]) == list(spec["initial_running_var"]))
@@ -374,6 +411,8 @@ class SyncBatchNorm(_BatchNorm):
         use_running = self.freeze or self.use_global_stats or (
             not self.training and self.track_running_stats)
         sync = self.training and not use_running
+        if use_running:
+            self._sn_catch_up()
         if sync and self._sn_session is None:
             raise RuntimeError(
                 "this SyncBatchNorm is not attached to a syncnorm job, so it "
@@ -418,24 +457,55 @@ class SyncBatchNorm(_BatchNorm):
         if self.track_running_stats:
             momentum = self._round_momentum()
             imported = self._changed_buffers()
+            if session.staleness:
+                self._check_stale_update(momentum, imported)
         start = time.perf_counter()
         self.last_missing_ranks = ()
+        self.last_view = ()
         try:
-            gcount, gmean, gvar, version, missing = session.group.sync_forward(
+            (gcount, gmean, gvar, version, missing,
+             view) = session.group.sync_forward(
                 self._sn_layer, step, count, mean, m2, momentum, imported)
         except SingleValuePerChannelError as e:
             raise _single_value(shape, session, e.code, e.reason) from e
         self.last_forward_sync = time.perf_counter() - start
         self.last_missing_ranks = missing
+        self.last_view = view
         session.sync_seconds += self.last_forward_sync
         self._sn_step = step + 1
-        if self.track_running_stats:
+        if self.track_running_stats and view:
+            # A stale answer: the aggregator applies the step's full merge
+            # once every member has sent it, not this view's.
+            self._sn_behind = True
+        elif self.track_running_stats:
             self._mirror(gcount, gmean, gvar, momentum, imported, version)
         elif gcount == 1 and not self.biased_running_var:
             # torch refuses it with or without running statistics.
             raise _single_value(shape, session, "FAILED_PRECONDITION",
                                 "SINGLE_VALUE_PER_CHANNEL")
         return step, gcount, gmean, gvar
+
+    def _check_stale_update(self, momentum, imported):
+        """A stale-synchronous job refuses a round's momentum and imported
+        statistics: a clear error before the round instead."""
+        name = self._sn_session.names[self._sn_layer] or "bn"
+        tau = self._sn_session.staleness
+        if momentum is not None:
+            raise ValueError(
+                "layer '%s': momentum changed to %r (mode %d) after it was "
+                "attached to a stale-synchronous job (staleness %d), which "
+                "applies the job's momentum to every step and takes no "
+                "per-round momentum; set momentum before attach (it is part "
+                "of the job's spec), or use a synchronous job (staleness 0)"
+                % (name, self.momentum, momentum[0], tau))
+        if imported is not None:
+            raise ValueError(
+                "layer '%s': its running statistics buffers were changed by "
+                "hand (load_state_dict, reset_running_stats, ...) in a "
+                "stale-synchronous job (staleness %d), whose rounds take no "
+                "imported statistics; send them with "
+                "Session.push_running_stats() before the next training step"
+                % (name, tau))
 
     def _mirror(self, count, mean, var, momentum, imported, version):
         """The aggregator's update of this round, applied to its statistics

@@ -19,8 +19,9 @@ class Session:
     modules, index = layer), names (their module paths), pool (a kernel
     ThreadPool or None), sync_seconds (wall time spent in forward and
     backward syncs so far), first_step (the layers' first step when
-    attached) and joined (whether attach made this rank a member of an
-    elastic job). Used by one training thread.
+    attached), joined (whether attach made this rank a member of an
+    elastic job) and staleness (the job's bound, 0: synchronous). Used by
+    one training thread.
     """
 
     def __init__(self, client, job_id, rank, world_size, info, names, layers,
@@ -44,6 +45,7 @@ class Session:
         self.sync_seconds = 0.0
         self.first_step = 0
         self.joined = False
+        self.staleness = int(info.get("staleness", 0))
 
     def steps(self):
         """The next step of each layer."""
@@ -58,6 +60,40 @@ class Session:
         for entry in stats.get("layers", []):
             self.layers[entry["layer"]]._sn_load(entry)
         return stats
+
+    def sync_running_stats(self, timeout=None):
+        """Loads the aggregator's statistics of this rank's group into every
+        layer's buffers once they hold every step this rank has run: waits
+        (at most `timeout` seconds, default the client's rpc_timeout; then
+        TimeoutError) until the job has committed the last step any layer
+        ran. In a stale-synchronous job the buffers lag between such loads;
+        eval, freeze and state_dict() call it when a layer lags. Returns
+        the RunningStats dict."""
+        last = max(self.steps()) - 1
+        if timeout is None:
+            timeout = getattr(self.client, "rpc_timeout", 30.0)
+        if last >= 0:
+            stats = _await_committed(
+                self.client, self.job_id, self.group_index, last, timeout,
+                "this rank ran step %d, whose statistics wait for every "
+                "member of its group (is the slowest training?)" % last)
+        else:
+            stats = self.client.get_running_stats(self.job_id,
+                                                  group=self.group_index)
+        for entry in stats.get("layers", []):
+            self.layers[entry["layer"]]._sn_load(entry)
+        return stats
+
+    def last_view(self, layer):
+        """The view of a layer's last training round (its index or module
+        name): the (rank, step) pairs the answer merged, in rank order; ()
+        in a synchronous job."""
+        if isinstance(layer, str):
+            if layer not in self.names:
+                raise KeyError("no SyncBatchNorm named %r; the session's "
+                               "layers are %s" % (layer, self.names))
+            layer = self.names.index(layer)
+        return self.layers[layer].last_view
 
     def push_running_stats(self):
         """Sends the buffers that differ from the aggregator's statistics
@@ -264,9 +300,10 @@ def _groups(named, rank, world_size):
     return 0, sorted({tuple(g) for g in everyone})
 
 
-def _await_committed(client, job_id, group, step, timeout):
+def _await_committed(client, job_id, group, step, timeout, why=None):
     """Waits until the job's committed step reaches `step`; the statistics
-    then hold every round before step + 1."""
+    then hold every round before step + 1. `why` ends the TimeoutError's
+    message (default: a joining rank's)."""
     deadline = time.monotonic() + timeout
     pause = 0.005
     while True:
@@ -274,11 +311,13 @@ def _await_committed(client, job_id, group, step, timeout):
         if stats.get("step", -1) >= step:
             return stats
         if time.monotonic() + pause >= deadline:
-            raise TimeoutError(
-                "job %r has committed step %d after %g s; a rank joining at "
-                "step %d waits for step %d to load the statistics it starts "
-                "from (are its members training?)"
-                % (job_id, stats.get("step", -1), timeout, step + 1, step))
+            if why is None:
+                why = ("a rank joining at step %d waits for step %d to load "
+                       "the statistics it starts from (are its members "
+                       "training?)" % (step + 1, step))
+            raise TimeoutError("job %r has committed step %d after %g s; %s"
+                               % (job_id, stats.get("step", -1), timeout,
+                                  why))
         time.sleep(pause)
         pause = min(pause * 2, 0.2)
 
@@ -296,7 +335,8 @@ def _join(client, job_id, rank, info):
 def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
            group_size=None, groups=None, round_timeout_ms=0,
            example_input=None, start_step=None, num_threads=None,
-           node_group=None, quorum=None, members=None, join_timeout=60.0):
+           node_group=None, quorum=None, members=None, join_timeout=60.0,
+           staleness=0):
     """Attaches every SyncBatchNorm of `model` to the job `job_id` as `rank`
     of `world_size` and returns the :class:`Session`.
 
@@ -337,6 +377,15 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     its layers at that step (Session.joined, Session.first_step). A rank
     that joined earlier (say, by syncnormctl join) starts at its join
     step. Session.leave() leaves gracefully.
+
+    staleness: the job's bound tau (0, the default: synchronous; see
+    :meth:`syncnorm.Client.create_job`), part of its spec like the model.
+    With tau > 0 a fast rank runs up to tau steps ahead of the slowest of
+    its group; each layer's ``last_view`` (or Session.last_view) names what
+    its last round merged. The buffers are not updated by the rounds but
+    loaded from the aggregator when used: eval, state_dict() and
+    Session.sync_running_stats() wait for every member to reach this
+    rank's step and load them (see SyncBatchNorm).
     """
     if example_input is not None:
         _dry_run(model, example_input)
@@ -360,7 +409,8 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
                          "group size %d" % (world_size, group_size))
     specs = [m.layer_spec(n or "bn") for n, m in named]
     info = client.create_job(job_id, world_size, specs, group_size,
-                             round_timeout_ms, quorum, groups, members)
+                             round_timeout_ms, quorum, groups, members,
+                             staleness)
     # An aggregator without elastic membership reports none: every rank.
     elastic = "membership" in info
     joined, since = False, 0
