@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/retry.h"
 #include "tests/testing/subprocess.h"
 
 namespace syncnorm::testing {
@@ -99,24 +100,6 @@ void Reference(int step, int channel, double& mean, double& m2, int& n) {
   for (double v : all) m2 += (v - mean) * (v - mean);
 }
 
-// A call retried while the server is down (killed and restarting), up to
-// a minute; the server's own answer is returned at once.
-template <typename Call>
-grpc::Status Retry(Call call) {
-  const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  while (true) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    grpc::Status s = call(&context);
-    if (s.ok() || absl::Now() > deadline ||
-        (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)) {
-      return s;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
-
 TEST(ElasticSystemTest, MembersChangeThroughKillsAndStatsEqualAFloat64Replay) {
   const std::string dir = MakeScratchDir("elastic");
   const std::vector<std::string> flags = {"--round_timeout_ms=30000"};
@@ -138,7 +121,7 @@ TEST(ElasticSystemTest, MembersChangeThroughKillsAndStatsEqualAFloat64Replay) {
   layer->set_momentum_mode(v1::MOMENTUM_TORCH);
   layer->set_momentum(kMomentum);
   v1::JobInfo info;
-  ASSERT_TRUE(Retry([&](grpc::ClientContext* c) {
+  ASSERT_TRUE(RetryWhileDown([&](grpc::ClientContext* c) {
                 return stub->CreateJob(c, create, &info);
               }).ok());
   const auto change = [&](int64_t step, std::vector<int> join,
@@ -150,7 +133,7 @@ TEST(ElasticSystemTest, MembersChangeThroughKillsAndStatsEqualAFloat64Replay) {
     for (int x : leave) r.add_leave(x);
     for (int x : remove) r.add_remove(x);
     v1::JobInfo out;
-    grpc::Status s = Retry([&](grpc::ClientContext* c) {
+    grpc::Status s = RetryWhileDown([&](grpc::ClientContext* c) {
       return stub->UpdateMembership(c, r, &out);
     });
     EXPECT_TRUE(s.ok()) << s.error_message();
@@ -172,7 +155,7 @@ TEST(ElasticSystemTest, MembersChangeThroughKillsAndStatsEqualAFloat64Replay) {
       at_step[rank] = step;
       const v1::Contribution c = Forward(rank, step);
       v1::RoundResult result;
-      const grpc::Status s = Retry([&](grpc::ClientContext* context) {
+      const grpc::Status s = RetryWhileDown([&](grpc::ClientContext* context) {
         return stub->ReduceOnce(context, c, &result);
       });
       absl::MutexLock lock(&mu);
@@ -236,7 +219,7 @@ TEST(ElasticSystemTest, MembersChangeThroughKillsAndStatsEqualAFloat64Replay) {
   // The history as recorded, and the statistics as replayed in float64.
   v1::GetJobRequest get;
   get.set_job_id("elastic");
-  ASSERT_TRUE(Retry([&](grpc::ClientContext* c) {
+  ASSERT_TRUE(RetryWhileDown([&](grpc::ClientContext* c) {
                 return stub->GetJob(c, get, &info);
               }).ok());
   ASSERT_EQ(info.membership().history_size(), 4);
@@ -247,7 +230,7 @@ TEST(ElasticSystemTest, MembersChangeThroughKillsAndStatsEqualAFloat64Replay) {
   v1::GetRunningStatsRequest stats_request;
   stats_request.set_job_id("elastic");
   v1::RunningStats stats;
-  ASSERT_TRUE(Retry([&](grpc::ClientContext* c) {
+  ASSERT_TRUE(RetryWhileDown([&](grpc::ClientContext* c) {
                 return stub->GetRunningStats(c, stats_request, &stats);
               }).ok());
   ASSERT_EQ(stats.layers_size(), 1);

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/retry.h"
 #include "tests/testing/subprocess.h"
 
 namespace syncnorm::testing {
@@ -85,23 +86,6 @@ v1::Contribution Backward(const std::string& job, int rank, int step) {
   return c;
 }
 
-// Retried while the server is down; the server's own answer at once.
-template <typename Call>
-grpc::Status Retry(Call call) {
-  const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  while (true) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    grpc::Status s = call(&context);
-    if (s.ok() || absl::Now() > deadline ||
-        (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)) {
-      return s;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
-
 v1::CreateJobRequest Job(const std::string& id, int staleness) {
   v1::CreateJobRequest r;
   r.set_job_id(id);
@@ -127,7 +111,7 @@ TEST(StaleSystemTest, ASlowRankWithinTheBoundThroughKillsMatchesSync) {
            {"stale", kStaleness}, {"sync", 0}}) {
     v1::JobInfo info;
     const v1::CreateJobRequest r = Job(id, tau);
-    ASSERT_TRUE(Retry([&](grpc::ClientContext* c) {
+    ASSERT_TRUE(RetryWhileDown([&](grpc::ClientContext* c) {
                   return stub->CreateJob(c, r, &info);
                 }).ok());
     EXPECT_EQ(info.staleness(), tau);
@@ -149,7 +133,7 @@ TEST(StaleSystemTest, ASlowRankWithinTheBoundThroughKillsMatchesSync) {
       const v1::Contribution f = Forward("stale", rank, step);
       sent[rank] = step;
       v1::RoundResult fr;
-      grpc::Status s = Retry(
+      grpc::Status s = RetryWhileDown(
           [&](grpc::ClientContext* c) { return stub->ReduceOnce(c, f, &fr); });
       if (!s.ok()) {
         fail(absl::StrCat("rank ", rank, " forward ", step, ": ",
@@ -192,7 +176,7 @@ TEST(StaleSystemTest, ASlowRankWithinTheBoundThroughKillsMatchesSync) {
       }
       const v1::Contribution b = Backward("stale", rank, step);
       v1::RoundResult br;
-      s = Retry(
+      s = RetryWhileDown(
           [&](grpc::ClientContext* c) { return stub->ReduceOnce(c, b, &br); });
       if (!s.ok()) {
         fail(absl::StrCat("rank ", rank, " backward ", step, ": ",
@@ -245,7 +229,7 @@ TEST(StaleSystemTest, ASlowRankWithinTheBoundThroughKillsMatchesSync) {
       ranks.emplace_back([&, r] {
         const v1::Contribution f = Forward("sync", r, step);
         v1::RoundResult result;
-        EXPECT_TRUE(Retry([&](grpc::ClientContext* c) {
+        EXPECT_TRUE(RetryWhileDown([&](grpc::ClientContext* c) {
                       return stub->ReduceOnce(c, f, &result);
                     }).ok());
       });
@@ -255,11 +239,11 @@ TEST(StaleSystemTest, ASlowRankWithinTheBoundThroughKillsMatchesSync) {
   v1::RunningStats stale_stats, sync_stats;
   v1::GetRunningStatsRequest req;
   req.set_job_id("stale");
-  ASSERT_TRUE(Retry([&](grpc::ClientContext* c) {
+  ASSERT_TRUE(RetryWhileDown([&](grpc::ClientContext* c) {
                 return stub->GetRunningStats(c, req, &stale_stats);
               }).ok());
   req.set_job_id("sync");
-  ASSERT_TRUE(Retry([&](grpc::ClientContext* c) {
+  ASSERT_TRUE(RetryWhileDown([&](grpc::ClientContext* c) {
                 return stub->GetRunningStats(c, req, &sync_stats);
               }).ok());
   EXPECT_EQ(stale_stats.layers(0).num_batches_tracked(), kSteps);

@@ -34,7 +34,8 @@ void Round::SetRoles(absl::FunctionRef<Role(int rank)> role_of,
     slot.role = role_of(ranks_[i]);
     if (slot.role != Role::kOutside || !slot.payload.has_value()) continue;
     slot.payload.reset();
-    slot.update = RoundUpdate();
+    slot.update.momentum.reset();
+    slot.update.imported.reset();
     slot.arrival = absl::InfiniteFuture();
     fingerprints_[i].reset();
     --received_;
