@@ -59,7 +59,8 @@ struct NcclNodeGroupOptions {
   int local_size = 1;
   // The job's world size (CreateJobRequest.world_size: contributor ranks,
   // one per node). It sizes the mask of missing ranks that the leader
-  // broadcasts with each forward result (ForwardReply::missing_ranks).
+  // broadcasts with each forward result (ForwardReply::missing_ranks) and
+  // bounds a stale answer's view (ForwardReply::view) to as many entries.
   // Every local rank must pass the same value (a mismatch fails every
   // round with INVALID_ARGUMENT). Required: >= 1.
   int world_size = 0;
