@@ -335,7 +335,7 @@ TEST(NcclNodeGroupTest, EveryLocalLayerTreatsAStaleAnswerAlike) {
   constexpr int kRanks = 3;
   std::vector<std::vector<ForwardReply::ViewEntry>> views(kRanks);
   std::vector<int64_t> versions(kRanks);
-  std::vector<bool> behind(kRanks);
+  std::vector<int> behind(kRanks);  // not vector<bool>: one per thread
   std::vector<RunningStats> before(kRanks), after(kRanks);
   std::vector<std::vector<float>> y(kRanks), gx(kRanks);
   std::vector<absl::Status> forward(kRanks), backward(kRanks);
