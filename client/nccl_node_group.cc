@@ -84,8 +84,8 @@ std::vector<int> RanksOf(const std::vector<uint8_t>& mask) {
 // A view as the round carries it (nccl::Outcome::view). INTERNAL when the
 // aggregator broke its contract (ranks ascending, within [0, world_size)),
 // which also bounds the view by world_size entries.
-absl::Status WireView(const std::vector<ForwardReply::ViewEntry>& view,
-                      int world_size, std::vector<nccl::ViewEntry>& out) {
+absl::Status ToRoundView(const std::vector<ForwardReply::ViewEntry>& view,
+                         int world_size, std::vector<nccl::ViewEntry>& out) {
   int last = -1;
   for (const ForwardReply::ViewEntry& e : view) {
     if (e.rank <= last || e.rank >= world_size) {
@@ -102,7 +102,7 @@ absl::Status WireView(const std::vector<ForwardReply::ViewEntry>& view,
 }
 
 // The view a round carried, as ForwardReply has it.
-std::vector<ForwardReply::ViewEntry> ViewOf(
+std::vector<ForwardReply::ViewEntry> FromRoundView(
     const std::vector<nccl::ViewEntry>& view) {
   std::vector<ForwardReply::ViewEntry> out;
   out.reserve(view.size());
@@ -264,7 +264,7 @@ absl::Status NcclNodeGroup::LeaderForward(int layer, int64_t step,
   // A stale answer's view goes to every local rank, so that each layer
   // flags its running statistics as behind instead of mirroring the
   // view's merge. Set last: an error outcome carries no view.
-  return WireView(reply->view, options_.world_size, out->view);
+  return ToRoundView(reply->view, options_.world_size, out->view);
 }
 
 absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
@@ -303,7 +303,7 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
   reply.global.mean.assign(out.payload.begin(), out.payload.begin() + channels);
   reply.global.var.assign(out.payload.begin() + channels, out.payload.end());
   reply.missing_ranks = RanksOf(out.mask);
-  reply.view = ViewOf(out.view);
+  reply.view = FromRoundView(out.view);
   return reply;
 }
 
