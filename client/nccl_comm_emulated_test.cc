@@ -2,7 +2,9 @@
 // emulator (kernels/emulator), with a fake NCCL of one-rank communicators
 // (client/fake_nccl): the caller's current device across Create, the
 // collectives and teardown; device -1; the kinds of failures, deadlines
-// and aborts. Runs everywhere; the device check runs the same code on GPUs.
+// and aborts; a node round (client/nccl_round.h) over it, a stale answer's
+// view included. Runs everywhere; the device check runs the same code on
+// GPUs.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -12,6 +14,7 @@
 
 #include "client/fake_nccl/fake_nccl.h"
 #include "client/nccl_comm.h"
+#include "client/nccl_round.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/emulator/emulator.h"
@@ -156,6 +159,43 @@ TEST_F(NcclCommEmulatedTest, BadArgumentsAreInvalid) {
   EXPECT_EQ(Comm::Create(id, 1, 0, 5, 1000, &comm).kind,
             CommResult::kUnavailable);  // no device 5
   EXPECT_EQ(CurrentDevice(), 0);
+}
+
+// A round of one rank over the real transport: the outcome, a stale
+// answer's view in its own broadcast, comes back whole; a view longer than
+// world_size is refused before anything is sent.
+TEST_F(NcclCommEmulatedTest, ANodeRoundCarriesAStaleAnswersView) {
+  std::unique_ptr<Comm> comm = Make(0);
+  ASSERT_NE(comm, nullptr);
+  NodeRound round(comm.get());
+  RoundEntry e;
+  e.layer = 2;
+  e.step = 6;
+  e.count = 4;
+  e.channels = 2;
+  e.world_size = 3;
+  const std::vector<double> values = {0.5, -1.5, 2.0, 3.0};
+  Gathered got;
+  CommResult r = round.Gather(e, values.data(), &got);
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(got.values, values);
+  Outcome out;
+  out.count = 40;
+  out.version = 3;
+  out.payload = {1.25, -7.5, 0.125, 9.0};
+  out.mask = {0x00};
+  out.view = {{0, 6}, {1, 4}, {2, 5}};
+  const Outcome sent = out;
+  r = round.Share(/*leader=*/true, &out);
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(out.view, sent.view);
+  EXPECT_EQ(out.payload, sent.payload);
+  EXPECT_EQ(out.version, sent.version);
+  ASSERT_TRUE(round.Gather(e, values.data(), &got).ok());
+  out.view.push_back({3, 6});  // four entries for three ranks
+  r = round.Share(/*leader=*/true, &out);
+  EXPECT_EQ(r.kind, CommResult::kInvalid) << r.message;
+  EXPECT_FALSE(comm->aborted());
 }
 
 }  // namespace

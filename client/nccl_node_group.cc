@@ -81,6 +81,37 @@ std::vector<int> RanksOf(const std::vector<uint8_t>& mask) {
   return ranks;
 }
 
+// A view as the round carries it (nccl::Outcome::view). INTERNAL when the
+// aggregator broke its contract (ranks ascending, within [0, world_size)),
+// which also bounds the view by world_size entries.
+absl::Status ToRoundView(const std::vector<ForwardReply::ViewEntry>& view,
+                         int world_size, std::vector<nccl::ViewEntry>& out) {
+  int last = -1;
+  for (const ForwardReply::ViewEntry& e : view) {
+    if (e.rank <= last || e.rank >= world_size) {
+      out.clear();
+      return absl::InternalError(absl::StrCat(
+          "the aggregator's view names rank ", e.rank, " after rank ", last,
+          "; a view names each rank of the job's ", world_size,
+          " (NcclNodeGroupOptions::world_size) at most once, ascending"));
+    }
+    last = e.rank;
+    out.push_back(nccl::ViewEntry{e.rank, e.step});
+  }
+  return absl::OkStatus();
+}
+
+// The view a round carried, as ForwardReply has it.
+std::vector<ForwardReply::ViewEntry> FromRoundView(
+    const std::vector<nccl::ViewEntry>& view) {
+  std::vector<ForwardReply::ViewEntry> out;
+  out.reserve(view.size());
+  for (const nccl::ViewEntry& e : view) {
+    out.push_back(ForwardReply::ViewEntry{static_cast<int>(e.rank), e.step});
+  }
+  return out;
+}
+
 }  // namespace
 
 FileUniqueIdExchange::FileUniqueIdExchange(std::string path,
@@ -209,6 +240,33 @@ absl::Status NcclNodeGroup::Share(const absl::Status& leader_status,
                                             out->message));
 }
 
+absl::Status NcclNodeGroup::LeaderForward(int layer, int64_t step,
+                                          const Moments& merged,
+                                          nccl::Outcome* out) {
+  const int channels = merged.channels();
+  absl::StatusOr<ForwardReply> reply =
+      upstream_->SyncForward(layer, step, merged);
+  if (!reply.ok()) return reply.status();
+  if (reply->global.mean.size() != static_cast<size_t>(channels) ||
+      reply->global.var.size() != static_cast<size_t>(channels)) {
+    return absl::InternalError(
+        "the aggregator answered with a different channel count");
+  }
+  out->count = reply->global.count;
+  out->version = reply->version;
+  std::copy(reply->global.mean.begin(), reply->global.mean.end(),
+            out->payload.begin());
+  std::copy(reply->global.var.begin(), reply->global.var.end(),
+            out->payload.begin() + channels);
+  absl::Status s =
+      MaskRanks(reply->missing_ranks, options_.world_size, out->mask);
+  if (!s.ok()) return s;
+  // A stale answer's view goes to every local rank, so that each layer
+  // flags its running statistics as behind instead of mirroring the
+  // view's merge. Set last: an error outcome carries no view.
+  return ToRoundView(reply->view, options_.world_size, out->view);
+}
+
 absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
                                                         const Moments& local) {
   absl::MutexLock lock(&mu_);
@@ -233,37 +291,8 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
   nccl::Outcome out;
   out.payload.assign(2 * static_cast<size_t>(channels), 0.0);
   out.mask = EmptyRankMask(options_.world_size);
-  absl::Status leader_status;
-  if (leader()) {
-    absl::StatusOr<ForwardReply> reply =
-        upstream_->SyncForward(layer, step, merged);
-    leader_status = reply.status();
-    if (reply.ok() &&
-        (reply->global.mean.size() != static_cast<size_t>(channels) ||
-         reply->global.var.size() != static_cast<size_t>(channels))) {
-      leader_status = absl::InternalError(
-          "the aggregator answered with a different channel count");
-    }
-    if (leader_status.ok() && !reply->view.empty()) {
-      // The broadcast has no room for a view, without which the layers
-      // would mirror a view's merge into their running statistics.
-      leader_status = absl::FailedPreconditionError(
-          "the job is stale-synchronous (staleness > 0), whose answers "
-          "carry a view that an NCCL node group does not pass on yet; sync "
-          "this node through Client::NewNodeGroup or a ThreadNode, or use "
-          "a synchronous job");
-    }
-    if (leader_status.ok()) {
-      out.count = reply->global.count;
-      out.version = reply->version;
-      std::copy(reply->global.mean.begin(), reply->global.mean.end(),
-                out.payload.begin());
-      std::copy(reply->global.var.begin(), reply->global.var.end(),
-                out.payload.begin() + channels);
-      leader_status =
-          MaskRanks(reply->missing_ranks, options_.world_size, out.mask);
-    }
-  }
+  const absl::Status leader_status =
+      leader() ? LeaderForward(layer, step, merged, &out) : absl::OkStatus();
   s = Share(leader_status, &out);
   if (!s.ok()) return s;
   // The leader too builds its reply from what it broadcast: the same reply
@@ -274,6 +303,7 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
   reply.global.mean.assign(out.payload.begin(), out.payload.begin() + channels);
   reply.global.var.assign(out.payload.begin() + channels, out.payload.end());
   reply.missing_ranks = RanksOf(out.mask);
+  reply.view = FromRoundView(out.view);
   return reply;
 }
 

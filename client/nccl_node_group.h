@@ -59,7 +59,8 @@ struct NcclNodeGroupOptions {
   int local_size = 1;
   // The job's world size (CreateJobRequest.world_size: contributor ranks,
   // one per node). It sizes the mask of missing ranks that the leader
-  // broadcasts with each forward result (ForwardReply::missing_ranks).
+  // broadcasts with each forward result (ForwardReply::missing_ranks) and
+  // bounds a stale answer's view (ForwardReply::view) to as many entries.
   // Every local rank must pass the same value (a mismatch fails every
   // round with INVALID_ARGUMENT). Required: >= 1.
   int world_size = 0;
@@ -88,7 +89,9 @@ struct NcclNodeGroupOptions {
 // folds in local-rank order (moments by Chan's rule, gradient sums by
 // addition, as ThreadNode does: identical bits on every rank); the leader
 // sends the result upstream and broadcasts the answer (or its error),
-// missing ranks included.
+// missing ranks and a stale-synchronous answer's view included: every
+// local rank gets the same ForwardReply (moments bits, version, missing
+// ranks, view), so their layers treat a stale answer alike.
 // Every local rank must make the same calls in the same order. After any
 // NCCL failure or timeout the communicator is aborted and every later call
 // fails with FAILED_PRECONDITION.
@@ -122,6 +125,12 @@ class NcclNodeGroup : public NodeGroup {
   // This rank's header of a round.
   nccl::RoundEntry Entry(nccl::Phase phase, int layer, int64_t step,
                          int channels) const;
+  // Leader: sends the node's merged moments upstream and fills *out (sized
+  // for the round) with the answer: counts, moments, missing ranks and a
+  // stale answer's view. On failure returns the error for every local rank
+  // and leaves out->view empty.
+  absl::Status LeaderForward(int layer, int64_t step, const Moments& merged,
+                             nccl::Outcome* out);
   // The leader's outcome broadcast (round_.Share), as this rank's status.
   absl::Status Share(const absl::Status& leader_status, nccl::Outcome* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -88,10 +88,25 @@ TEST(NcclNodeGroupTest, MissingWorldSizeIsInvalid) {
   EXPECT_THAT(g.status().message(), HasSubstr("world_size"));
 }
 
+// The layer whose every answer FakeUpstream gives as a stale one.
+constexpr int kStaleLayer = 9;
+
+// A stale-synchronous answer's view at `step`: every rank of the job, the
+// last one first lagging by two steps and each other by one.
+std::vector<ForwardReply::ViewEntry> StaleView(int64_t step) {
+  std::vector<ForwardReply::ViewEntry> view;
+  for (int r = 0; r < kWorldSize; ++r) {
+    view.push_back({r, step - (r == kWorldSize - 1 ? 2 : r % 2)});
+  }
+  return view;
+}
+
 // Stands in for the aggregator: finalizes the node's moments and returns
 // the node's sums. Step 7 is a quorum round without ranks 2, 9 and 11 (both
 // bytes of the mask), step 8 counts every rank, step 6 names a rank
-// outside the job, and step 4 is a stale-synchronous answer (a view).
+// outside the job, step 4 (and every step of kStaleLayer) is a
+// stale-synchronous answer (a view, and a version that lags), and step 3
+// a view that names a rank outside the job.
 class FakeUpstream : public NodeGroup {
  public:
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
@@ -102,7 +117,11 @@ class FakeUpstream : public NodeGroup {
     r.version = step + 1;
     if (step == 7) r.missing_ranks = {2, 9, 11};
     if (step == 6) r.missing_ranks = {kWorldSize};
-    if (step == 4) r.view = {{0, 4}, {1, 3}};  // a stale-synchronous answer
+    if (step == 4 || layer == kStaleLayer) {
+      r.view = StaleView(step);
+      r.version = step - 2;
+    }
+    if (step == 3) r.view = {{0, 3}, {kWorldSize, 3}};
     return r;
   }
   absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
@@ -135,7 +154,7 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
   for (int r = 0; r < gpus; ++r) MergeMoments(expected, LocalOf(r, kChannels));
   const GlobalMoments global = Finalize(expected);
   std::vector<absl::StatusOr<ForwardReply>> forward(gpus), all_in(gpus),
-      outside(gpus), stale(gpus);
+      outside(gpus), stale(gpus), bad_view(gpus), after_stale(gpus);
   std::vector<absl::StatusOr<GradSums>> backward(gpus), failed(gpus);
   std::vector<std::thread> threads;
   for (int r = 0; r < gpus; ++r) {
@@ -162,6 +181,8 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
       all_in[r] = (*group)->SyncForward(3, 8, LocalOf(r, kChannels));
       outside[r] = (*group)->SyncForward(3, 6, LocalOf(r, kChannels));
       stale[r] = (*group)->SyncForward(3, 4, LocalOf(r, kChannels));
+      bad_view[r] = (*group)->SyncForward(3, 3, LocalOf(r, kChannels));
+      after_stale[r] = (*group)->SyncForward(3, 8, LocalOf(r, kChannels));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -185,9 +206,24 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
     // A rank the job does not have: the leader fails the round for all.
     EXPECT_EQ(outside[r].status().code(), absl::StatusCode::kInternal);
     EXPECT_THAT(outside[r].status().message(), HasSubstr("rank 12"));
-    // A view cannot cross the node: every rank fails the round alike.
-    EXPECT_EQ(stale[r].status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(stale[r].status().message(), HasSubstr("stale-synchronous"));
+    // A stale answer reaches every rank whole: its view, its (lagging)
+    // version and the moments' bits.
+    ASSERT_TRUE(stale[r].ok()) << "rank " << r << ": " << stale[r].status();
+    EXPECT_EQ(stale[r]->view, StaleView(4)) << "rank " << r;
+    EXPECT_EQ(stale[r]->version, 2) << "rank " << r;
+    EXPECT_EQ(stale[r]->global.count, global.count);
+    EXPECT_EQ(stale[r]->global.mean, global.mean) << "bitwise, rank " << r;
+    EXPECT_EQ(stale[r]->global.var, global.var) << "bitwise, rank " << r;
+    EXPECT_THAT(stale[r]->missing_ranks, IsEmpty()) << "rank " << r;
+    // A view naming a rank the job does not have fails on every rank.
+    EXPECT_EQ(bad_view[r].status().code(), absl::StatusCode::kInternal)
+        << bad_view[r].status();
+    EXPECT_THAT(bad_view[r].status().message(), HasSubstr("view names rank 12"))
+        << "rank " << r;
+    // The next synchronous answer has no view again.
+    ASSERT_TRUE(after_stale[r].ok()) << after_stale[r].status();
+    EXPECT_THAT(after_stale[r]->view, IsEmpty()) << "rank " << r;
+    EXPECT_EQ(after_stale[r]->version, 9);
   }
 }
 
@@ -235,8 +271,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 // One worker's layer over the node: 3 channels, CPU tensors of N x 3.
 struct LayerWorker {
-  explicit LayerWorker(NodeGroup* group)
-      : layer(0, Options(), group, nullptr) {}
+  explicit LayerWorker(NodeGroup* group, int layer_id = 0)
+      : layer(layer_id, Options(), group, nullptr) {}
   static SyncBatchNormOptions Options() {
     SyncBatchNormOptions o;
     o.num_features = 3;
@@ -288,6 +324,48 @@ TEST(NcclNodeGroupTest, ALocalFailureFailsEveryRankAtOnce) {
       EXPECT_THAT(backward[r].message(),
                   HasSubstr("local rank 2 of this node failed the backward"));
     }
+  }
+}
+
+// Every local rank's layer treats a stale answer as the leader's does: the
+// same view and version, running statistics left as they were and flagged
+// as behind, the same normalized output bits; and the backward that
+// follows works as in a synchronous job.
+TEST(NcclNodeGroupTest, EveryLocalLayerTreatsAStaleAnswerAlike) {
+  constexpr int kRanks = 3;
+  std::vector<std::vector<ForwardReply::ViewEntry>> views(kRanks);
+  std::vector<int64_t> versions(kRanks);
+  std::vector<int> behind(kRanks);  // not vector<bool>: one per thread
+  std::vector<RunningStats> before(kRanks), after(kRanks);
+  std::vector<std::vector<float>> y(kRanks), gx(kRanks);
+  std::vector<absl::Status> forward(kRanks), backward(kRanks);
+  if (!RunNode(kRanks, NoAdjustment, [&](int r, NcclNodeGroup& group) {
+        LayerWorker w(&group, kStaleLayer);  // the same batch on every rank
+        before[r] = w.layer.running_stats();
+        forward[r] = w.layer.Forward(w.Ref(w.x), w.Ref(w.y));
+        if (!forward[r].ok()) return;
+        backward[r] = w.layer.Backward(w.Ref(w.dy), w.Ref(w.gx));
+        views[r] = w.layer.last_view();
+        versions[r] = w.layer.last_version();
+        behind[r] = w.layer.running_stats_behind();
+        after[r] = w.layer.running_stats();
+        y[r] = w.y;
+        gx[r] = w.gx;
+      })) {
+    GTEST_SKIP();
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(forward[r].ok()) << "rank " << r << ": " << forward[r];
+    EXPECT_TRUE(backward[r].ok()) << "rank " << r << ": " << backward[r];
+    EXPECT_EQ(views[r], StaleView(0)) << "rank " << r;
+    EXPECT_EQ(versions[r], -2) << "rank " << r;
+    EXPECT_TRUE(behind[r]) << "rank " << r << " mirrored a stale answer";
+    EXPECT_EQ(after[r].num_batches_tracked, before[r].num_batches_tracked);
+    EXPECT_EQ(after[r].mean, before[r].mean) << "rank " << r;
+    EXPECT_EQ(after[r].var, before[r].var) << "rank " << r;
+    // Equal batches normalized with the same statistics' bits.
+    EXPECT_EQ(y[r], y[0]) << "bitwise, rank " << r;
+    EXPECT_EQ(gx[r], gx[0]) << "bitwise, rank " << r;
   }
 }
 

@@ -10,7 +10,8 @@ namespace syncnorm {
 namespace nccl {
 namespace {
 
-constexpr int64_t kMagic = 0x736e726f756e6431;  // "snround1"
+// "snround2": version 2 carries a view after the outcome (ShareView).
+constexpr int64_t kMagic = 0x736e726f756e6432;
 
 // A header as it travels: 512 bytes, all-gathered as 64 doubles.
 struct WireHeader {
@@ -33,9 +34,13 @@ struct WireOutcome {
   int64_t code;
   int64_t count;
   int64_t version;
-  char message[488];  // NUL-terminated
+  int64_t view_size;  // entries of the view broadcast that follows; 0: none
+  char message[480];  // NUL-terminated
 };
 static_assert(sizeof(WireOutcome) == 512, "a fixed outcome size");
+
+// A view entry as it travels: rank, then step.
+constexpr size_t kViewEntryInts = 2;
 
 void CopyText(const std::string& text, char* out, size_t size) {
   const size_t n = std::min(text.size(), size - 1);
@@ -111,6 +116,42 @@ CommResult Verdict(const std::vector<WireHeader>& all, int me) {
   return CommResult{};
 }
 
+// Writes the leader's outcome into `buffer` (sized for the round): the
+// header, the payload, then the mask (zeros when empty).
+void EncodeOutcome(const Outcome& outcome, std::vector<char>* buffer) {
+  WireOutcome w{};
+  w.code = outcome.code;
+  w.count = outcome.count;
+  w.version = outcome.version;
+  w.view_size = static_cast<int64_t>(outcome.view.size());
+  CopyText(outcome.message, w.message, sizeof(w.message));
+  const size_t payload_bytes = outcome.payload.size() * sizeof(double);
+  std::memcpy(buffer->data(), &w, sizeof(w));
+  std::memcpy(buffer->data() + sizeof(w), outcome.payload.data(),
+              payload_bytes);
+  if (!outcome.mask.empty()) {
+    std::memcpy(buffer->data() + sizeof(w) + payload_bytes, outcome.mask.data(),
+                outcome.mask.size());
+  }
+}
+
+// Reads all but the view into *outcome; returns the view's announced size.
+int64_t DecodeOutcome(const std::vector<char>& buffer, size_t payload_bytes,
+                      Outcome* outcome) {
+  WireOutcome w;
+  std::memcpy(&w, buffer.data(), sizeof(w));
+  outcome->code = static_cast<int>(w.code);
+  outcome->message = Text(w.message, sizeof(w.message));
+  outcome->count = w.count;
+  outcome->version = w.version;
+  outcome->payload.resize(payload_bytes / sizeof(double));
+  std::memcpy(outcome->payload.data(), buffer.data() + sizeof(w),
+              payload_bytes);
+  outcome->mask.assign(buffer.begin() + sizeof(w) + payload_bytes,
+                       buffer.end());
+  return w.view_size;
+}
+
 }  // namespace
 
 CommResult NodeRound::Gather(const RoundEntry& entry, const double* values,
@@ -154,38 +195,46 @@ CommResult NodeRound::Share(bool leader, Outcome* outcome) {
   std::vector<char> buffer(sizeof(WireOutcome) + payload_bytes + mask_bytes);
   if (leader) {
     if (outcome->payload.size() * sizeof(double) != payload_bytes ||
-        (!outcome->mask.empty() && outcome->mask.size() != mask_bytes)) {
+        (!outcome->mask.empty() && outcome->mask.size() != mask_bytes) ||
+        outcome->view.size() > static_cast<size_t>(world_size_)) {
       return Invalid("the leader's outcome does not have the round's sizes");
     }
-    WireOutcome w{};
-    w.code = outcome->code;
-    w.count = outcome->count;
-    w.version = outcome->version;
-    CopyText(outcome->message, w.message, sizeof(w.message));
-    std::memcpy(buffer.data(), &w, sizeof(w));
-    std::memcpy(buffer.data() + sizeof(w), outcome->payload.data(),
-                payload_bytes);
-    if (!outcome->mask.empty()) {
-      std::memcpy(buffer.data() + sizeof(w) + payload_bytes,
-                  outcome->mask.data(), mask_bytes);
-    }
+    EncodeOutcome(*outcome, &buffer);
   }
   // The others wait while the leader does its round upstream.
   const int64_t extra_ms = leader ? 0 : upstream_ms_;
   const CommResult r =
       comm_->Broadcast(buffer.data(), buffer.size(), /*root=*/0, extra_ms);
-  if (!r.ok() || leader) return r;
-  WireOutcome w;
-  std::memcpy(&w, buffer.data(), sizeof(w));
-  outcome->code = static_cast<int>(w.code);
-  outcome->message = Text(w.message, sizeof(w.message));
-  outcome->count = w.count;
-  outcome->version = w.version;
-  outcome->payload.resize(payload_bytes / sizeof(double));
-  std::memcpy(outcome->payload.data(), buffer.data() + sizeof(w),
-              payload_bytes);
-  outcome->mask.assign(buffer.begin() + sizeof(w) + payload_bytes,
-                       buffer.end());
+  if (!r.ok()) return r;
+  if (leader) return ShareView(&outcome->view);
+  const int64_t view_size = DecodeOutcome(buffer, payload_bytes, outcome);
+  // A leader of this protocol never sends more (it checked above); one
+  // that did could not be followed into a broadcast of unknown size.
+  if (view_size < 0 || view_size > world_size_) {
+    return CommResult{
+        CommResult::kFailed,
+        "the node leader announced a view of " + std::to_string(view_size) +
+            " entries for a job of world_size " + std::to_string(world_size_)};
+  }
+  outcome->view.assign(static_cast<size_t>(view_size), ViewEntry{});
+  return ShareView(&outcome->view);
+}
+
+CommResult NodeRound::ShareView(std::vector<ViewEntry>* view) {
+  if (view->empty()) return CommResult{};
+  std::vector<int64_t> wire(kViewEntryInts * view->size());
+  for (size_t i = 0; i < view->size(); ++i) {
+    wire[kViewEntryInts * i] = (*view)[i].rank;
+    wire[kViewEntryInts * i + 1] = (*view)[i].step;
+  }
+  // The leader's round upstream is over: no extra wait.
+  const CommResult r =
+      comm_->Broadcast(wire.data(), wire.size() * sizeof(int64_t), /*root=*/0);
+  if (!r.ok()) return r;
+  for (size_t i = 0; i < view->size(); ++i) {
+    (*view)[i].rank = wire[kViewEntryInts * i];
+    (*view)[i].step = wire[kViewEntryInts * i + 1];
+  }
   return CommResult{};
 }
 

@@ -13,10 +13,13 @@
 //     ranks all-gather their payloads (2 x channels doubles each), whose
 //     size is now the same everywhere.
 //  2. Share (after a good Gather): the leader (local rank 0) broadcasts its
-//     outcome, a fixed-size header with its error or counts, the payload
-//     and (forward) a mask of world_size bits; the other ranks wait for it
-//     as long as the communicator's timeout plus the leader's upstream
-//     budget, the time its round with the aggregator may take.
+//     outcome, a fixed-size header with its error, counts and view size,
+//     the payload and (forward) a mask of world_size bits; the other ranks
+//     wait for it as long as the communicator's timeout plus the leader's
+//     upstream budget, the time its round with the aggregator may take.
+//     Only a stale-synchronous answer (a view, at most world_size entries)
+//     adds a second broadcast of the view, whose size the first carried; a
+//     synchronous round has one broadcast, as it always had.
 // No collective of a size that depends on the header is issued before the
 // headers agree, so a mismatch is an error on every rank, never a hang.
 //
@@ -57,6 +60,15 @@ struct Gathered {
   std::vector<double> values;   // rank r: [r * 2C, (r + 1) * 2C)
 };
 
+// One contribution a stale-synchronous answer merged (RoundResult.view).
+struct ViewEntry {
+  int64_t rank = 0;
+  int64_t step = 0;
+  friend bool operator==(const ViewEntry& a, const ViewEntry& b) {
+    return a.rank == b.rank && a.step == b.step;
+  }
+};
+
 // The leader's answer to the other local ranks.
 struct Outcome {
   int code = 0;  // an absl::StatusCode value; 0: success
@@ -65,6 +77,9 @@ struct Outcome {
   int64_t version = 0;          // forward: the layer's version
   std::vector<double> payload;  // 2 x channels
   std::vector<uint8_t> mask;    // forward: (world_size + 7) / 8 bytes
+  // Forward in a stale-synchronous job: the answer's view, at most
+  // world_size entries. Empty: a synchronous answer (or an error).
+  std::vector<ViewEntry> view;
 };
 
 class NodeRound {
@@ -81,11 +96,18 @@ class NodeRound {
                     Gathered* out);
 
   // Step 2, after a successful Gather. Leader: broadcasts *outcome (its
-  // payload and mask must have the sizes of the round). Others: *outcome
-  // gets the leader's, with payload and mask sized for the round.
+  // payload and mask must have the sizes of the round, its view at most
+  // world_size entries; else kInvalid and nothing is sent). Others:
+  // *outcome gets the leader's, with payload and mask sized for the round
+  // and the leader's view; kFailed when the leader's header names more
+  // view entries than world_size (a leader of another protocol).
   CommResult Share(bool leader, Outcome* outcome);
 
  private:
+  // The second broadcast of Share, when *view (the leader's; sized from
+  // the first broadcast on the others) is not empty.
+  CommResult ShareView(std::vector<ViewEntry>* view);
+
   Comm* const comm_;
   // From the headers of the last good Gather.
   int64_t channels_ = 0;

@@ -8,6 +8,8 @@
 // step tau on, name every member (the clock condition), and the running
 // statistics that each rank loads after training (AwaitRunningStats) must
 // equal, bit for bit, those of a synchronous job that trained on the same data.
+// A second test makes rank 0 an NCCL node of two local ranks (on the
+// in-process fake communicator): both must see the same answers.
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -22,6 +24,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/layer_spec.h"
+#include "client/nccl_node_group.h"
 #include "client/running_stats.h"
 #include "client/sync_batch_norm.h"
 #include "client/sync_batch_norm_options.h"
@@ -100,6 +103,7 @@ void MergeRef(Ref& a, const Ref& b) {
 // What one rank saw at one step.
 struct Answer {
   std::vector<ForwardReply::ViewEntry> view;
+  int64_t version = 0;
   std::vector<float> y;
 };
 
@@ -162,7 +166,13 @@ class StaleClientTest : public AggregatorSuite<StaleClientTest> {
   absl::Status TrainRank(const std::string& job_id, int rank, bool slow,
                          RankRun& run) {
     std::unique_ptr<NodeGroup> group = client_.NewNodeGroup(job_id, rank);
-    SyncBatchNorm layer(0, options_, group.get(), nullptr);
+    return TrainOn(group.get(), job_id, rank, slow, run);
+  }
+
+  // One worker of `rank` through `group`, on rank's inputs.
+  absl::Status TrainOn(NodeGroup* group, const std::string& job_id, int rank,
+                       bool slow, RankRun& run) {
+    SyncBatchNorm layer(0, options_, group, nullptr);
     for (int step = 0; step < kSteps; ++step) {
       if (slow) std::this_thread::sleep_for(kSlowSleep);
       std::vector<float> x = Input(rank, step);
@@ -175,6 +185,7 @@ class StaleClientTest : public AggregatorSuite<StaleClientTest> {
                                      TensorRef{a.y.data(), shape});
       if (!s.ok()) return s;
       a.view = layer.last_view();
+      a.version = layer.last_version();
       std::vector<float> dy(x.size(), 0.5f), dx(x.size());
       s = layer.Backward(TensorRef{dy.data(), shape},
                          TensorRef{dx.data(), shape});
@@ -287,6 +298,69 @@ TEST_F(StaleClientTest, AnswersMergeTheirViewAndStatisticsEqualASyncRun) {
   }
   // The fast ranks ran ahead of the slow one (the point of the job).
   EXPECT_GT(ahead, 0);
+}
+
+// Rank 0 is an NCCL node of two local ranks with the same inputs; ranks 1
+// and 2 work alone, rank 2 slowly. The other local rank gets each stale
+// answer through the leader's broadcast: the same view, version and output
+// bits as the leader, its statistics flagged as behind until it loads the
+// server's.
+TEST_F(StaleClientTest, EveryLocalRankOfAnNcclNodeGetsTheSameStaleAnswers) {
+  const std::string job = "stale-nccl";
+  CreateJob(job, kStaleness);
+  constexpr int kLocal = 2;
+  std::vector<RankRun> runs(kLocal + kWorldSize - 1);  // local 0, 1, rank 1, 2
+  std::vector<absl::Status> status(runs.size());
+  std::vector<std::thread> threads;
+  for (int local = 0; local < kLocal; ++local) {
+    threads.emplace_back([&, local] {
+      NcclNodeGroupOptions o;
+      o.local_rank = local;
+      o.local_size = kLocal;
+      o.world_size = kWorldSize;
+      o.timeout = absl::Seconds(30);
+      FileUniqueIdExchange exchange(absl::StrCat(dir(), "/nccl-id-", job), job);
+      auto group = NcclNodeGroup::Create(
+          o, exchange, local == 0 ? client_.NewNodeGroup(job, 0) : nullptr);
+      status[local] = group.status();
+      if (group.ok()) {
+        status[local] = TrainOn(group->get(), job, 0, false, runs[local]);
+      }
+    });
+  }
+  for (int r = 1; r < kWorldSize; ++r) {
+    threads.emplace_back([&, r] {
+      status[kLocal + r - 1] =
+          TrainRank(job, r, r == kSlowRank, runs[kLocal + r - 1]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < status.size(); ++i) {
+    ASSERT_TRUE(status[i].ok()) << "worker " << i << ": " << status[i];
+  }
+  const RunningStats server = ServerStats(job);
+  ASSERT_EQ(server.num_batches_tracked, kSteps);
+  int lagging = 0;  // the node's answers with a view of an earlier step
+  for (int local = 0; local < kLocal; ++local) {
+    SCOPED_TRACE(absl::StrCat("local rank ", local));
+    const RankRun& run = runs[local];
+    EXPECT_TRUE(run.behind_after_training);
+    ExpectSameStats(run.loaded, server, "loaded");
+    ASSERT_EQ(run.answers.size(), static_cast<size_t>(kSteps));
+    for (int s = 0; s < kSteps; ++s) {
+      SCOPED_TRACE(absl::StrCat("step ", s));
+      const Answer& a = run.answers[s];
+      const Answer& leader = runs[0].answers[s];
+      EXPECT_FALSE(a.view.empty());
+      EXPECT_EQ(a.view, leader.view);
+      EXPECT_EQ(a.version, leader.version);
+      EXPECT_EQ(a.y, leader.y) << "bitwise";
+      for (const ForwardReply::ViewEntry& e : a.view) {
+        lagging += local == 0 && e.step < s;
+      }
+    }
+  }
+  EXPECT_GT(lagging, 0) << "rank 0 never got a stale answer";
 }
 
 }  // namespace

@@ -154,13 +154,15 @@ std::string NodeRoundContent(Comm& comm, std::string* merged_bits) {
     out.count = 12345;
     out.version = 77;
     out.payload = ValuesOf(50, 2 * kChannels);
-    out.mask = {0x05, 0x08};  // ranks 0, 2, 11
+    out.mask = {0x05, 0x08};               // ranks 0, 2, 11
+    out.view = {{0, 9}, {3, 8}, {11, 7}};  // a stale answer's
   }
   r = round.Share(me == 0, &out);
   if (!r.ok()) return "share: " + Describe(r);
   if (out.code != 0 || out.count != 12345 || out.version != 77 ||
       out.payload != ValuesOf(50, 2 * kChannels) ||
-      out.mask != std::vector<uint8_t>({0x05, 0x08})) {
+      out.mask != std::vector<uint8_t>({0x05, 0x08}) ||
+      out.view != std::vector<nccl::ViewEntry>({{0, 9}, {3, 8}, {11, 7}})) {
     return "share: the leader's outcome arrived changed";
   }
   return "";
