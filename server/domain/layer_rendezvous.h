@@ -254,10 +254,13 @@ class LayerRendezvous {
   // to its waiters; on a store error the waiters get it, and the entry
   // stays unanswered.
   void GiveStaleAnswer(int group, Phase phase, int pos, int64_t step,
-                       StaleEntry& entry, RoundOutcome answer, absl::Time now,
+                       StaleEntry& entry, RoundOutcome answer,
+                       const Membership& members, absl::Time now,
                        Deliveries& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The oldest step of `group` whose entries are still kept.
-  int64_t StaleHorizon(int group) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The oldest step of `group` whose entries are still kept: the slowest
+  // rank still in `members` bounds it.
+  int64_t StaleHorizon(int group, const Membership& members) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Fails the waiters of stale entries past their deadline.
   void ExpireStale(absl::Time now, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -197,20 +197,25 @@ void LayerRendezvous::AnswerStale(int group, const Membership& members,
                 : StaleBackward(group, static_cast<int>(pos), step);
         if (!answer.has_value()) continue;
         GiveStaleAnswer(group, phase, static_cast<int>(pos), step, entry,
-                        *std::move(answer), now, out);
+                        *std::move(answer), members, now, out);
       }
     }
   }
 }
 
-int64_t LayerRendezvous::StaleHorizon(int group) const {
+int64_t LayerRendezvous::StaleHorizon(int group,
+                                      const Membership& members) const {
   const StaleState& stale = groups_[group].stale;
-  // The slowest rank that has sent anything bounds what later answers may
-  // still read: views reach tau steps back, a backward's view tau more,
-  // and retries the recent rounds.
+  const std::vector<int> ranks = layout_.Ranks(group);
+  // The slowest rank that has sent anything and still takes part bounds
+  // what later answers may still read: views reach tau steps back, a
+  // backward's view tau more, and retries the recent rounds. A rank that
+  // left or was removed holds nothing back.
   int64_t slowest = INT64_MAX;
-  for (int64_t latest : stale.latest[0]) {
-    if (latest >= 0) slowest = std::min(slowest, latest);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int64_t latest = stale.latest[0][i];
+    if (latest < 0 || !members.IsMember(ranks[i], latest + 1)) continue;
+    slowest = std::min(slowest, latest);
   }
   if (slowest == INT64_MAX) return 0;
   return slowest - 2 * spec_.staleness - recent_capacity_;
@@ -218,7 +223,8 @@ int64_t LayerRendezvous::StaleHorizon(int group) const {
 
 void LayerRendezvous::GiveStaleAnswer(int group, Phase phase, int pos,
                                       int64_t step, StaleEntry& entry,
-                                      RoundOutcome answer, absl::Time now,
+                                      RoundOutcome answer,
+                                      const Membership& members, absl::Time now,
                                       Deliveries& out) {
   const int rank = layout_.Ranks(group)[pos];
   StaleState& stale = groups_[group].stale;
@@ -228,7 +234,7 @@ void LayerRendezvous::GiveStaleAnswer(int group, Phase phase, int pos,
   record.fingerprint = entry.fingerprint;
   record.outcome = answer;
   // What falls out of the window goes in the same write.
-  const int64_t horizon = StaleHorizon(group);
+  const int64_t horizon = StaleHorizon(group, members);
   std::vector<StaleKey> evicted;
   for (const StaleKey& k : stale.persisted) {
     if (k.step < horizon) evicted.push_back(k);

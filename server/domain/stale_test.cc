@@ -423,6 +423,43 @@ TEST_F(StaleTest, RemovingADeadRankReleasesTheClock) {
   EXPECT_EQ(stats->layers[0].stats.num_batches_tracked, 3);
 }
 
+TEST_F(StaleTest, ARankThatLeftHoldsNoAnswersInTheStoreBack) {
+  constexpr int kTau = 1;
+  constexpr int kSteps = 60;
+  ASSERT_TRUE(agg_->CreateJob(Spec("s", 3, kTau)).ok());
+  MembershipRequest leave;
+  leave.step = 2;
+  leave.leave = {2};
+  ASSERT_TRUE(agg_->UpdateMembership("s", leave).ok());
+  for (int64_t step = 0; step < kSteps; ++step) {
+    for (Phase phase : {Phase::kForward, Phase::kBackward}) {
+      OutcomeRecorder out(3);
+      const int ranks = step < 2 ? 3 : 2;
+      for (int r = 0; r < ranks; ++r) {
+        agg_->Contribute(Make("s", step, r, phase), out.Slot(r));
+      }
+      for (int r = 0; r < ranks; ++r) {
+        ASSERT_EQ(out.calls(r), 1) << "step " << step << " rank " << r;
+        ASSERT_TRUE(out.get(r).status.ok()) << out.get(r).status;
+      }
+    }
+  }
+  // What the store keeps: the window of the ranks still training (views
+  // of tau steps, backward views tau more, the recent rounds), not every
+  // answer since the step rank 2 left.
+  int records = 0;
+  ASSERT_TRUE(store_.engine()
+                  .Scan("s/",
+                        [&](absl::string_view, absl::string_view) {
+                          ++records;
+                          return absl::OkStatus();
+                        })
+                  .ok());
+  const int window = 3 * kTau + AggregatorOptions().recent_rounds + 2;
+  EXPECT_LE(records, 2 * 2 * window) << "of " << 2 * 2 * kSteps + 4;
+  EXPECT_GT(records, 0);
+}
+
 TEST_F(StaleTest, ARestoreStartsTheWindowAfresh) {
   ASSERT_TRUE(agg_->CreateJob(Spec("s", 2, 1)).ok());
   for (int64_t step : {0, 1}) {
