@@ -261,6 +261,9 @@ class LayerRendezvous {
   // rank still in `members` bounds it.
   int64_t StaleHorizon(int group, const Membership& members) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Forgets the answered entries of `group` older than its horizon.
+  void PruneStale(int group, const Membership& members)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the waiters of stale entries past their deadline.
   void ExpireStale(absl::Time now, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

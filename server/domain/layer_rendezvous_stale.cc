@@ -159,8 +159,18 @@ std::optional<RoundOutcome> LayerRendezvous::StaleForward(
 std::optional<RoundOutcome> LayerRendezvous::StaleBackward(int group, int pos,
                                                            int64_t step) const {
   const StaleState& stale = groups_[group].stale;
-  const auto& forward = stale.entries[0][pos].at(step);
   RoundOutcome o;
+  auto f = stale.entries[0][pos].find(step);
+  if (f == stale.entries[0][pos].end() || f->second.answer == nullptr) {
+    // Its forward fell out of the window while it waited (a rank that
+    // sent its forwards far ahead of its backwards).
+    o.status = absl::FailedPreconditionError(absl::StrCat(
+        RoundLabel(RoundKey(group, step, Phase::kBackward)),
+        ": its FORWARD's answer is no longer kept (the slowest rank is more "
+        "than 2 staleness steps and the recent rounds past it)"));
+    return o;
+  }
+  const StaleEntry& forward = f->second;
   o.grad_sums.sum_dy.assign(config_.channels, 0.0);
   o.grad_sums.sum_dy_xmu.assign(config_.channels, 0.0);
   // Every (rank, step) of the forward's view, in its (rank) order.
@@ -201,6 +211,8 @@ void LayerRendezvous::AnswerStale(int group, const Membership& members,
       }
     }
   }
+  // Not while the entries are walked above: it erases some.
+  PruneStale(group, members);
 }
 
 int64_t LayerRendezvous::StaleHorizon(int group,
@@ -228,6 +240,16 @@ void LayerRendezvous::GiveStaleAnswer(int group, Phase phase, int pos,
                                       Deliveries& out) {
   const int rank = layout_.Ranks(group)[pos];
   StaleState& stale = groups_[group].stale;
+  if (!answer.status.ok()) {
+    // A failed answer changes nothing and is not stored: kept here, its
+    // retries get it while the window holds it.
+    entry.answer = std::make_shared<const RoundOutcome>(std::move(answer));
+    for (RoundCallback& done : entry.waiters) {
+      out.push_back(Delivery{std::move(done), entry.answer});
+    }
+    entry.waiters.clear();
+    return;
+  }
   StoredStaleAnswer record;
   record.key = StaleKey{group, layer_, phase, step, rank};
   record.payload = entry.payload;
@@ -256,7 +278,7 @@ void LayerRendezvous::GiveStaleAnswer(int group, Phase phase, int pos,
                      [&](const StaleKey& k) { return k.step < horizon; }),
       stale.persisted.end());
   stale.persisted.push_back(record.key);
-  if (observer_ != nullptr && answer.status.ok()) {
+  if (observer_ != nullptr) {
     StaleAnswerReport r;
     r.job_id = spec_.job_id;
     r.phase = phase;
@@ -272,8 +294,12 @@ void LayerRendezvous::GiveStaleAnswer(int group, Phase phase, int pos,
     out.push_back(Delivery{std::move(done), entry.answer});
   }
   entry.waiters.clear();
+}
+
+void LayerRendezvous::PruneStale(int group, const Membership& members) {
   // Answered entries older than the horizon are no longer read.
-  for (auto& phase_entries : stale.entries) {
+  const int64_t horizon = StaleHorizon(group, members);
+  for (auto& phase_entries : groups_[group].stale.entries) {
     for (auto& by_step : phase_entries) {
       for (auto it = by_step.begin();
            it != by_step.end() && it->first < horizon;) {

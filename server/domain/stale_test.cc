@@ -460,6 +460,41 @@ TEST_F(StaleTest, ARankThatLeftHoldsNoAnswersInTheStoreBack) {
   EXPECT_GT(records, 0);
 }
 
+TEST_F(StaleTest, ABackwardWhoseForwardFellOutOfTheWindowFailsAlone) {
+  ASSERT_TRUE(agg_->CreateJob(Spec("s", 2, 1)).ok());
+  const auto forwards = [&](int64_t from, int64_t to) {
+    for (int64_t step = from; step < to; ++step) {
+      for (int r : {0, 1}) {
+        std::optional<RoundOutcome> o =
+            Send(Make("s", step, r, Phase::kForward));
+        ASSERT_TRUE(o.has_value() && o->status.ok()) << step;
+      }
+    }
+  };
+  // Both ranks send their forwards far ahead of their backwards.
+  forwards(0, 30);
+  // Rank 0's backward of step 0: its forward is no longer kept.
+  std::optional<RoundOutcome> old = Send(Make("s", 0, 0, Phase::kBackward));
+  ASSERT_TRUE(old.has_value());
+  EXPECT_EQ(old->status.code(), absl::StatusCode::kFailedPrecondition);
+  // Rank 0's backward of step 25 waits for rank 1's; meanwhile the
+  // forwards go on until step 25's forward falls out of the window.
+  OutcomeRecorder waiting(1);
+  agg_->Contribute(Make("s", 25, 0, Phase::kBackward), waiting.Slot(0));
+  EXPECT_EQ(waiting.calls(0), 0);
+  forwards(30, 60);
+  ASSERT_EQ(waiting.calls(0), 1);
+  EXPECT_EQ(waiting.get(0).status.code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(waiting.get(0).status.message(), HasSubstr("no longer kept"));
+  // The job goes on.
+  for (int r : {0, 1}) {
+    std::optional<RoundOutcome> o = Send(Make("s", 60, r, Phase::kForward));
+    ASSERT_TRUE(o.has_value());
+    ExpectMergeOfView(*o);
+  }
+}
+
 TEST_F(StaleTest, ARestoreStartsTheWindowAfresh) {
   ASSERT_TRUE(agg_->CreateJob(Spec("s", 2, 1)).ok());
   for (int64_t step : {0, 1}) {
