@@ -1,5 +1,6 @@
 #include "server/store/kv_state_store.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -290,6 +291,18 @@ absl::Status KvStateStore::LoadStaleAnswers(std::vector<StoredJob>& jobs) {
                          static_cast<int>(n[4])};
         absl::StatusOr<StoredStaleAnswer> a = DecodeStaleAnswer(value, spec, k);
         if (!a.ok()) return Corrupt(key, a.status());
+        // The rank and every rank of its view are of the key's group.
+        const std::vector<int> group = GroupRanks(spec, k.group);
+        const auto in_group = [&](int rank) {
+          return std::binary_search(group.begin(), group.end(), rank);
+        };
+        bool fits = in_group(k.rank);
+        for (const ViewEntry& v : a->outcome.view)
+          fits = fits && in_group(v.rank);
+        if (!fits) {
+          return Corrupt(
+              key, absl::DataLossError("its rank or view is not of its group"));
+        }
         job->stale.push_back(*std::move(a));
         return absl::OkStatus();
       });

@@ -244,6 +244,59 @@ void Poke(const std::string& dir, const std::string& key,
   ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), key, value).ok());
 }
 
+// A stored stale-synchronous forward answer of a layer of 2 channels.
+std::string StaleAnswerBytes() {
+  StoredStaleAnswer a;
+  a.key = StaleKey{0, 0, Phase::kForward, 3, 1};
+  a.payload = Moments{2, {0.5, 1.5}, {0.25, 0.75}};
+  a.outcome.moments = GlobalMoments{4, {0.5, 1.5}, {1, 2}};
+  a.outcome.view = {ViewEntry{0, 3}, ViewEntry{1, 2}};
+  return EncodeStaleAnswer(a);
+}
+
+TEST(StateStoreTest, StaleAnswersRoundTripAndGoWithTheirJob) {
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  ASSERT_TRUE(store.PutJob(Spec("a")).ok());
+  StoredStaleAnswer first;
+  first.key = StaleKey{0, 0, Phase::kForward, 3, 1};
+  first.payload = Moments{2, {0.5, 1.5}, {0.25, 0.75}};
+  first.fingerprint = 77;
+  first.outcome.moments = GlobalMoments{4, {0.5, 1.5}, {1, 2}};
+  first.outcome.version = 2;
+  first.outcome.view = {ViewEntry{0, 3}, ViewEntry{1, 2}};
+  StoredStaleAnswer second = first;
+  second.key = StaleKey{0, 0, Phase::kBackward, 4, 0};
+  second.payload = GradSums{{1, 2}, {3, 4}};
+  second.outcome = RoundOutcome();
+  second.outcome.grad_sums = GradSums{{5, 6}, {7, 8}};
+  ASSERT_TRUE(store.PutStaleAnswer("a", first, {}).ok());
+  ASSERT_TRUE(store.PutStaleAnswer("a", second, {}).ok());
+  auto jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ((*jobs)[0].stale.size(), 2u);
+  const StoredStaleAnswer& f = (*jobs)[0].stale[0];
+  EXPECT_EQ(f.key.step, 3);
+  EXPECT_EQ(f.fingerprint, 77u);
+  EXPECT_EQ(std::get<Moments>(f.payload).m2, (std::vector<double>{0.25, 0.75}));
+  EXPECT_EQ(f.outcome.moments.var, (std::vector<double>{1, 2}));
+  EXPECT_EQ(f.outcome.version, 2);
+  EXPECT_TRUE(f.outcome.view == first.outcome.view);
+  const StoredStaleAnswer& b = (*jobs)[0].stale[1];
+  EXPECT_EQ(b.key.phase, Phase::kBackward);
+  EXPECT_EQ(b.outcome.grad_sums.sum_dy_xmu, (std::vector<double>{7, 8}));
+  // One write stores an answer and evicts older ones.
+  ASSERT_TRUE(store.PutStaleAnswer("a", second, {first.key}).ok());
+  jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ((*jobs)[0].stale.size(), 1u);
+  // A restore forgets them; a delete too.
+  ASSERT_TRUE(store.PutStaleAnswer("a", first, {}).ok());
+  ASSERT_TRUE(store.PutLayers("a", {Slot(1)}, /*drop_rounds=*/true).ok());
+  jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_TRUE((*jobs)[0].stale.empty());
+}
+
 TEST(StateStoreTest, BadRecordsAreDataLossNamingFolderAndKey) {
   struct Case {
     const char* what;
@@ -270,6 +323,8 @@ TEST(StateStoreTest, BadRecordsAreDataLossNamingFolderAndKey) {
       {"garbage membership", "e/a", "\xff\xff not a membership"},
       {"membership rank out of range", "e/a",
        EncodeMembership({MembershipChange{0, 0, {0, 5}, {}, {}, {}, false}})},
+      {"stale answer of a rank out of range",
+       "s/a/0/0/1/00000000000000000003/5", StaleAnswerBytes()},
       {"membership out of order", "e/a",
        EncodeMembership({MembershipChange{1, 4, {0, 1}, {}, {}, {}, false},
                          MembershipChange{2, 3, {0}, {}, {1}, {}, false}})},
