@@ -539,6 +539,106 @@ std::vector<Case> OtherCases() {
         return s.RestoreCheckpoint(Context().get(), r, &out);
       },
       "step is 9223372036854775807");
+  // Elastic membership and staleness (job "bad": world 2, every rank a
+  // member, no step completed).
+  const auto membership =
+      [&](std::string what, grpc::StatusCode code,
+          std::function<void(v1::UpdateMembershipRequest&)> fill,
+          std::string says = "") {
+        add(
+            "UpdateMembership: " + what, code,
+            [fill](Stub& s) {
+              v1::UpdateMembershipRequest r;
+              r.set_job_id("bad");
+              fill(r);
+              v1::JobInfo out;
+              return s.UpdateMembership(Context().get(), r, &out);
+            },
+            std::move(says));
+      };
+  membership("job_id unknown", grpc::NOT_FOUND, [](auto& r) {
+    r.set_job_id("nope");
+    r.add_join(1);
+  });
+  membership(
+      "no rank", grpc::INVALID_ARGUMENT, [](auto&) {}, "names no rank");
+  membership(
+      "rank out of range", grpc::INVALID_ARGUMENT,
+      [](auto& r) { r.add_join(2); }, "join rank 2 is out of range");
+  membership(
+      "negative rank", grpc::INVALID_ARGUMENT,
+      [](auto& r) { r.add_remove(-1); }, "out of range");
+  membership(
+      "a rank named twice", grpc::INVALID_ARGUMENT,
+      [](auto& r) {
+        r.add_leave(1);
+        r.add_remove(1);
+      },
+      "rank 1 is named twice");
+  membership(
+      "every member leaves", grpc::INVALID_ARGUMENT,
+      [](auto& r) {
+        r.add_leave(0);
+        r.add_leave(1);
+      },
+      "without members");
+  membership("step negative", grpc::INVALID_ARGUMENT, [](auto& r) {
+    r.set_step(-5);
+    r.add_leave(1);
+  });
+  membership(
+      "step INT64_MAX", grpc::INVALID_ARGUMENT,
+      [](auto& r) {
+        r.set_step(INT64_MAX);
+        r.add_leave(1);
+      },
+      "steps are within [0, 9007199254740991]");
+  const auto job = [&](std::string what,
+                       std::function<void(v1::CreateJobRequest&)> fill,
+                       std::string says) {
+    add(
+        "CreateJob: " + what, grpc::INVALID_ARGUMENT,
+        [fill](Stub& s) {
+          v1::CreateJobRequest r = GoodJob("fresh-elastic");
+          fill(r);
+          return CreateJob(s, r);
+        },
+        std::move(says));
+  };
+  job(
+      "members out of range", [](auto& r) { r.add_members(2); },
+      "members has rank 2");
+  job(
+      "members repeated",
+      [](auto& r) {
+        r.add_members(0);
+        r.add_members(0);
+      },
+      "members has rank 0 twice");
+  job(
+      "staleness negative", [](auto& r) { r.set_staleness(-1); },
+      "staleness is -1");
+  job(
+      "staleness above its bound", [](auto& r) { r.set_staleness(65); },
+      "staleness is 65");
+  job(
+      "staleness with a quorum",
+      [](auto& r) {
+        r.set_staleness(1);
+        r.mutable_quorum()->set_min_ranks(1);
+        r.mutable_quorum()->set_grace_ms(10);
+      },
+      "drop the quorum");
+  add(
+      "ReduceOnce: momentum in a stale-synchronous job", grpc::INVALID_ARGUMENT,
+      [](Stub& s) {
+        v1::Contribution c = GoodForward();
+        c.set_job_id("stale");
+        c.mutable_momentum()->set_momentum_mode(v1::MOMENTUM_TORCH);
+        c.mutable_momentum()->set_momentum(0.5);
+        return ReduceOnce(s, c);
+      },
+      "stale-synchronous job");
   return cases;
   }
 
@@ -551,6 +651,9 @@ std::vector<Case> OtherCases() {
                                        grpc::InsecureChannelCredentials());
     auto stub = v1::Aggregator::NewStub(channel);
     ASSERT_TRUE(CreateJob(*stub, GoodJob("bad")).ok());
+    v1::CreateJobRequest stale = GoodJob("stale");
+    stale.set_staleness(2);
+    ASSERT_TRUE(CreateJob(*stub, stale).ok());
     v1::CreateJobRequest single = GoodJob("single");
     single.set_world_size(1);
     ASSERT_TRUE(CreateJob(*stub, single).ok());
