@@ -33,6 +33,9 @@ void LayerRendezvous::ContributeStale(Contribution c, const Membership& members,
       }
       e.waiters.push_back(std::move(done));
       e.deadline = now + spec_.round_timeout;
+      // Answerable already when its answer could not be stored before:
+      // the retry gets it now, not at the next contribution.
+      AnswerStale(g, members, now, out);
     }
     return;
   }

@@ -22,6 +22,7 @@
 #include "server/domain/job_spec.h"
 #include "server/domain/membership.h"
 #include "server/domain/outcome_recorder.h"
+#include "server/store/faulty_engine.h"
 #include "server/store/kv_state_store.h"
 #include "server/store/memory_engine.h"
 
@@ -493,6 +494,27 @@ TEST_F(StaleTest, ABackwardWhoseForwardFellOutOfTheWindowFailsAlone) {
     ASSERT_TRUE(o.has_value());
     ExpectMergeOfView(*o);
   }
+}
+
+TEST(StaleStoreTest, ARetryAfterAFailedWriteIsAnsweredAtOnce) {
+  FakeClock clock;
+  MemoryEngine memory;
+  auto faulty = std::make_unique<FaultyEngine>(&memory);
+  FaultyEngine* engine = faulty.get();
+  KvStateStore store(std::move(faulty));
+  Aggregator agg(AggregatorOptions(), &clock, &store);
+  ASSERT_TRUE(agg.CreateJob(Spec("s", 2, 1)).ok());
+  engine->fail_writes(true);
+  OutcomeRecorder out(2);
+  agg.Contribute(Make("s", 0, 0, Phase::kForward), out.Slot(0));
+  ASSERT_EQ(out.calls(0), 1);
+  EXPECT_EQ(out.get(0).status.code(), absl::StatusCode::kResourceExhausted);
+  // The disk has room again; the retry is answered without waiting for
+  // another rank's contribution.
+  engine->fail_writes(false);
+  agg.Contribute(Make("s", 0, 0, Phase::kForward), out.Slot(1));
+  ASSERT_EQ(out.calls(1), 1);
+  ExpectMergeOfView(out.get(1));
 }
 
 TEST_F(StaleTest, ARestoreStartsTheWindowAfresh) {
