@@ -23,6 +23,7 @@
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/retry.h"
+#include "tests/testing/round_payload.h"
 #include "tests/testing/subprocess.h"
 
 namespace syncnorm::testing {
@@ -64,25 +65,9 @@ std::vector<double> Samples(int rank, int step, int channel) {
 }
 
 v1::Contribution Forward(int rank, int step) {
-  v1::Contribution c;
-  c.set_job_id("elastic");
-  c.set_layer(0);
-  c.set_step(step);
-  c.set_phase(v1::FORWARD);
-  c.set_rank(rank);
-  v1::Moments* m = c.mutable_moments();
-  m->set_count(4);
-  for (int ch = 0; ch < kChannels; ++ch) {
-    const std::vector<double> x = Samples(rank, step, ch);
-    double mean = 0;
-    for (double v : x) mean += v;
-    mean /= x.size();
-    double m2 = 0;
-    for (double v : x) m2 += (v - mean) * (v - mean);
-    m->add_mean(mean);
-    m->add_m2(m2);
-  }
-  return c;
+  std::vector<std::vector<double>> x;
+  for (int ch = 0; ch < kChannels; ++ch) x.push_back(Samples(rank, step, ch));
+  return SampledForward("elastic", step, rank, x);
 }
 
 // Two-pass float64 mean and M2 of the members' concatenated batches.

@@ -45,6 +45,29 @@ v1::Contribution RoundContribution(const std::string& job, int layer,
   return c;
 }
 
+v1::Contribution SampledForward(
+    const std::string& job, int64_t step, int rank,
+    const std::vector<std::vector<double>>& samples) {
+  v1::Contribution c;
+  c.set_job_id(job);
+  c.set_layer(0);
+  c.set_step(step);
+  c.set_phase(v1::FORWARD);
+  c.set_rank(rank);
+  v1::Moments* m = c.mutable_moments();
+  m->set_count(samples.empty() ? 0 : samples[0].size());
+  for (const std::vector<double>& x : samples) {
+    double mean = 0;
+    for (double v : x) mean += v;
+    mean /= x.size();
+    double m2 = 0;
+    for (double v : x) m2 += (v - mean) * (v - mean);
+    m->add_mean(mean);
+    m->add_m2(m2);
+  }
+  return c;
+}
+
 ReferenceMoments ReferenceMerge(const std::string& job, int layer, int64_t step,
                                 const std::vector<int>& ranks, int channels) {
   std::vector<Moments> parts;

@@ -26,6 +26,13 @@ Moments RoundPayload(const std::string& job, int layer, int64_t step, int rank,
 v1::Contribution RoundContribution(const std::string& job, int layer,
                                    int64_t step, int rank, int channels);
 
+// The FORWARD of (job, layer 0, step, rank) for a local batch given as its
+// samples per channel (each channel as many): the count, and each
+// channel's mean and M2 in two float64 passes.
+v1::Contribution SampledForward(
+    const std::string& job, int64_t step, int rank,
+    const std::vector<std::vector<double>>& samples);
+
 // The merge of `ranks`' payloads in long double (direct sums, not the Chan
 // fold the server uses): count, mean and M2.
 struct ReferenceMoments {
