@@ -17,6 +17,8 @@ class FaultyEngine final : public KvEngine {
 
   void fail_writes(bool fail) { fail_.store(fail); }
   int writes() const { return writes_.load(); }
+  // The operations of the largest batch written so far.
+  size_t largest_batch() const { return largest_batch_.load(); }
 
   std::string Describe() const override { return base_->Describe(); }
   absl::Status Write(const KvBatch& batch) override {
@@ -25,6 +27,10 @@ class FaultyEngine final : public KvEngine {
           "injected write failure: no space left on device");
     }
     ++writes_;
+    size_t largest = largest_batch_.load();
+    while (batch.ops().size() > largest &&
+           !largest_batch_.compare_exchange_weak(largest, batch.ops().size())) {
+    }
     return base_->Write(batch);
   }
   absl::StatusOr<std::optional<std::string>> Get(
@@ -45,6 +51,7 @@ class FaultyEngine final : public KvEngine {
   KvEngine* const base_;
   std::atomic<bool> fail_{false};
   std::atomic<int> writes_{0};
+  std::atomic<size_t> largest_batch_{0};
 };
 
 }  // namespace syncnorm

@@ -1,16 +1,21 @@
 #include "server/store/ring_log_engine.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/internal/endian.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/store/crc32c.h"
@@ -33,72 +38,102 @@ constexpr int64_t kMinRing = 64 << 10;
 
 int64_t Align8(int64_t n) { return (n + 7) & ~int64_t{7}; }
 
-void PutU32(std::string& out, uint32_t v) {
-  char b[4];
-  absl::little_endian::Store32(b, v);
-  out.append(b, 4);
-}
-
 uint32_t Crc(const char* data, size_t n, uint32_t init = 0) {
   return Crc32c(init, data, n);
 }
 
-// A record with room for its header, then the payload: u32 op count; per
-// op u8 kind, u32 key length, key, u32 value length, value; then zeros to
-// a multiple of 8. `payload_size` is set to the payload's length.
-std::string EncodeRecord(const KvBatch& batch, size_t& payload_size) {
+// A record's payload: u32 op count; per op u8 kind, u32 key length, key,
+// u32 value length, value. The record is padded with zeros to a multiple
+// of 8.
+size_t PayloadSize(const KvBatch& batch) {
   size_t size = 4;
   for (const KvBatch::Op& op : batch.ops()) {
     size += 9 + op.key.size() + op.value.size();
   }
-  payload_size = size;
-  std::string out;
-  out.reserve(static_cast<size_t>(Align8(kHeader + size)));
-  out.resize(kHeader);
-  PutU32(out, static_cast<uint32_t>(batch.ops().size()));
-  for (const KvBatch::Op& op : batch.ops()) {
-    out.push_back(static_cast<char>(op.kind));
-    PutU32(out, static_cast<uint32_t>(op.key.size()));
-    out.append(op.key);
-    PutU32(out, static_cast<uint32_t>(op.value.size()));
-    out.append(op.value);
-  }
-  out.resize(static_cast<size_t>(Align8(kHeader + size)), '\0');
-  return out;
+  return size;
 }
 
-// Appends the ops of a payload to `out`; false if it does not parse.
-bool DecodeBatch(absl::string_view in, KvBatch& out) {
+// The CRC32C of the payload EncodePayload writes, computed from the batch
+// itself (outside the lock that the copy into the ring takes).
+uint32_t PayloadCrc(const KvBatch& batch) {
+  char b[4];
+  absl::little_endian::Store32(b, static_cast<uint32_t>(batch.ops().size()));
+  uint32_t crc = Crc(b, 4);
+  for (const KvBatch::Op& op : batch.ops()) {
+    char h[5];
+    h[0] = static_cast<char>(op.kind);
+    absl::little_endian::Store32(h + 1, static_cast<uint32_t>(op.key.size()));
+    crc = Crc(op.key.data(), op.key.size(), Crc(h, 5, crc));
+    absl::little_endian::Store32(b, static_cast<uint32_t>(op.value.size()));
+    crc = Crc(op.value.data(), op.value.size(), Crc(b, 4, crc));
+  }
+  return crc;
+}
+
+// Writes the payload at `out`; `values[i]` is set to where op i's value
+// now lies.
+void EncodePayload(const KvBatch& batch, char* out, absl::string_view* values) {
+  absl::little_endian::Store32(out, static_cast<uint32_t>(batch.ops().size()));
+  out += 4;
+  for (const KvBatch::Op& op : batch.ops()) {
+    *out++ = static_cast<char>(op.kind);
+    absl::little_endian::Store32(out, static_cast<uint32_t>(op.key.size()));
+    std::memcpy(out + 4, op.key.data(), op.key.size());
+    out += 4 + op.key.size();
+    absl::little_endian::Store32(out, static_cast<uint32_t>(op.value.size()));
+    std::memcpy(out + 4, op.value.data(), op.value.size());
+    *values++ = absl::string_view(out + 4, op.value.size());
+    out += 4 + op.value.size();
+  }
+}
+
+// The latest value (nullopt: deleted) of each key a run of records wrote.
+using Writes = absl::flat_hash_map<std::string, std::optional<std::string>>;
+
+// Applies the ops of a payload to `out`; false if it does not parse (then
+// `out` is as it was).
+bool DecodeBatch(absl::string_view in, Writes& out) {
   auto u32 = [&in](uint32_t& v) {
     if (in.size() < 4) return false;
     v = absl::little_endian::Load32(in.data());
     in.remove_prefix(4);
     return true;
   };
-  auto bytes = [&in, &u32](std::string& s) {
+  auto bytes = [&in, &u32](absl::string_view& s) {
     uint32_t n;
     if (!u32(n) || in.size() < n) return false;
-    s.assign(in.data(), n);
+    s = in.substr(0, n);
     in.remove_prefix(n);
     return true;
   };
   uint32_t count;
   if (!u32(count)) return false;
+  std::vector<std::pair<absl::string_view, std::optional<absl::string_view>>>
+      ops;
   for (uint32_t i = 0; i < count; ++i) {
     if (in.empty()) return false;
     const auto kind = static_cast<unsigned char>(in[0]);
     in.remove_prefix(1);
-    std::string key, value;
+    absl::string_view key, value;
     if (!bytes(key) || !bytes(value)) return false;
     if (kind == KvBatch::Op::kPut) {
-      out.Put(std::move(key), std::move(value));
+      ops.emplace_back(key, value);
     } else if (kind == KvBatch::Op::kDelete) {
-      out.Delete(std::move(key));
+      ops.emplace_back(key, std::nullopt);
     } else {
       return false;  // ranges never go through the log
     }
   }
-  return in.empty();
+  if (!in.empty()) return false;
+  for (const auto& [key, value] : ops) {
+    std::optional<std::string>& v = out[key];
+    if (value.has_value()) {
+      v.emplace(*value);
+    } else {
+      v.reset();
+    }
+  }
+  return true;
 }
 
 // The header of a record, with its checksum over `payload_crc` and itself.
@@ -151,6 +186,13 @@ absl::StatusOr<std::unique_ptr<RingLogEngine>> RingLogEngine::Open(
   struct stat st;
   if (::fstat(fd, &st) != 0) return engine->Error("fstat", errno);
   if (absl::Status s = engine->Recover(st.st_size); !s.ok()) return s;
+  // Mapped whole, its pages faulted in now: a record is then a copy into
+  // memory, and the ring counts in the server's resident memory from the
+  // start instead of growing into it.
+  void* map = ::mmap(nullptr, static_cast<size_t>(options.ring_bytes),
+                     PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (map == MAP_FAILED) return engine->Error("mmap", errno);
+  engine->map_ = static_cast<char*>(map);
   engine->flusher_ = std::thread([e = engine.get()] { e->FlusherLoop(); });
   return engine;
 }
@@ -167,8 +209,9 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
     position =
         static_cast<int64_t>(absl::little_endian::Load64((*meta)->data() + 8));
   }
-  // What the ring holds past `position`, in order, into one batch.
-  KvBatch replay;
+  // What the ring holds past `position`, in order, coalesced by key as a
+  // flush would: a full ring replays into a batch of its distinct keys.
+  Writes replayed;
   const int64_t ring = file_bytes & ~int64_t{7};
   uint64_t seq = last_seq + 1;
   if (ring >= kMinRing) {
@@ -204,7 +247,7 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
               static_cast<ssize_t>(length) ||
           Crc(h, 20, Crc(payload.data(), length)) !=
               absl::little_endian::Load32(h + 20) ||
-          !DecodeBatch(payload, replay)) {
+          !DecodeBatch(payload, replayed)) {
         break;
       }
       ++recovered_records_;
@@ -218,6 +261,16 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
   head_ = tail_ = position;
   // The replayed writes and the position after them, at once: a crash from
   // here on replays nothing twice.
+  KvBatch replay;
+  replay.Reserve(replayed.size() + 1);
+  for (auto& [key, value] : replayed) {
+    if (value.has_value()) {
+      replay.Put(key, *std::move(value));
+    } else {
+      replay.Delete(key);
+    }
+  }
+  replayed.clear();
   replay.Put(kMetaKey, EncodeMeta(seq - 1, position));
   if (absl::Status s = inner_->Write(replay); !s.ok()) return s;
   if (!resize) return absl::OkStatus();
@@ -254,6 +307,9 @@ RingLogEngine::~RingLogEngine() {
   }
   if (flusher_.joinable()) flusher_.join();
   if (!abandoned) (void)Flush();
+  if (map_ != nullptr) {
+    ::munmap(map_, static_cast<size_t>(options_.ring_bytes));
+  }
   ::close(fd_);
 }
 
@@ -295,14 +351,25 @@ absl::Status RingLogEngine::PwriteAll(const char* data, size_t size,
   return absl::OkStatus();
 }
 
+absl::Status RingLogEngine::Sync(int64_t offset, int64_t size) const {
+  if (!options_.sync_writes) return absl::OkStatus();
+  static const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t start = offset / page * page;
+  if (::msync(map_ + start, static_cast<size_t>(offset + size - start),
+              MS_SYNC) != 0) {
+    return Error("msync", errno);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RingLogEngine::Write(const KvBatch& batch) {
   if (batch.ops().empty()) return absl::OkStatus();
   if (HasRange(batch)) return WriteThrough(batch);
-  size_t payload_size;
-  std::string record = EncodeRecord(batch, payload_size);
-  const int64_t size = static_cast<int64_t>(record.size());
+  const size_t payload_size = PayloadSize(batch);
+  const int64_t size = Align8(kHeader + static_cast<int64_t>(payload_size));
   if (size > options_.ring_bytes / 4) return WriteThrough(batch);
-  const uint32_t payload_crc = Crc(record.data() + kHeader, payload_size);
+  const uint32_t payload_crc = PayloadCrc(batch);
+  absl::InlinedVector<absl::string_view, 4> values(batch.ops().size());
   const int64_t ring = options_.ring_bytes;
   for (;;) {
     {
@@ -311,28 +378,28 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
       const int64_t pad = room < size ? room : 0;
       if (head_ + pad + size - tail_ <= ring) {
         if (pad >= kHeader) {
-          char h[kHeader];
-          FillHeader(h, kPad, next_seq_, static_cast<uint32_t>(pad - kHeader),
-                     0);
-          if (absl::Status s = PwriteAll(h, kHeader, head_ % ring); !s.ok()) {
-            return s;
-          }
+          FillHeader(map_ + head_ % ring, kPad, next_seq_,
+                     static_cast<uint32_t>(pad - kHeader), 0);
+          if (absl::Status s = Sync(head_ % ring, kHeader); !s.ok()) return s;
         }
-        FillHeader(record.data(), kBatch, next_seq_,
+        // Straight into the ring's pages: a killed process leaves them in
+        // the page cache as a pwrite would, without a copy or a syscall.
+        const int64_t at = (head_ + pad) % ring;
+        char* record = map_ + at;
+        EncodePayload(batch, record + kHeader, values.data());
+        std::memset(record + kHeader + payload_size, 0,
+                    static_cast<size_t>(size - kHeader) - payload_size);
+        FillHeader(record, kBatch, next_seq_,
                    static_cast<uint32_t>(payload_size), payload_crc);
-        if (absl::Status s =
-                PwriteAll(record.data(), record.size(), (head_ + pad) % ring);
-            !s.ok()) {
-          return s;
-        }
-        if (options_.sync_writes && ::fdatasync(fd_) != 0) {
-          return Error("fdatasync", errno);
-        }
+        if (absl::Status s = Sync(at, size); !s.ok()) return s;
         head_ += pad + size;
         ++next_seq_;
-        for (const KvBatch::Op& op : batch.ops()) {
+        // The overlay reads the values where they lie in the ring, which
+        // no write reuses before a flush has handed them on.
+        for (size_t i = 0; i < values.size(); ++i) {
+          const KvBatch::Op& op = batch.ops()[i];
           if (op.kind == KvBatch::Op::kPut) {
-            overlay_[op.key] = op.value;
+            overlay_[op.key] = values[i];
           } else {
             overlay_[op.key] = std::nullopt;
           }
@@ -358,7 +425,7 @@ KvBatch RingLogEngine::WithPosition(const Overlay& overlay,
   KvBatch out;
   for (const auto& [key, value] : overlay) {
     if (value.has_value()) {
-      out.Put(key, *value);
+      out.Put(key, std::string(*value));
     } else {
       out.Delete(key);
     }
@@ -430,7 +497,9 @@ absl::StatusOr<std::optional<std::string>> RingLogEngine::Get(
     absl::MutexLock lock(&mu_);
     for (const Overlay* o : {&overlay_, &flushing_}) {
       auto it = o->find(key);
-      if (it != o->end()) return it->second;
+      if (it == o->end()) continue;
+      if (!it->second.has_value()) return std::nullopt;
+      return std::string(*it->second);
     }
   }
   return inner_->Get(key);
