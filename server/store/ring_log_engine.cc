@@ -193,6 +193,15 @@ absl::StatusOr<std::unique_ptr<RingLogEngine>> RingLogEngine::Open(
                      PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (map == MAP_FAILED) return engine->Error("mmap", errno);
   engine->map_ = static_cast<char*>(map);
+  // Populating maps a shared file's pages read-only: the first write to
+  // each would fault into the file system (ext4_page_mkwrite, about 2 us a
+  // page, 30 us for a 64 KB record). Written once now, they stay writable
+  // until the kernel next writes them back.
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  for (int64_t at = 0; at < options.ring_bytes; at += page) {
+    volatile char* byte = engine->map_ + at;
+    *byte = *byte;
+  }
   engine->flusher_ = std::thread([e = engine.get()] { e->FlusherLoop(); });
   return engine;
 }
