@@ -34,8 +34,8 @@ struct RingLogOptions {
   // or `flush_period` after the first write since the last time. A flush
   // is a RocksDB write of every key written since the last (its WAL, its
   // memtable, and in time its table files): done rarely, it costs little
-  // per round and stalls few of them (every 63 rounds of 64 KB, as 2 MiB
-  // did, put a flush under 1% of the rounds: the p99).
+  // per round and stalls few of them (a flush every 2 MiB, 63 rounds of
+  // 64 KB, stalled more than 1% of the rounds: it set the p99).
   int64_t flush_bytes = 16 << 20;
   absl::Duration flush_period = absl::Seconds(1);
   // msync each record before the write returns (a machine crash then
