@@ -53,6 +53,10 @@ ABSL_FLAG(std::string, backup_dir, Defaults().backup_dir,
 ABSL_FLAG(bool, sync_writes, Defaults().sync_writes,
           "fsync every update, so acknowledged updates also survive a "
           "machine crash (a killed process loses nothing either way)");
+ABSL_FLAG(int, round_log_mib, Defaults().round_log_mib,
+          "Size of the round log in MiB (1 to 4096), resident in memory: "
+          "best 16 steps of all jobs' records, about 768 bytes per channel; "
+          "see docs/operations.md");
 ABSL_FLAG(int, keep_checkpoints, Defaults().keep_checkpoints,
           "Untagged checkpoints kept per job (newest); tagged ones are "
           "always kept; 0 keeps all");
@@ -153,6 +157,7 @@ syncnorm::ServerOptions OptionsFromFlags() {
   options.backup_dir = absl::GetFlag(FLAGS_backup_dir);
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  options.round_log_mib = absl::GetFlag(FLAGS_round_log_mib);
   options.straggler_threshold =
       absl::Milliseconds(absl::GetFlag(FLAGS_straggler_threshold_ms));
   options.log_interval =
@@ -201,7 +206,8 @@ void PrintConfig(const syncnorm::ServerOptions& options,
                  absl::Duration shutdown_grace) {
   std::printf(
       "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
-      "data_dir=%s backup_dir=%s sync_writes=%d keep_checkpoints=%d "
+      "data_dir=%s backup_dir=%s sync_writes=%d round_log_mib=%d "
+      "keep_checkpoints=%d "
       "straggler_threshold_ms=%lld log_interval_ms=%lld "
       "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
       "max_message_bytes=%lld max_jobs=%d max_layers_per_job=%d "
@@ -212,7 +218,8 @@ void PrintConfig(const syncnorm::ServerOptions& options,
       options.listen.c_str(), static_cast<long long>(Ms(options.round_timeout)),
       options.data_dir.c_str(),
       options.backup_dir.empty() ? "-" : options.backup_dir.c_str(),
-      options.sync_writes ? 1 : 0, options.keep_checkpoints,
+      options.sync_writes ? 1 : 0, options.round_log_mib,
+      options.keep_checkpoints,
       static_cast<long long>(Ms(options.straggler_threshold)),
       static_cast<long long>(Ms(options.log_interval)),
       static_cast<long long>(Ms(shutdown_grace)),

@@ -59,6 +59,8 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenStore(
   // Rounds are durable in the ring log; RocksDB gets them in bulk.
   RingLogOptions ring;
   ring.sync_writes = options.sync_writes;
+  ring.ring_bytes = int64_t{options.round_log_mib} << 20;
+  ring.flush_bytes = ring.ring_bytes / 2;
   absl::StatusOr<std::unique_ptr<RingLogEngine>> logged = RingLogEngine::Open(
       options.data_dir + "/" + kRoundLogFile, *std::move(engine), ring);
   if (!logged.ok()) return logged.status();

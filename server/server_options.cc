@@ -62,6 +62,12 @@ absl::Status CheckServerOptions(const ServerOptions& options) {
   if (options.reaper_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reaper_period must be positive");
   }
+  if (options.round_log_mib < 1 || options.round_log_mib > kMaxRoundLogMib) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--round_log_mib must be between 1 and ", kMaxRoundLogMib,
+                     " (the round log's size in MiB; default ",
+                     kDefaultRoundLogMib, "); got ", options.round_log_mib));
+  }
   if (options.keep_checkpoints < 0) {
     return absl::InvalidArgumentError(
         "--keep_checkpoints must be >= 0 (0 keeps all)");

@@ -18,6 +18,9 @@
 
 namespace syncnorm {
 
+inline constexpr int kDefaultRoundLogMib = 32;
+inline constexpr int kMaxRoundLogMib = 4096;
+
 struct ServerOptions {
   // HOST:PORT to listen on (insecure). Port 0 picks a free port; see
   // Server::bound_port(). Default "127.0.0.1:50051".
@@ -39,6 +42,14 @@ struct ServerOptions {
   // update also survives a machine crash or power loss (a killed process
   // loses nothing either way). Default false.
   bool sync_writes = false;
+  // The round log's size in MiB (server/store/ring_log_engine.h): flushed
+  // to RocksDB when half full or once a second. A round's record and its
+  // deletion 8 steps later cost RocksDB nothing when both fall between two
+  // flushes, so it pays to hold 16 steps of every job's records (about 768
+  // bytes per channel, forward and backward, summed over the shard's
+  // jobs); the server's resident memory includes it. 1 to 4096.
+  // Default 32.
+  int round_log_mib = kDefaultRoundLogMib;
   // Untagged checkpoints kept per job, newest first; tagged ones are always
   // kept. 0 keeps all. Default 5.
   int keep_checkpoints = kDefaultKeepCheckpoints;

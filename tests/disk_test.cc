@@ -3,7 +3,8 @@
 // to the machine; needs root, skipped otherwise). Rounds go on into the
 // round log, whose file was allocated whole, until it is full; then a
 // round fails with a clear error and applies nothing, and nothing that was
-// acknowledged is lost, also across a kill -9.
+// acknowledged is lost, also across a kill -9. And the round log's size
+// flag, for real.
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -199,6 +200,60 @@ TEST(DiskTest, AFullDiskFailsRoundsClearlyAndLosesNothingAcknowledged) {
   grpc::Status ok = fresh.Forward(acknowledged, &r);
   ASSERT_TRUE(ok.ok()) << ok.error_message();
   EXPECT_EQ(r.version(), acknowledged + 1);
+}
+
+// --round_log_mib sizes the round log's file; a restart with another size
+// replays what the old one held first, so nothing acknowledged is lost; a
+// size out of range is a clear startup error naming the flag.
+TEST(DiskTest, TheRoundLogTakesItsSizeFromTheFlag) {
+  const std::string root = MakeScratchDir("ringsize");
+  const std::string data = root + "/data";
+  const std::string ring = data + "/syncnorm-round-log";
+  auto file_bytes = [&ring] {
+    struct stat st;
+    return ::stat(ring.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size)
+                                          : int64_t{-1};
+  };
+  auto agg = AggregatorProcess::Start(
+      root, {"--data_dir=" + data, "--round_log_mib=2"});
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  std::string address = (*agg)->address();
+  EXPECT_EQ(file_bytes(), int64_t{2} << 20);
+  v1::RoundResult r;
+  {
+    Stub stub(address);
+    ASSERT_TRUE(stub.Create().ok());
+    for (int64_t step = 0; step < 20; ++step) {
+      ASSERT_TRUE(stub.Forward(step, &r).ok());
+    }
+  }
+  // Killed: the last rounds are only in the 2 MiB ring.
+  (*agg)->process().Signal(SIGKILL);
+  ASSERT_TRUE((*agg)->process().Wait(absl::Seconds(10)).ok());
+  agg = AggregatorProcess::Start(
+      root, {"--data_dir=" + data, "--round_log_mib=5", "--listen=" + address});
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  EXPECT_EQ(file_bytes(), int64_t{5} << 20);
+  Stub stub(address);
+  v1::RunningStats stats;
+  ASSERT_TRUE(stub.Stats(&stats).ok());
+  EXPECT_EQ(stats.layers(0).num_batches_tracked(), 20);
+  ASSERT_TRUE(stub.Forward(20, &r).ok());
+  EXPECT_EQ(r.version(), 21);
+  ASSERT_TRUE((*agg)->Stop().ok());
+
+  const std::string log = root + "/refused.log";
+  auto p = Subprocess::Spawn(
+      {Runfile("server/syncnorm-aggregator"), "--listen=127.0.0.1:0",
+       "--data_dir=" + data, "--round_log_mib=0"},
+      log);
+  ASSERT_TRUE(p.ok());
+  auto code = (*p)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_NE(*code, 0) << ReadAll(log);
+  EXPECT_TRUE(absl::StrContains(ReadAll(log), "--round_log_mib must be"))
+      << ReadAll(log);
+  EXPECT_EQ(file_bytes(), int64_t{5} << 20) << "a refused start changed it";
 }
 
 TEST(DiskTest, AReadOnlyDataDirIsAClearStartupError) {
