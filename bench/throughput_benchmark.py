@@ -16,7 +16,8 @@ saturation, many concurrent jobs and layers, C = 256.
               not. --baseline_aggregator=BINARY adds both aggregators again
               as another build (an older commit's); --malloc_preload=LIB
               with LIB (e.g. Debian's libtcmalloc_minimal.so.4) preloaded
-              into the server only.
+              into the server only; --round_log_mib=N adds this build's
+              durable aggregator with its round log sized N MiB.
 """
 
 import argparse
@@ -85,6 +86,14 @@ def lockstep(a, tmp):
     for _, label, binary, env in variants:
         servers += [(name + ", " + label, binary, extra, mode, env)
                      for name, _, extra, mode, _ in servers[1:3]]
+    sized = None
+    if a.round_log_mib:
+        # This build's durable aggregator with its round log sized for the
+        # shape (docs/operations.md, "Sizing it").
+        sized = "syncnorm aggregator, durable, --round_log_mib=%d" % a.round_log_mib
+        servers.append((sized, "server/syncnorm-aggregator",
+                        ("--round_log_mib=%d" % a.round_log_mib,), "syncnorm",
+                        None))
     for name, binary, extra, mode, env in servers:
         server = common.Server(binary, tmp, "lockstep-" + mode + str(len(rows)),
                                extra, env)
@@ -115,6 +124,9 @@ def lockstep(a, tmp):
         common.ratio("lockstep_durable_%s_per_s" % tag,
                      measured[rows[4 + 2 * k][0]], "lockstep_durable_per_s",
                      durable, "/s")
+    if sized is not None:
+        common.ratio("lockstep_durable_sized_log_per_s", measured[sized],
+                     "lockstep_durable_per_s", durable, "/s")
 
 
 def main():
@@ -134,6 +146,9 @@ def main():
     p.add_argument("--baseline_aggregator", default="",
                    help="lock-step shape: also run this aggregator binary "
                         "(e.g. an older build)")
+    p.add_argument("--round_log_mib", type=int, default=0,
+                   help="lock-step shape: also run this build's durable "
+                   "aggregator with --round_log_mib=N (0: not)")
     p.add_argument("--malloc_preload", default="",
                    help="lock-step shape: also run the aggregators with this "
                         "malloc library preloaded")
