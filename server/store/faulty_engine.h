@@ -3,8 +3,14 @@
 #define SYNCNORM_SERVER_STORE_FAULTY_ENGINE_H_
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "server/store/kv_engine.h"
 
 namespace syncnorm {
@@ -19,6 +25,16 @@ class FaultyEngine final : public KvEngine {
   int writes() const { return writes_.load(); }
   // The operations of the largest batch written so far.
   size_t largest_batch() const { return largest_batch_.load(); }
+  // The puts of keys starting with `prefix` written so far, in all
+  // batches. REQUIRES: no write runs concurrently.
+  int64_t puts(absl::string_view prefix) const {
+    absl::MutexLock lock(&mu_);
+    int64_t n = 0;
+    for (const auto& [key, count] : puts_) {
+      if (absl::StartsWith(key, prefix)) n += count;
+    }
+    return n;
+  }
 
   std::string Describe() const override { return base_->Describe(); }
   absl::Status Write(const KvBatch& batch) override {
@@ -27,6 +43,12 @@ class FaultyEngine final : public KvEngine {
           "injected write failure: no space left on device");
     }
     ++writes_;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const KvBatch::Op& op : batch.ops()) {
+        if (op.kind == KvBatch::Op::kPut) ++puts_[op.key];
+      }
+    }
     size_t largest = largest_batch_.load();
     while (batch.ops().size() > largest &&
            !largest_batch_.compare_exchange_weak(largest, batch.ops().size())) {
@@ -52,6 +74,8 @@ class FaultyEngine final : public KvEngine {
   std::atomic<bool> fail_{false};
   std::atomic<int> writes_{0};
   std::atomic<size_t> largest_batch_{0};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int64_t> puts_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace syncnorm

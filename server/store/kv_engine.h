@@ -22,10 +22,17 @@ class KvBatch {
     enum Kind { kPut, kDelete, kDeleteRange } kind;
     std::string key;    // kDeleteRange: first key
     std::string value;  // kPut: value; kDeleteRange: end key (exclusive)
+    // kPut: a value that a later write will soon delete (a round kept for
+    // retries); an engine may keep it from its slower storage until then.
+    bool transient = false;
   };
 
   void Put(std::string key, std::string value) {
     ops_.push_back(Op{Op::kPut, std::move(key), std::move(value)});
+  }
+  // A Put whose value a later write will soon delete (Op::transient).
+  void PutTransient(std::string key, std::string value) {
+    ops_.push_back(Op{Op::kPut, std::move(key), std::move(value), true});
   }
   void Delete(std::string key) {
     ops_.push_back(Op{Op::kDelete, std::move(key), {}});

@@ -407,8 +407,11 @@ absl::Status KvStateStore::CommitRound(const std::string& job_id,
                               SameBits(*round.stats_after, slot.state.stats);
   batch.Put(LayerKey(job_id, slot.group, slot.layer),
             EncodeLayer(slot.state, stats_in_round));
-  batch.Put(RoundKey(job_id, slot.group, slot.layer, round.phase, round.step),
-            EncodeRound(round));
+  // Deleted once it falls out of the retry window: the round log may keep
+  // it from RocksDB until then.
+  batch.PutTransient(
+      RoundKey(job_id, slot.group, slot.layer, round.phase, round.step),
+      EncodeRound(round));
   for (int64_t step : evicted) {
     batch.Delete(RoundKey(job_id, slot.group, slot.layer, round.phase, step));
   }

@@ -267,7 +267,7 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
   const bool resize = ring != options_.ring_bytes;
   if (resize) position = 0;
   next_seq_ = seq;
-  head_ = tail_ = position;
+  head_ = tail_ = flushed_to_ = position;
   // The replayed writes and the position after them, at once: a crash from
   // here on replays nothing twice.
   KvBatch replay;
@@ -401,40 +401,47 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
         FillHeader(record, kBatch, next_seq_,
                    static_cast<uint32_t>(payload_size), payload_crc);
         if (absl::Status s = Sync(at, size); !s.ok()) return s;
-        head_ += pad + size;
-        ++next_seq_;
         // The overlay reads the values where they lie in the ring, which
         // no write reuses before a flush has handed them on.
         for (size_t i = 0; i < values.size(); ++i) {
           const KvBatch::Op& op = batch.ops()[i];
+          Entry& e = overlay_[op.key];
+          e.position = head_ + pad;
+          e.seq = next_seq_;
           if (op.kind == KvBatch::Op::kPut) {
-            overlay_[op.key] = values[i];
+            e.value = values[i];
+            e.transient = op.transient;
           } else {
-            overlay_[op.key] = std::nullopt;
+            e.value.reset();
+            e.transient = false;
           }
         }
+        head_ += pad + size;
+        ++next_seq_;
         // The flusher waits for the first write since the last flush (it
-        // then sets its deadline) or for flush_bytes.
+        // then sets its deadline) or for FlushDueLocked.
         if (first_unflushed_ == absl::InfiniteFuture()) {
           first_unflushed_ = absl::Now();
           flush_wanted_.Signal();
-        } else if (head_ - tail_ >= options_.flush_bytes) {
+        } else if (FlushDueLocked()) {
           flush_wanted_.Signal();
         }
         return absl::OkStatus();
       }
     }
-    // The ring is full: the engine behind takes what it holds first.
-    if (absl::Status s = Flush(); !s.ok()) return s;
+    // The ring is full: the engine behind takes what it holds first
+    // (carrying frees at least the older half).
+    if (absl::Status s = Flush(/*carry=*/true); !s.ok()) return s;
   }
 }
 
 KvBatch RingLogEngine::WithPosition(const Overlay& overlay,
                                     int64_t position) const {
   KvBatch out;
-  for (const auto& [key, value] : overlay) {
-    if (value.has_value()) {
-      out.Put(key, std::string(*value));
+  out.Reserve(overlay.size() + 1);
+  for (const auto& [key, e] : overlay) {
+    if (e.value.has_value()) {
+      out.Put(key, std::string(*e.value));
     } else {
       out.Delete(key);
     }
@@ -463,37 +470,63 @@ absl::Status RingLogEngine::WriteThrough(const KvBatch& batch) {
   }
   if (absl::Status s = inner_->Write(out); !s.ok()) return s;
   overlay_.clear();
-  tail_ = head_;
+  tail_ = flushed_to_ = head_;
   first_unflushed_ = absl::InfiniteFuture();
   return absl::OkStatus();
 }
 
-absl::Status RingLogEngine::Flush() {
+absl::Status RingLogEngine::Flush() { return Flush(/*carry=*/false); }
+
+absl::Status RingLogEngine::Flush(bool carry) {
   absl::MutexLock flush(&flush_mu_);
-  return FlushLocked();
+  return FlushLocked(carry);
 }
 
-absl::Status RingLogEngine::FlushLocked() {
+absl::Status RingLogEngine::FlushLocked(bool carry) {
   KvBatch out;
-  int64_t upto;
+  int64_t keep_from;
+  int64_t flushed_before;
   {
     absl::MutexLock lock(&mu_);
-    if (head_ == tail_) return absl::OkStatus();
+    if (head_ == tail_ || (carry && head_ == flushed_to_)) {
+      return absl::OkStatus();
+    }
     flushing_.swap(overlay_);
     first_unflushed_ = absl::InfiniteFuture();
-    upto = head_;
-    out = WithPosition(flushing_, upto);
+    flushed_before = flushed_to_;
+    flushed_to_ = head_;
+    // The engine behind gets everything but the carried puts, and the
+    // position from which a replay must start: the oldest carried record,
+    // or the head.
+    keep_from = head_;
+    uint64_t keep_seq = next_seq_;
+    const int64_t young = head_ - options_.ring_bytes / 2;
+    out.Reserve(flushing_.size() + 1);
+    for (const auto& [key, e] : flushing_) {
+      if (carry && e.transient && e.position >= young) {
+        overlay_.emplace(key, e);  // Get still sees it, and the next flush
+        if (e.position < keep_from) {
+          keep_from = e.position;
+          keep_seq = e.seq;
+        }
+      } else if (e.value.has_value()) {
+        out.Put(key, std::string(*e.value));
+      } else {
+        out.Delete(key);
+      }
+    }
+    out.Put(kMetaKey, EncodeMeta(keep_seq - 1, keep_from));
   }
-  // Writers go on meanwhile, into a fresh overlay; Get reads both.
+  // Writers go on meanwhile, into the overlay; Get reads both.
   const absl::Status s = inner_->Write(out);
   absl::MutexLock lock(&mu_);
   if (s.ok()) {
-    tail_ = upto;
+    tail_ = keep_from;
   } else {
-    // Kept for the next try; what was written since is newer.
-    for (auto& [key, value] : flushing_) {
-      overlay_.try_emplace(key, std::move(value));
-    }
+    // Kept for the next try; what was written since (and the carried
+    // puts, already there) is newer.
+    for (auto& [key, e] : flushing_) overlay_.try_emplace(key, e);
+    flushed_to_ = flushed_before;
     first_unflushed_ = std::min(first_unflushed_, absl::Now());
   }
   flushing_.clear();
@@ -507,8 +540,8 @@ absl::StatusOr<std::optional<std::string>> RingLogEngine::Get(
     for (const Overlay* o : {&overlay_, &flushing_}) {
       auto it = o->find(key);
       if (it == o->end()) continue;
-      if (!it->second.has_value()) return std::nullopt;
-      return std::string(*it->second);
+      if (!it->second.value.has_value()) return std::nullopt;
+      return std::string(*it->second.value);
     }
   }
   return inner_->Get(key);
@@ -527,19 +560,28 @@ absl::Status RingLogEngine::CopyTo(const std::string& dir) {
   return inner_->CopyTo(dir);
 }
 
+bool RingLogEngine::FlushDueLocked() const {
+  // flush_bytes written since the last flush, or the ring three quarters
+  // full (carried records keep up to half of it), so that a write does not
+  // find it full and flush on the answer path.
+  return head_ != flushed_to_ &&
+         (head_ - flushed_to_ >= options_.flush_bytes ||
+          head_ - tail_ >= options_.ring_bytes - options_.ring_bytes / 4);
+}
+
 void RingLogEngine::FlusherLoop() {
   mu_.Lock();
   while (!stopping_) {
     const absl::Time now = absl::Now();
     const absl::Time period_due = first_unflushed_ + options_.flush_period;
-    const bool full = head_ - tail_ >= options_.flush_bytes;
+    const bool full = FlushDueLocked();
     if (!(full && now >= retry_after_) && now < period_due) {
       flush_wanted_.WaitWithDeadline(
           &mu_, full ? std::min(retry_after_, period_due) : period_due);
       continue;
     }
     mu_.Unlock();
-    const absl::Status s = Flush();
+    const absl::Status s = Flush(/*carry=*/true);
     mu_.Lock();
     // A failure (a full disk) is tried again a period later; writes that
     // find the ring full get it meanwhile.

@@ -57,8 +57,13 @@ struct RingLogOptions {
 // A flusher thread writes the overlay to the engine behind as one batch,
 // together with the log position it covers (the key kMetaKey), and then
 // frees that part of the ring. A key written many times between flushes
-// (a layer's state every round; a round record put and, a window later,
-// deleted) costs the engine one write or none. When the ring is full, a
+// (a layer's state every round) costs the engine one write. A transient
+// put (KvBatch::PutTransient: a round record, deleted a window later)
+// whose record lies in the newest half of the ring is not flushed but
+// carried over to the next flush, its record kept in the ring (the
+// position recorded with the flush is then that of the oldest carried
+// record, and a replay starts there): deleted before it grows old, it
+// costs the engine nothing but the deletion. When the ring is full, a
 // write flushes first, itself; if the engine behind refuses (a full disk),
 // that write fails with the engine's error and nothing of it is applied, so
 // a full disk stops rounds once the ring is full, and loses nothing.
@@ -97,7 +102,8 @@ class RingLogEngine final : public KvEngine {
           visit) override;
   absl::Status CopyTo(const std::string& dir) override;
 
-  // Writes what the ring holds to the engine behind now.
+  // Writes what the ring holds to the engine behind now, transient puts
+  // included.
   absl::Status Flush() ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
 
   // The records Open replayed (tests, and the startup log line).
@@ -109,17 +115,27 @@ class RingLogEngine final : public KvEngine {
   void AbandonForTest() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // Each value is a view of where it lies in the ring.
-  using Overlay =
-      absl::flat_hash_map<std::string, std::optional<absl::string_view>>;
+  // The latest write of a key since the last flush.
+  struct Entry {
+    // A view of where the value lies in the ring; nullopt: deleted.
+    std::optional<absl::string_view> value;
+    // Position and sequence number of the record that wrote it.
+    int64_t position = 0;
+    uint64_t seq = 0;
+    bool transient = false;  // a transient put
+  };
+  using Overlay = absl::flat_hash_map<std::string, Entry>;
 
   RingLogEngine(std::string path, int fd, std::unique_ptr<KvEngine> inner,
                 RingLogOptions options);
 
   // Replays the ring into the engine behind; sets the write position.
   absl::Status Recover(int64_t file_bytes);
-  absl::Status FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_)
+  // With `carry`, transient puts in the newest half of the ring stay in
+  // the overlay (and their records in the ring) instead.
+  absl::Status FlushLocked(bool carry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Flush(bool carry) ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
   // Flushes, then writes `batch` to the engine behind, holding every writer
   // off so that it lands in order.
   absl::Status WriteThrough(const KvBatch& batch)
@@ -133,6 +149,8 @@ class RingLogEngine final : public KvEngine {
   absl::Status Sync(int64_t offset, int64_t size) const;
   absl::Status Error(absl::string_view what, int err) const;
   void FlusherLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the flusher should flush now, by bytes (its period aside).
+  bool FlushDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   const int fd_;
@@ -148,10 +166,13 @@ class RingLogEngine final : public KvEngine {
   absl::Mutex mu_;
   absl::CondVar flush_wanted_;
   // Log positions are byte counts since the ring's creation (the file
-  // offset is the position modulo ring_bytes). Records between tail_ and
-  // head_ are not in the engine behind yet; head_ - tail_ <= ring_bytes.
+  // offset is the position modulo ring_bytes). Records from tail_ to head_
+  // may not all be in the engine behind yet; head_ - tail_ <= ring_bytes.
+  // flushed_to_: head_ when the last flush began (the flusher's trigger
+  // counts from there; carried records keep tail_ behind it).
   int64_t head_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t tail_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t flushed_to_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   // Every key written since the last flush; `flushing_` what the flush in
   // progress writes (read by Get too).
