@@ -54,9 +54,9 @@ ABSL_FLAG(bool, sync_writes, Defaults().sync_writes,
           "fsync every update, so acknowledged updates also survive a "
           "machine crash (a killed process loses nothing either way)");
 ABSL_FLAG(int, round_log_mib, Defaults().round_log_mib,
-          "Size of the round log in MiB (1 to 4096), resident in memory; "
-          "with F steps of records (about 48 bytes per channel each) in "
-          "half of it, about 1 - 8/F of them never reach RocksDB");
+          "Size of the round log in MiB (1 to 4096), resident in memory: "
+          "best 16 steps of the shard's records, about 768 bytes per "
+          "channel, so that rounds' retry records never reach RocksDB");
 ABSL_FLAG(int, keep_checkpoints, Defaults().keep_checkpoints,
           "Untagged checkpoints kept per job (newest); tagged ones are "
           "always kept; 0 keeps all");

@@ -43,12 +43,11 @@ struct ServerOptions {
   // loses nothing either way). Default false.
   bool sync_writes = false;
   // The round log's size in MiB (server/store/ring_log_engine.h): flushed
-  // to RocksDB when half full or once a second. A round's record and its
-  // deletion 8 steps later cost RocksDB nothing when both fall between the
-  // same two flushes: with F steps of records in half the ring (about 48
-  // bytes per channel per step, summed over the shard's jobs), about
-  // 1 - 8/F of them (docs/operations.md, "Sizing it"). The server's
-  // resident memory includes it. 1 to 4096. Default 32.
+  // to RocksDB when half full or once a second. A round's record, deleted
+  // 8 steps later, never reaches RocksDB when 8 steps of the shard's
+  // records fit in half the ring: best 16 steps, about 768 bytes per
+  // channel summed over the shard's jobs (docs/operations.md, "Sizing
+  // it"). The server's resident memory includes it. 1 to 4096. Default 32.
   int round_log_mib = kDefaultRoundLogMib;
   // Untagged checkpoints kept per job, newest first; tagged ones are always
   // kept. 0 keeps all. Default 5.
