@@ -483,9 +483,13 @@ absl::Status RingLogEngine::Flush(bool carry) {
 }
 
 absl::Status RingLogEngine::FlushLocked(bool carry) {
-  KvBatch out;
   int64_t keep_from;
+  uint64_t keep_seq;
   int64_t flushed_before;
+  // The entries the engine behind gets. Only a flush (one at a time, under
+  // flush_mu_) changes flushing_, so they stay put while the batch is
+  // copied from them outside mu_, which writers on the answer path take.
+  std::vector<const Overlay::value_type*> writes;
   {
     absl::MutexLock lock(&mu_);
     if (head_ == tail_ || (carry && head_ == flushed_to_)) {
@@ -499,25 +503,33 @@ absl::Status RingLogEngine::FlushLocked(bool carry) {
     // position from which a replay must start: the oldest carried record,
     // or the head.
     keep_from = head_;
-    uint64_t keep_seq = next_seq_;
+    keep_seq = next_seq_;
     const int64_t young = head_ - options_.ring_bytes / 2;
-    out.Reserve(flushing_.size() + 1);
-    for (const auto& [key, e] : flushing_) {
+    writes.reserve(flushing_.size());
+    for (const Overlay::value_type& kv : flushing_) {
+      const Entry& e = kv.second;
       if (carry && e.transient && e.position >= young) {
-        overlay_.emplace(key, e);  // Get still sees it, and the next flush
+        overlay_.emplace(kv);  // Get still sees it, and the next flush
         if (e.position < keep_from) {
           keep_from = e.position;
           keep_seq = e.seq;
         }
-      } else if (e.value.has_value()) {
-        out.Put(key, std::string(*e.value));
       } else {
-        out.Delete(key);
+        writes.push_back(&kv);
       }
     }
-    out.Put(kMetaKey, EncodeMeta(keep_seq - 1, keep_from));
   }
   // Writers go on meanwhile, into the overlay; Get reads both.
+  KvBatch out;
+  out.Reserve(writes.size() + 1);
+  for (const Overlay::value_type* kv : writes) {
+    if (kv->second.value.has_value()) {
+      out.Put(kv->first, std::string(*kv->second.value));
+    } else {
+      out.Delete(kv->first);
+    }
+  }
+  out.Put(kMetaKey, EncodeMeta(keep_seq - 1, keep_from));
   const absl::Status s = inner_->Write(out);
   absl::MutexLock lock(&mu_);
   if (s.ok()) {
