@@ -296,9 +296,10 @@ absl::Status KvStateStore::LoadStaleAnswers(std::vector<StoredJob>& jobs) {
         const auto in_group = [&](int rank) {
           return std::binary_search(group.begin(), group.end(), rank);
         };
-        bool fits = in_group(k.rank);
-        for (const ViewEntry& v : a->outcome.view)
-          fits = fits && in_group(v.rank);
+        const bool fits =
+            in_group(k.rank) &&
+            std::all_of(a->outcome.view.begin(), a->outcome.view.end(),
+                        [&](const ViewEntry& v) { return in_group(v.rank); });
         if (!fits) {
           return Corrupt(
               key, absl::DataLossError("its rank or view is not of its group"));
