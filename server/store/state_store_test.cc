@@ -244,26 +244,27 @@ void Poke(const std::string& dir, const std::string& key,
   ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), key, value).ok());
 }
 
-// A stored stale-synchronous forward answer of a layer of 2 channels.
-std::string StaleAnswerBytes() {
+// A stale-synchronous forward answer (rank 1, step 3) of a layer of 2
+// channels.
+StoredStaleAnswer StaleForwardAnswer() {
   StoredStaleAnswer a;
   a.key = StaleKey{0, 0, Phase::kForward, 3, 1};
   a.payload = Moments{2, {0.5, 1.5}, {0.25, 0.75}};
+  a.fingerprint = 77;
   a.outcome.moments = GlobalMoments{4, {0.5, 1.5}, {1, 2}};
+  a.outcome.version = 2;
   a.outcome.view = {ViewEntry{0, 3}, ViewEntry{1, 2}};
-  return EncodeStaleAnswer(a);
+  return a;
+}
+
+std::string StaleAnswerBytes() {
+  return EncodeStaleAnswer(StaleForwardAnswer());
 }
 
 TEST(StateStoreTest, StaleAnswersRoundTripAndGoWithTheirJob) {
   KvStateStore store(std::make_unique<MemoryEngine>());
   ASSERT_TRUE(store.PutJob(Spec("a")).ok());
-  StoredStaleAnswer first;
-  first.key = StaleKey{0, 0, Phase::kForward, 3, 1};
-  first.payload = Moments{2, {0.5, 1.5}, {0.25, 0.75}};
-  first.fingerprint = 77;
-  first.outcome.moments = GlobalMoments{4, {0.5, 1.5}, {1, 2}};
-  first.outcome.version = 2;
-  first.outcome.view = {ViewEntry{0, 3}, ViewEntry{1, 2}};
+  const StoredStaleAnswer first = StaleForwardAnswer();
   StoredStaleAnswer second = first;
   second.key = StaleKey{0, 0, Phase::kBackward, 4, 0};
   second.payload = GradSums{{1, 2}, {3, 4}};

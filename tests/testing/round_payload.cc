@@ -30,9 +30,11 @@ Moments RoundPayload(const std::string& job, int layer, int64_t step, int rank,
   return m;
 }
 
-v1::Contribution RoundContribution(const std::string& job, int layer,
-                                   int64_t step, int rank, int channels) {
-  const Moments m = RoundPayload(job, layer, step, rank, channels);
+namespace {
+
+// The FORWARD of (job, layer, step, rank) carrying `m`.
+v1::Contribution ForwardOf(const std::string& job, int layer, int64_t step,
+                           int rank, const Moments& m) {
   v1::Contribution c;
   c.set_job_id(job);
   c.set_layer(layer);
@@ -45,27 +47,29 @@ v1::Contribution RoundContribution(const std::string& job, int layer,
   return c;
 }
 
+}  // namespace
+
+v1::Contribution RoundContribution(const std::string& job, int layer,
+                                   int64_t step, int rank, int channels) {
+  return ForwardOf(job, layer, step, rank,
+                   RoundPayload(job, layer, step, rank, channels));
+}
+
 v1::Contribution SampledForward(
     const std::string& job, int64_t step, int rank,
     const std::vector<std::vector<double>>& samples) {
-  v1::Contribution c;
-  c.set_job_id(job);
-  c.set_layer(0);
-  c.set_step(step);
-  c.set_phase(v1::FORWARD);
-  c.set_rank(rank);
-  v1::Moments* m = c.mutable_moments();
-  m->set_count(samples.empty() ? 0 : samples[0].size());
+  Moments m;
+  m.count = samples.empty() ? 0 : static_cast<int64_t>(samples[0].size());
   for (const std::vector<double>& x : samples) {
     double mean = 0;
     for (double v : x) mean += v;
     mean /= x.size();
     double m2 = 0;
     for (double v : x) m2 += (v - mean) * (v - mean);
-    m->add_mean(mean);
-    m->add_m2(m2);
+    m.mean.push_back(mean);
+    m.m2.push_back(m2);
   }
-  return c;
+  return ForwardOf(job, /*layer=*/0, step, rank, m);
 }
 
 ReferenceMoments ReferenceMerge(const std::string& job, int layer, int64_t step,
