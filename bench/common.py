@@ -34,6 +34,13 @@ def free_port():
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of process `pid` so far (its threads'; not
+    its children's)."""
+    fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Server:
     """A server binary on a free loopback port (it writes --port_file)."""
 
@@ -59,8 +66,7 @@ class Server:
 
     def cpu_seconds(self):
         """User + system CPU time of the process so far."""
-        fields = open("/proc/%d/stat" % self.proc.pid).read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def stop(self):
         self.proc.terminate()

@@ -9,6 +9,9 @@ worker processes and C channels against, in the same run,
 Also syncnorm with --data_dir= (state in memory, not durable): the same
 rounds without the per-round commit, which shows what durability costs.
 Every worker times every round; percentiles are over all ranks' rounds.
+The servers' CPU time per round is reported too (the workers and the server
+share the machine's cores, so it bounds the round at larger W): for the
+ping-pong, per exchange, times W (a round's W exchanges of the same bytes).
 """
 
 import argparse
@@ -53,24 +56,40 @@ def main():
     in_memory = common.Server("server/syncnorm-aggregator", tmp, "in-memory",
                               ["--data_dir="])
     refs = common.Server("bench/bench-server", tmp, "bench-server")
-    rows, results = [], {}
+    rows, results, cpu_rows = [], {}, []
+    # Rounds each worker runs in a group: every C of the list, in turn.
+    rounds_run = (a.rounds + a.warmup) * len(a.channels.split(","))
+
+    def timed(server, argvs):
+        """The group's stdouts and the server's CPU us per round."""
+        cpu0 = server.cpu_seconds()
+        outs = common.run_group(argvs)
+        return outs, (server.cpu_seconds() - cpu0) / rounds_run * 1e6
+
     try:
         for w in worlds:
-            lat = {}
+            lat, cpu = {}, {}
             # Interleaved per W so that each comparison shares its minute of
             # machine noise.
-            lat["syncnorm"] = common.parse_lines(common.run_group(worker_argvs(
+            outs, cpu["syncnorm"] = timed(aggregator, worker_argvs(
                 "syncnorm", aggregator.address, w, a.channels, a.rounds,
-                a.warmup, "lat-w%d" % w)), "LAT")
-            lat["memory"] = common.parse_lines(common.run_group(worker_argvs(
+                a.warmup, "lat-w%d" % w))
+            lat["syncnorm"] = common.parse_lines(outs, "LAT")
+            outs, cpu["memory"] = timed(in_memory, worker_argvs(
                 "syncnorm", in_memory.address, w, a.channels, a.rounds,
-                a.warmup, "mem-w%d" % w)), "LAT")
+                a.warmup, "mem-w%d" % w))
+            lat["memory"] = common.parse_lines(outs, "LAT")
             lat["gloo"] = common.parse_lines(common.run_group(
                 gloo_argvs(w, a.channels, a.rounds, a.warmup)), "LAT")
-            lat["star"] = common.parse_lines(common.run_group(worker_argvs(
-                "star", refs.address, w, a.channels, a.rounds, a.warmup, "")), "LAT")
-            lat["ping"] = common.parse_lines(common.run_group(worker_argvs(
-                "pingpong", refs.address, w, a.channels, a.rounds, a.warmup, "")), "LAT")
+            outs, cpu["star"] = timed(refs, worker_argvs(
+                "star", refs.address, w, a.channels, a.rounds, a.warmup, ""))
+            lat["star"] = common.parse_lines(outs, "LAT")
+            outs, cpu["ping"] = timed(refs, worker_argvs(
+                "pingpong", refs.address, w, a.channels, a.rounds, a.warmup, ""))
+            lat["ping"] = common.parse_lines(outs, "LAT")
+            cpu_rows.append([w, a.channels] + ["%.0f" % cpu[k] for k in
+                                               ("syncnorm", "memory", "star")] +
+                            ["%.0f" % (w * cpu["ping"])])
             for c in a.channels.split(","):
                 q = {k: (common.percentile(v[c], 50), common.percentile(v[c], 99))
                      for k, v in lat.items()}
@@ -85,6 +104,11 @@ def main():
                       "gloo all_gather", "gRPC ping-pong",
                       "gRPC star (thread/stream)", "p50 vs gloo", "p50 vs ping",
                       "p50 vs star", "p50 vs in memory"], rows)
+        print("\n### Server CPU per round (us; averaged over the C values "
+              "run)\n")
+        common.table(["W", "C", "syncnorm", "syncnorm, state in memory",
+                      "gRPC star (thread/stream)",
+                      "W gRPC ping-pongs (echo server)"], cpu_rows)
         print()
         for (w, c), q in sorted(results.items()):
             tag = "round_p50[W=%d,C=%d]" % (w, c)

@@ -6,7 +6,8 @@ saturation, many concurrent jobs and layers, C = 256.
               with several layers in flight each, against bench Echo driven
               the same way with the same payload (this machine's gRPC
               ceiling). Client and server share the 2 cores, so the server's
-              CPU time per contribution is reported too.
+              CPU time per contribution is reported too (and, in lock-step,
+              the client's).
   lock-step:  the shape of a training step (issue 18): 32 jobs x 2 ranks,
               one contribution in flight per stream (each rank sends and
               waits for the answer before its next layer), against the echo
@@ -30,9 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
-def drive(server, mode, a):
+def drive(server, mode, a, client_cpu=None):
     """Runs the load client against `server`; (answers/s, server CPU us per
-    answer)."""
+    answer). With `client_cpu` (a list), appends the client's CPU us per
+    answer over the same window."""
     argv = [common.runfile("bench/bench-throughput-client"), "--mode=" + mode,
             "--address=" + server.address, "--jobs=%d" % a.jobs,
             "--world=%d" % a.world, "--layers=%d" % a.layers,
@@ -45,8 +47,10 @@ def drive(server, mode, a):
         parts = line.split()
         if parts and parts[0] == "WINDOW_BEGIN":
             cpu0 = server.cpu_seconds()
+            client0 = common.cpu_seconds(proc.pid)
         elif parts and parts[0] == "THROUGHPUT":
             cpu1 = server.cpu_seconds()
+            client1 = common.cpu_seconds(proc.pid)
             answers, errors, secs = int(parts[1]), int(parts[2]), float(parts[3])
     if proc.wait() != 0 or answers is None:
         sys.exit("bench: throughput client failed (%s)" % mode)
@@ -56,6 +60,8 @@ def drive(server, mode, a):
               (errors, answers + errors, mode), flush=True)
     if answers == 0:
         sys.exit("bench: no %s answer succeeded" % mode)
+    if client_cpu is not None:
+        client_cpu.append((client1 - client0) / answers * 1e6)
     return answers / secs, (cpu1 - cpu0) / max(answers, 1) * 1e6
 
 
@@ -97,19 +103,25 @@ def lockstep(a, tmp):
     for name, binary, extra, mode, env in servers:
         server = common.Server(binary, tmp, "lockstep-" + mode + str(len(rows)),
                                extra, env)
+        client = []
         try:
-            per_s, cpu = drive(server, mode, ls)
+            per_s, cpu = drive(server, mode, ls, client)
         finally:
             server.stop()
         measured[name] = per_s
-        rows.append([name, "%.0f" % per_s, "%.1f" % cpu])
+        rows.append([name, "%.0f" % per_s, "%.1f" % cpu, "%.1f" % client[0]])
     echo, memory, durable = (measured[r[0]] for r in rows[:3])
     for r in rows:
         r.append("%.2fx" % (measured[r[0]] / echo))
     print("\n### Lock-step throughput, C = %d: %d jobs x 2 ranks x %d layers, "
           "1 in flight per stream\n" % (a.channels, ls.jobs, a.layers))
     common.table(["path", "contributions/s", "server CPU us per message",
-                  "vs echo"], rows)
+                  "client CPU us per message", "vs echo"], rows)
+    # Client and server share the machine's cores: at the target rate, this
+    # is what both together may spend on a message.
+    budget = os.cpu_count() / 50000.0 * 1e6
+    print("\nAt 50,000/s, %d cores give client and server together %.0f us "
+          "of CPU per message." % (os.cpu_count(), budget))
     print()
     common.ratio("lockstep_durable_per_s", durable, "lockstep_echo_per_s", echo,
                  "/s")
