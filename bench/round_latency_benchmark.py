@@ -12,6 +12,8 @@ Every worker times every round; percentiles are over all ranks' rounds.
 The servers' CPU time per round is reported too (the workers and the server
 share the machine's cores, so it bounds the round at larger W): for the
 ping-pong, per exchange, times W (a round's W exchanges of the same bytes).
+The kernel counts CPU time in ticks (10 ms here): run a few thousand rounds
+for a figure within a few us.
 """
 
 import argparse
