@@ -40,11 +40,14 @@ TEST(Crc32cTest, KnownValue) {
 
 TEST(Crc32cTest, MatchesTheBitwiseReferenceAtEveryLengthAndAlignment) {
   std::mt19937_64 rng(20261130);
-  std::string buffer(4096 + 16, '\0');
+  std::string buffer(65536 + 64, '\0');
   for (char& c : buffer) c = static_cast<char>(rng());
   for (size_t offset = 0; offset < 16; ++offset) {
-    for (size_t n :
-         {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 1000, 4096}) {
+    // Around the three-lane blocks (1,536 bytes) too, and past a round
+    // log record's size at 2,048 channels (64 KiB).
+    for (size_t n : {0,    1,    2,    3,    7,    8,    9,    15,   16,
+                     17,   63,   64,   65,   255,  1000, 1535, 1536, 1537,
+                     1543, 3071, 3072, 3073, 4096, 4609, 65549}) {
       const std::string piece = buffer.substr(offset, n);
       const uint32_t init = static_cast<uint32_t>(rng());
       ASSERT_EQ(rocksdb::crc32c::Extend(init, buffer.data() + offset, n),

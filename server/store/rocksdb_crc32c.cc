@@ -1,4 +1,5 @@
-// CRC32C for RocksDB with the SSE4.2 instruction.
+// CRC32C for RocksDB (and the round log, through Crc32c) with the SSE4.2
+// instruction, three lanes at a time.
 //
 // Debian's RocksDB 7.8 is built for baseline x86-64, so the CRC32C it
 // computes over every write-ahead-log record and every table block runs its
@@ -32,9 +33,55 @@ namespace {
 
 using ExtendFunction = uint32_t (*)(uint32_t, const char*, size_t);
 
+// The instruction takes three cycles and can start one per cycle, so one
+// register updated word after word runs at a third of its speed. Three
+// registers over three consecutive lanes of kLane bytes run at full speed;
+// a CRC register's update is linear over GF(2) in the register and the
+// data, so the three are then joined exactly: the first, advanced over
+// kLane zero bytes, XOR the second, advanced again, XOR the third.
+constexpr size_t kLane = 512;
+
+uint64_t Load64(const unsigned char* p) {
+  uint64_t word;
+  std::memcpy(&word, p, sizeof(word));
+  return word;
+}
+
+// A register advanced over kLane zero bytes: a linear map, kept as the
+// images of each byte position's 256 values.
+struct LaneAdvance {
+  uint32_t table[4][256];
+
+  uint32_t operator()(uint32_t r) const {
+    return table[0][r & 0xff] ^ table[1][(r >> 8) & 0xff] ^
+           table[2][(r >> 16) & 0xff] ^ table[3][r >> 24];
+  }
+};
+
+__attribute__((target("sse4.2"))) LaneAdvance MakeLaneAdvance() {
+  uint32_t bit_image[32];
+  for (int b = 0; b < 32; ++b) {
+    uint64_t r = uint64_t{1} << b;
+    for (size_t i = 0; i < kLane; i += 8) r = _mm_crc32_u64(r, 0);
+    bit_image[b] = static_cast<uint32_t>(r);
+  }
+  LaneAdvance advance;
+  for (int byte = 0; byte < 4; ++byte) {
+    for (int v = 0; v < 256; ++v) {
+      uint32_t image = 0;
+      for (int b = 0; b < 8; ++b) {
+        if ((v >> b) & 1) image ^= bit_image[8 * byte + b];
+      }
+      advance.table[byte][v] = image;
+    }
+  }
+  return advance;
+}
+
 __attribute__((target("sse4.2"))) uint32_t HardwareExtend(uint32_t init_crc,
                                                           const char* data,
                                                           size_t n) {
+  static const LaneAdvance advance = MakeLaneAdvance();
   const auto* p = reinterpret_cast<const unsigned char*>(data);
   uint32_t crc = init_crc ^ 0xffffffffu;
   while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
@@ -42,11 +89,19 @@ __attribute__((target("sse4.2"))) uint32_t HardwareExtend(uint32_t init_crc,
     --n;
   }
   uint64_t wide = crc;
-  for (; n >= 8; n -= 8, p += 8) {
-    uint64_t word;
-    std::memcpy(&word, p, sizeof(word));
-    wide = _mm_crc32_u64(wide, word);
+  for (; n >= 3 * kLane; n -= 3 * kLane, p += 3 * kLane) {
+    uint64_t second = 0;
+    uint64_t third = 0;
+    for (size_t i = 0; i < kLane; i += 8) {
+      wide = _mm_crc32_u64(wide, Load64(p + i));
+      second = _mm_crc32_u64(second, Load64(p + kLane + i));
+      third = _mm_crc32_u64(third, Load64(p + 2 * kLane + i));
+    }
+    wide = advance(advance(static_cast<uint32_t>(wide)) ^
+                   static_cast<uint32_t>(second)) ^
+           static_cast<uint32_t>(third);
   }
+  for (; n >= 8; n -= 8, p += 8) wide = _mm_crc32_u64(wide, Load64(p));
   crc = static_cast<uint32_t>(wide);
   for (; n > 0; --n) crc = _mm_crc32_u8(crc, *p++);
   return crc ^ 0xffffffffu;
