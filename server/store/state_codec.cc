@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/arena.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "server/store/state.pb.h"
 
 namespace syncnorm {
@@ -260,30 +262,130 @@ absl::StatusOr<LayerState> DecodeLayer(absl::string_view value,
   return StateFromProto(p.state(), layer.channels, !p.stats_in_round());
 }
 
-std::string EncodeRound(const StoredRound& round) {
-  google::protobuf::Arena arena(RoundArenaOptions());
-  pb::RoundRecord& p =
-      *google::protobuf::Arena::CreateMessage<pb::RoundRecord>(&arena);
-  p.set_format(kStateFormat);
-  p.set_phase(static_cast<int>(round.phase));
-  p.set_step(round.step);
-  p.set_version(round.outcome.version);
-  p.set_count(round.outcome.moments.count);
-  ToRepeated(round.outcome.moments.mean, p.mutable_mean());
-  ToRepeated(round.outcome.moments.var, p.mutable_var());
-  ToRepeated(round.outcome.grad_sums.sum_dy, p.mutable_sum_dy());
-  ToRepeated(round.outcome.grad_sums.sum_dy_xmu, p.mutable_sum_dy_xmu());
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "RoundWriter copies doubles as the wire's little-endian bytes");
+
+// A RoundRecord's wire bytes, written straight from the round (every
+// completed round writes one, on the answer path): the bytes protobuf
+// serializes a filled pb::RoundRecord to, without copying the per-channel
+// vectors into a message first. Fields in number order, proto3 defaults
+// left out, repeated scalars packed, as protobuf writes them;
+// state_codec_test compares the two.
+class RoundWriter {
+ public:
+  using Out = google::protobuf::io::CodedOutputStream;
+  static constexpr int kVarint = 0, kFixed64 = 1, kLength = 2;
+
+  // Sizes (the first pass) and writes (the second) the same fields.
+  explicit RoundWriter(uint8_t* at) : at_(at) {}
+
+  void Varint(int field, uint64_t v) {
+    if (v == 0) return;
+    Tag(field, kVarint);
+    Put(Out::VarintSize64(v), [&] { at_ = Out::WriteVarint64ToArray(v, at_); });
+  }
+  void Fixed64(int field, uint64_t v) {
+    if (v == 0) return;
+    Tag(field, kFixed64);
+    Put(8, [&] { at_ = Out::WriteLittleEndian64ToArray(v, at_); });
+  }
+  void Doubles(int field, const std::vector<double>& v) {
+    if (v.empty()) return;
+    const size_t bytes = v.size() * sizeof(double);
+    Length(field, bytes);
+    Put(bytes, [&] {
+      std::memcpy(at_, v.data(), bytes);  // little-endian, as on the wire
+      at_ += bytes;
+    });
+  }
+  void Ints(int field, const std::vector<int>& v) {
+    if (v.empty()) return;
+    size_t bytes = 0;
+    for (int x : v) bytes += Out::VarintSize64(SignExtended(x));
+    Length(field, bytes);
+    for (int x : v) {
+      const uint64_t w = SignExtended(x);
+      Put(Out::VarintSize64(w),
+          [&] { at_ = Out::WriteVarint64ToArray(w, at_); });
+    }
+  }
+  // A nested message: its fields are what `fill` writes to a writer.
+  template <typename Fill>
+  void Message(int field, Fill fill) {
+    RoundWriter inner(nullptr);
+    fill(inner);
+    Length(field, inner.size_);
+    if (at_ != nullptr) {
+      RoundWriter body(at_);
+      fill(body);
+      at_ = body.at_;
+    }
+    size_ += inner.size_;
+  }
+
+  static uint64_t SignExtended(int64_t v) { return static_cast<uint64_t>(v); }
+  size_t size() const { return size_; }
+
+ private:
+  void Tag(int field, int wire_type) {
+    const uint32_t tag = static_cast<uint32_t>(field << 3 | wire_type);
+    Put(Out::VarintSize32(tag),
+        [&] { at_ = Out::WriteVarint32ToArray(tag, at_); });
+  }
+  void Length(int field, size_t bytes) {
+    Tag(field, kLength);
+    const auto n = static_cast<uint32_t>(bytes);
+    Put(Out::VarintSize32(n), [&] { at_ = Out::WriteVarint32ToArray(n, at_); });
+  }
+  template <typename Write>
+  void Put(size_t bytes, Write write) {
+    size_ += bytes;
+    if (at_ != nullptr) write();
+  }
+
+  uint8_t* at_;  // null: sizing only
+  size_t size_ = 0;
+};
+
+void WriteRound(const StoredRound& round, RoundWriter& w) {
+  w.Varint(1, kStateFormat);
+  w.Varint(2, RoundWriter::SignExtended(static_cast<int>(round.phase)));
+  w.Varint(3, RoundWriter::SignExtended(round.step));
+  w.Varint(4, RoundWriter::SignExtended(round.outcome.version));
+  w.Varint(5, RoundWriter::SignExtended(round.outcome.moments.count));
+  w.Doubles(6, round.outcome.moments.mean);
+  w.Doubles(7, round.outcome.moments.var);
+  w.Doubles(8, round.outcome.grad_sums.sum_dy);
+  w.Doubles(9, round.outcome.grad_sums.sum_dy_xmu);
   for (const std::optional<uint64_t>& f : round.fingerprints) {
-    pb::Fingerprint* out = p.add_fingerprints();
-    out->set_present(f.has_value());
-    out->set_value(f.value_or(0));
+    w.Message(10, [&f](RoundWriter& m) {
+      m.Varint(1, f.has_value() ? 1 : 0);
+      m.Fixed64(2, f.value_or(0));
+    });
   }
-  p.set_fingerprint_kind(static_cast<uint32_t>(round.fingerprint_kind));
   if (round.stats_after.has_value()) {
-    StatsToProto(*round.stats_after, p.mutable_stats_after());
+    const RunningStats& s = *round.stats_after;
+    w.Message(11, [&s](RoundWriter& m) {
+      m.Varint(1, RoundWriter::SignExtended(s.num_batches_tracked));
+      m.Doubles(2, s.mean);
+      m.Doubles(3, s.var);
+    });
   }
-  for (int rank : round.outcome.missing_ranks) p.add_missing_ranks(rank);
-  return p.SerializeAsString();
+  w.Ints(12, round.outcome.missing_ranks);
+  w.Varint(20, static_cast<uint32_t>(round.fingerprint_kind));
+}
+
+}  // namespace
+
+std::string EncodeRound(const StoredRound& round) {
+  RoundWriter sizing(nullptr);
+  WriteRound(round, sizing);
+  std::string out(sizing.size(), '\0');
+  RoundWriter writing(reinterpret_cast<uint8_t*>(out.data()));
+  WriteRound(round, writing);
+  return out;
 }
 
 absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
