@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "server/store/state.pb.h"
 
@@ -24,17 +23,6 @@ std::vector<double> ToVector(const google::protobuf::RepeatedField<double>& f) {
 void ToRepeated(const std::vector<double>& v,
                 google::protobuf::RepeatedField<double>* f) {
   f->Assign(v.begin(), v.end());
-}
-
-// For the records written with every round (EncodeRound, EncodeLayer):
-// their messages and repeated fields come from an arena whose first block
-// holds a layer of several hundred channels, instead of an allocation
-// each. The bytes they serialize to are the same.
-google::protobuf::ArenaOptions RoundArenaOptions() {
-  google::protobuf::ArenaOptions options;
-  options.start_block_size = 16 << 10;
-  options.max_block_size = 1 << 20;
-  return options;
 }
 
 absl::Status Bad(absl::string_view what) {
@@ -238,48 +226,24 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
   return spec;
 }
 
-std::string EncodeLayer(const LayerState& state, bool stats_in_round) {
-  google::protobuf::Arena arena(RoundArenaOptions());
-  pb::LayerRecord& p =
-      *google::protobuf::Arena::CreateMessage<pb::LayerRecord>(&arena);
-  p.set_format(kStateFormat);
-  // Once per forward round: the statistics the round record holds are
-  // not copied here only to be cleared.
-  StateToProto(state, p.mutable_state(), !stats_in_round);
-  if (stats_in_round) p.set_stats_in_round(true);
-  return p.SerializeAsString();
-}
-
-absl::StatusOr<LayerState> DecodeLayer(absl::string_view value,
-                                       const LayerConfig& layer,
-                                       bool* stats_in_round) {
-  pb::LayerRecord p;
-  if (absl::Status s = Parse(value, p, "layer"); !s.ok()) return s;
-  if (p.stats_in_round() && stats_in_round == nullptr) {
-    return Bad("its statistics are kept in a round record");
-  }
-  if (stats_in_round != nullptr) *stats_in_round = p.stats_in_round();
-  return StateFromProto(p.state(), layer.channels, !p.stats_in_round());
-}
-
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "RoundWriter copies doubles as the wire's little-endian bytes");
+              "WireWriter copies doubles as the wire's little-endian bytes");
 
-// A RoundRecord's wire bytes, written straight from the round (every
-// completed round writes one, on the answer path): the bytes protobuf
-// serializes a filled pb::RoundRecord to, without copying the per-channel
-// vectors into a message first. Fields in number order, proto3 defaults
-// left out, repeated scalars packed, as protobuf writes them;
-// state_codec_test compares the two.
-class RoundWriter {
+// The records every completed round writes, on the answer path, are
+// written straight from the domain's vectors: the bytes protobuf serializes
+// the filled message to, without copying the per-channel vectors into a
+// message first. Fields in number order, proto3 defaults left out, repeated
+// scalars packed, as protobuf writes them; state_codec_test compares the
+// two.
+class WireWriter {
  public:
   using Out = google::protobuf::io::CodedOutputStream;
   static constexpr int kVarint = 0, kFixed64 = 1, kLength = 2;
 
   // Sizes (the first pass) and writes (the second) the same fields.
-  explicit RoundWriter(uint8_t* at) : at_(at) {}
+  explicit WireWriter(uint8_t* at) : at_(at) {}
 
   void Varint(int field, uint64_t v) {
     if (v == 0) return;
@@ -314,11 +278,11 @@ class RoundWriter {
   // A nested message: its fields are what `fill` writes to a writer.
   template <typename Fill>
   void Message(int field, Fill fill) {
-    RoundWriter inner(nullptr);
+    WireWriter inner(nullptr);
     fill(inner);
     Length(field, inner.size_);
     if (at_ != nullptr) {
-      RoundWriter body(at_);
+      WireWriter body(at_);
       fill(body);
       at_ = body.at_;
     }
@@ -349,29 +313,56 @@ class RoundWriter {
   size_t size_ = 0;
 };
 
-void WriteRound(const StoredRound& round, RoundWriter& w) {
+void WriteStats(const RunningStats& s, WireWriter& m) {
+  m.Varint(1, WireWriter::SignExtended(s.num_batches_tracked));
+  m.Doubles(2, s.mean);
+  m.Doubles(3, s.var);
+}
+
+// pb::LayerRecord; its state is always there, its statistics unless the
+// round record holds them.
+void WriteLayer(const LayerState& state, bool stats_in_round, WireWriter& w) {
   w.Varint(1, kStateFormat);
-  w.Varint(2, RoundWriter::SignExtended(static_cast<int>(round.phase)));
-  w.Varint(3, RoundWriter::SignExtended(round.step));
-  w.Varint(4, RoundWriter::SignExtended(round.outcome.version));
-  w.Varint(5, RoundWriter::SignExtended(round.outcome.moments.count));
+  w.Message(2, [&](WireWriter& m) {
+    if (!stats_in_round) {
+      m.Message(1, [&](WireWriter& st) { WriteStats(state.stats, st); });
+    }
+    m.Varint(2, WireWriter::SignExtended(state.last_applied));
+    m.Varint(3, WireWriter::SignExtended(state.latest_completed[0]));
+    m.Varint(4, WireWriter::SignExtended(state.latest_completed[1]));
+  });
+  w.Varint(3, stats_in_round ? 1 : 0);
+}
+
+template <typename Write>
+std::string WireBytes(Write write) {
+  WireWriter sizing(nullptr);
+  write(sizing);
+  std::string out(sizing.size(), '\0');
+  WireWriter writing(reinterpret_cast<uint8_t*>(out.data()));
+  write(writing);
+  return out;
+}
+
+void WriteRound(const StoredRound& round, WireWriter& w) {
+  w.Varint(1, kStateFormat);
+  w.Varint(2, WireWriter::SignExtended(static_cast<int>(round.phase)));
+  w.Varint(3, WireWriter::SignExtended(round.step));
+  w.Varint(4, WireWriter::SignExtended(round.outcome.version));
+  w.Varint(5, WireWriter::SignExtended(round.outcome.moments.count));
   w.Doubles(6, round.outcome.moments.mean);
   w.Doubles(7, round.outcome.moments.var);
   w.Doubles(8, round.outcome.grad_sums.sum_dy);
   w.Doubles(9, round.outcome.grad_sums.sum_dy_xmu);
   for (const std::optional<uint64_t>& f : round.fingerprints) {
-    w.Message(10, [&f](RoundWriter& m) {
+    w.Message(10, [&f](WireWriter& m) {
       m.Varint(1, f.has_value() ? 1 : 0);
       m.Fixed64(2, f.value_or(0));
     });
   }
   if (round.stats_after.has_value()) {
     const RunningStats& s = *round.stats_after;
-    w.Message(11, [&s](RoundWriter& m) {
-      m.Varint(1, RoundWriter::SignExtended(s.num_batches_tracked));
-      m.Doubles(2, s.mean);
-      m.Doubles(3, s.var);
-    });
+    w.Message(11, [&s](WireWriter& m) { WriteStats(s, m); });
   }
   w.Ints(12, round.outcome.missing_ranks);
   w.Varint(20, static_cast<uint32_t>(round.fingerprint_kind));
@@ -379,13 +370,25 @@ void WriteRound(const StoredRound& round, RoundWriter& w) {
 
 }  // namespace
 
+std::string EncodeLayer(const LayerState& state, bool stats_in_round) {
+  return WireBytes(
+      [&](WireWriter& w) { WriteLayer(state, stats_in_round, w); });
+}
+
+absl::StatusOr<LayerState> DecodeLayer(absl::string_view value,
+                                       const LayerConfig& layer,
+                                       bool* stats_in_round) {
+  pb::LayerRecord p;
+  if (absl::Status s = Parse(value, p, "layer"); !s.ok()) return s;
+  if (p.stats_in_round() && stats_in_round == nullptr) {
+    return Bad("its statistics are kept in a round record");
+  }
+  if (stats_in_round != nullptr) *stats_in_round = p.stats_in_round();
+  return StateFromProto(p.state(), layer.channels, !p.stats_in_round());
+}
+
 std::string EncodeRound(const StoredRound& round) {
-  RoundWriter sizing(nullptr);
-  WriteRound(round, sizing);
-  std::string out(sizing.size(), '\0');
-  RoundWriter writing(reinterpret_cast<uint8_t*>(out.data()));
-  WriteRound(round, writing);
-  return out;
+  return WireBytes([&](WireWriter& w) { WriteRound(round, w); });
 }
 
 absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,

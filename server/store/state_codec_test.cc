@@ -1,5 +1,6 @@
-// The round record written by hand (EncodeRound) against protobuf's own
-// serialization of the same pb::RoundRecord, and read back by DecodeRound.
+// The round and layer records written by hand (EncodeRound, EncodeLayer)
+// against protobuf's own serialization of the same messages, and read back
+// by DecodeRound and DecodeLayer.
 #include "server/store/state_codec.h"
 
 #include <cstdint>
@@ -43,6 +44,24 @@ std::string ThroughProtobuf(const StoredRound& round) {
     for (double v : round.stats_after->var) s->add_var(v);
   }
   for (int rank : round.outcome.missing_ranks) p.add_missing_ranks(rank);
+  return p.SerializeAsString();
+}
+
+// What EncodeLayer wrote before it wrote the bytes itself.
+std::string LayerThroughProtobuf(const LayerState& state, bool stats_in_round) {
+  pb::LayerRecord p;
+  p.set_format(kStateFormat);
+  pb::LayerState* out = p.mutable_state();
+  if (!stats_in_round) {
+    pb::Stats* s = out->mutable_stats();
+    s->set_num_batches_tracked(state.stats.num_batches_tracked);
+    for (double v : state.stats.mean) s->add_mean(v);
+    for (double v : state.stats.var) s->add_var(v);
+  }
+  out->set_last_applied(state.last_applied);
+  out->set_latest_forward(state.latest_completed[0]);
+  out->set_latest_backward(state.latest_completed[1]);
+  if (stats_in_round) p.set_stats_in_round(true);
   return p.SerializeAsString();
 }
 
@@ -123,6 +142,46 @@ TEST(StateCodecTest, EncodeRoundWritesProtobufsBytes) {
     const StoredRound r = RandomRound(d);
     ASSERT_EQ(EncodeRound(r), ThroughProtobuf(r)) << "round " << i;
   }
+}
+
+TEST(StateCodecTest, EncodeLayerWritesProtobufsBytes) {
+  Draw d(20261203);
+  for (int i = 0; i < 2000; ++i) {
+    LayerState state;
+    const int channels = static_cast<int>(d.Int(0, 3) == 0 ? 0 : d.Int(1, 300));
+    state.stats.num_batches_tracked = d.Field();
+    state.stats.mean = d.Doubles(channels);
+    state.stats.var = d.Doubles(channels);
+    state.last_applied = d.Int(0, 3) == 0 ? -1 : d.Field();
+    state.latest_completed = {d.Int(0, 3) == 0 ? -1 : d.Field(), d.Field()};
+    const bool stats_in_round = d.Coin();
+    ASSERT_EQ(EncodeLayer(state, stats_in_round),
+              LayerThroughProtobuf(state, stats_in_round))
+        << "layer " << i;
+  }
+}
+
+TEST(StateCodecTest, ALayerReadsBackAsWritten) {
+  LayerConfig layer;
+  layer.channels = 2;
+  LayerState state;
+  state.stats = RunningStats{5, {0.25, -3.5}, {2.0, 1e-300}};
+  state.last_applied = 4;
+  state.latest_completed = {4, 3};
+  absl::StatusOr<LayerState> back =
+      DecodeLayer(EncodeLayer(state, /*stats_in_round=*/false), layer);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->stats.num_batches_tracked, 5);
+  EXPECT_EQ(back->stats.mean, state.stats.mean);
+  EXPECT_EQ(back->stats.var, state.stats.var);
+  EXPECT_EQ(back->last_applied, 4);
+  EXPECT_EQ(back->latest_completed, state.latest_completed);
+  bool in_round = false;
+  back = DecodeLayer(EncodeLayer(state, /*stats_in_round=*/true), layer,
+                     &in_round);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(in_round);
+  EXPECT_TRUE(back->stats.mean.empty());
 }
 
 TEST(StateCodecTest, EncodeRoundOfADefaultRound) {
