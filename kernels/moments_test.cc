@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/batch_norm_reference.h"
 
@@ -135,6 +137,65 @@ TEST(MomentsTest, ValidateRejectsEachMalformedField) {
 }
 
 // Running statistics after each rule, against the formulas written out.
+// The first channel a plain loop finds bad (std::isfinite, and m2 < 0 when
+// `m2`), or -1.
+int FirstBad(const std::vector<double>& v, bool m2) {
+  for (size_t c = 0; c < v.size(); ++c) {
+    if (!std::isfinite(v[c]) || (m2 && v[c] < 0)) return static_cast<int>(c);
+  }
+  return -1;
+}
+
+TEST(MomentsTest, EveryBadValueIsFoundWhereverItIs) {
+  // Every position of layers whose sizes end on each step of the checks'
+  // four-value loop, every kind of bad value, in each checked vector.
+  const double kBad[] = {NAN, -NAN, INFINITY, -INFINITY, -1e-300, -1.0};
+  const double kFine[] = {0.0, -0.0, 5e-324, 1.7976931348623157e308, 1e-300};
+  for (int channels = 1; channels <= 11; ++channels) {
+    for (int c = 0; c < channels; ++c) {
+      for (double bad : kBad) {
+        for (int field = 0; field < 2; ++field) {
+          Moments m;
+          m.count = 3;
+          m.mean.assign(channels, 0.25);
+          m.m2.assign(channels, 2.0);
+          (field == 0 ? m.mean : m.m2)[c] = bad;
+          const bool any_bad =
+              FirstBad(m.mean, false) >= 0 || FirstBad(m.m2, true) >= 0;
+          const absl::Status s = ValidateMoments(m, channels);
+          EXPECT_EQ(s.ok(), !any_bad)
+              << channels << " channels, " << bad << " at " << c << " of "
+              << (field == 0 ? "mean" : "m2") << ": " << s;
+          if (!s.ok()) {
+            EXPECT_NE(s.message().find(absl::StrCat("[", c, "]")),
+                      std::string::npos)
+                << s;
+          }
+          GradSums g{m.mean, m.m2};
+          EXPECT_EQ(ValidateGradSums(g, channels).ok(),
+                    FirstBad(g.sum_dy, false) < 0 &&
+                        FirstBad(g.sum_dy_xmu, false) < 0);
+          GlobalMoments global{3, m.mean, m.m2};
+          EXPECT_EQ(CheckFiniteResult(global).ok(),
+                    FirstBad(global.mean, false) < 0 &&
+                        FirstBad(global.var, false) < 0);
+          EXPECT_EQ(CheckFiniteResult(RunningStats{1, m.mean, m.m2}).ok(),
+                    FirstBad(m.mean, false) < 0 && FirstBad(m.m2, false) < 0);
+        }
+      }
+      for (double fine : kFine) {
+        Moments m;
+        m.count = 3;
+        m.mean.assign(channels, -fine);
+        m.m2.assign(channels, 1.0);
+        m.m2[c] = fine;
+        EXPECT_TRUE(ValidateMoments(m, channels).ok())
+            << fine << " at " << c << " of " << channels;
+      }
+    }
+  }
+}
+
 TEST(MomentsTest, RunningUpdateFollowsEachConvention) {
   Moments merged = Moments::Zero(1);
   merged.count = 4;
