@@ -20,14 +20,16 @@ namespace {
 // two values per instruction; the loops that name the first bad value run
 // only when one is. x * 0 is 0 for every finite x and NaN for an infinity
 // or a NaN, and a NaN compares false.
-#if defined(__SSE2__)
+// Whether every value is finite (and, with kNonNegative, >= 0; -0 is).
 template <bool kNonNegative>
-bool AllFiniteSse2(absl::Span<const double> v) {
+bool AllFine(absl::Span<const double> v) {
+  const double* p = v.data();
+  size_t i = 0;
+  bool ok = true;
+#if defined(__SSE2__)
   const __m128d zero = _mm_setzero_pd();
   __m128d ok0 = _mm_cmpeq_pd(zero, zero);  // all ones
   __m128d ok1 = ok0;
-  const double* p = v.data();
-  size_t i = 0;
   for (; i + 4 <= v.size(); i += 4) {
     const __m128d a = _mm_loadu_pd(p + i);
     const __m128d b = _mm_loadu_pd(p + i + 2);
@@ -38,35 +40,17 @@ bool AllFiniteSse2(absl::Span<const double> v) {
       ok1 = _mm_and_pd(ok1, _mm_cmpge_pd(b, zero));
     }
   }
-  bool ok = _mm_movemask_pd(_mm_and_pd(ok0, ok1)) == 3;
+  ok = _mm_movemask_pd(_mm_and_pd(ok0, ok1)) == 3;
+#endif
   for (; i < v.size(); ++i) {
     ok &= p[i] * 0.0 == 0.0 && (!kNonNegative || p[i] >= 0.0);
   }
   return ok;
 }
-#endif
 
-bool AllFinite(absl::Span<const double> v) {
-#if defined(__SSE2__)
-  return AllFiniteSse2<false>(v);
-#else
-  for (double x : v) {
-    if (!std::isfinite(x)) return false;
-  }
-  return true;
-#endif
-}
-
-// Every value finite and >= 0 (-0 is).
+bool AllFinite(absl::Span<const double> v) { return AllFine<false>(v); }
 bool AllFiniteNonNegative(absl::Span<const double> v) {
-#if defined(__SSE2__)
-  return AllFiniteSse2<true>(v);
-#else
-  for (double x : v) {
-    if (!std::isfinite(x) || x < 0) return false;
-  }
-  return true;
-#endif
+  return AllFine<true>(v);
 }
 
 absl::Status CheckFinite(absl::Span<const double> v, const char* field) {
