@@ -15,12 +15,12 @@
 namespace syncnorm {
 namespace {
 
-// Every contribution and every result is checked value by value on the
-// round's path. These say whether all are fine with no branch per value,
-// two values per instruction; the loops that name the first bad value run
-// only when one is. x * 0 is 0 for every finite x and NaN for an infinity
-// or a NaN, and a NaN compares false.
 // Whether every value is finite (and, with kNonNegative, >= 0; -0 is).
+// Every contribution and every result is checked value by value on the
+// round's path: this says whether all are fine with no branch per value,
+// two values per instruction, and the loops that name the first bad value
+// run only when there is one. x * 0 is 0 for every finite x and NaN for an
+// infinity or a NaN, and a NaN compares false.
 template <bool kNonNegative>
 bool AllFine(absl::Span<const double> v) {
   const double* p = v.data();
