@@ -165,7 +165,7 @@ absl::Status ValidateMoments(const Moments& m, int channels) {
   if (m.count > 0 && AllFinite(m.mean) && AllFiniteNonNegative(m.m2)) {
     return absl::OkStatus();
   }
-  if (s.ok()) s = CheckFinite(m.mean, "moments.mean");
+  s = CheckFinite(m.mean, "moments.mean");
   if (s.ok()) s = CheckFinite(m.m2, "moments.m2");
   if (!s.ok()) return s;
   for (int c = 0; c < channels; ++c) {

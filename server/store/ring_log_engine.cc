@@ -435,18 +435,19 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
   }
 }
 
-KvBatch RingLogEngine::WithPosition(const Overlay& overlay,
-                                    int64_t position) const {
+KvBatch RingLogEngine::WithPosition(
+    absl::Span<const Overlay::value_type* const> entries, uint64_t last_seq,
+    int64_t position) {
   KvBatch out;
-  out.Reserve(overlay.size() + 1);
-  for (const auto& [key, e] : overlay) {
-    if (e.value.has_value()) {
-      out.Put(key, std::string(*e.value));
+  out.Reserve(entries.size() + 1);
+  for (const Overlay::value_type* kv : entries) {
+    if (kv->second.value.has_value()) {
+      out.Put(kv->first, std::string(*kv->second.value));
     } else {
-      out.Delete(key);
+      out.Delete(kv->first);
     }
   }
-  out.Put(kMetaKey, EncodeMeta(next_seq_ - 1, position));
+  out.Put(kMetaKey, EncodeMeta(last_seq, position));
   return out;
 }
 
@@ -454,7 +455,10 @@ absl::Status RingLogEngine::WriteThrough(const KvBatch& batch) {
   absl::MutexLock flush(&flush_mu_);
   absl::MutexLock lock(&mu_);
   // What the ring holds, then the batch: one write, in log order.
-  KvBatch out = WithPosition(overlay_, head_);
+  std::vector<const Overlay::value_type*> held;
+  held.reserve(overlay_.size());
+  for (const Overlay::value_type& kv : overlay_) held.push_back(&kv);
+  KvBatch out = WithPosition(held, next_seq_ - 1, head_);
   for (const KvBatch::Op& op : batch.ops()) {
     switch (op.kind) {
       case KvBatch::Op::kPut:
@@ -520,16 +524,7 @@ absl::Status RingLogEngine::FlushLocked(bool carry) {
     }
   }
   // Writers go on meanwhile, into the overlay; Get reads both.
-  KvBatch out;
-  out.Reserve(writes.size() + 1);
-  for (const Overlay::value_type* kv : writes) {
-    if (kv->second.value.has_value()) {
-      out.Put(kv->first, std::string(*kv->second.value));
-    } else {
-      out.Delete(kv->first);
-    }
-  }
-  out.Put(kMetaKey, EncodeMeta(keep_seq - 1, keep_from));
+  const KvBatch out = WithPosition(writes, keep_seq - 1, keep_from);
   const absl::Status s = inner_->Write(out);
   absl::MutexLock lock(&mu_);
   if (s.ok()) {

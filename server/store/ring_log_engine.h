@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "server/store/kv_engine.h"
 
 namespace syncnorm {
@@ -140,10 +141,12 @@ class RingLogEngine final : public KvEngine {
   // off so that it lands in order.
   absl::Status WriteThrough(const KvBatch& batch)
       ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
-  // `overlay`'s writes and, with them, the log position the engine behind
-  // then holds: everything up to `position`, the last record written.
-  KvBatch WithPosition(const Overlay& overlay, int64_t position) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The writes of `entries` and, with them, the log position the engine
+  // behind then holds: a replay starts at `position`, after record
+  // `last_seq`.
+  static KvBatch WithPosition(
+      absl::Span<const Overlay::value_type* const> entries, uint64_t last_seq,
+      int64_t position);
   absl::Status PwriteAll(const char* data, size_t size, int64_t offset) const;
   // With sync_writes, msync the ring's bytes [offset, offset + size).
   absl::Status Sync(int64_t offset, int64_t size) const;

@@ -78,10 +78,8 @@ absl::StatusOr<RunningStats> StatsFromProto(const pb::Stats& p, int channels) {
   return s;
 }
 
-// Without `with_stats` the statistics stay absent.
-void StateToProto(const LayerState& s, pb::LayerState* out,
-                  bool with_stats = true) {
-  if (with_stats) StatsToProto(s.stats, out->mutable_stats());
+void StateToProto(const LayerState& s, pb::LayerState* out) {
+  StatsToProto(s.stats, out->mutable_stats());
   out->set_last_applied(s.last_applied);
   out->set_latest_forward(s.latest_completed[0]);
   out->set_latest_backward(s.latest_completed[1]);
