@@ -176,6 +176,8 @@ absl::StatusOr<std::unique_ptr<RingLogEngine>> RingLogEngine::Open(
   options.ring_bytes = std::max(kMinRing, options.ring_bytes & ~int64_t{7});
   options.flush_bytes =
       std::clamp<int64_t>(options.flush_bytes, 1, options.ring_bytes / 2);
+  options.min_lap_bytes = std::clamp<int64_t>(
+      options.min_lap_bytes & ~int64_t{7}, kMinRing, options.ring_bytes);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     return absl::UnavailableError(
@@ -268,6 +270,8 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
   if (resize) position = 0;
   next_seq_ = seq;
   head_ = tail_ = flushed_to_ = position;
+  written_ = written_at_flush_ = position;
+  lap_ = NextLapLocked();
   // The replayed writes and the position after them, at once: a crash from
   // here on replays nothing twice.
   KvBatch replay;
@@ -380,17 +384,28 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
   const uint32_t payload_crc = PayloadCrc(batch);
   absl::InlinedVector<absl::string_view, 4> values(batch.ops().size());
   const int64_t ring = options_.ring_bytes;
+  bool full_before = false;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
-      const int64_t room = ring - head_ % ring;
-      const int64_t pad = room < size ? room : 0;
+      const int64_t offset = head_ % ring;
+      const int64_t room = ring - offset;
+      // The rest of the file is padded when the record does not fit in it,
+      // or in the lap, unless what the ring holds now wants a longer lap:
+      // this one goes on. A replay skips the padding either way.
+      if (offset > 0 && offset + size > lap_) {
+        lap_ = std::max(lap_, NextLapLocked());
+      }
+      const bool lap_ends = offset > 0 && offset + size > lap_;
+      const int64_t pad = room < size || lap_ends ? room : 0;
       if (head_ + pad + size - tail_ <= ring) {
         if (pad >= kHeader) {
-          FillHeader(map_ + head_ % ring, kPad, next_seq_,
+          FillHeader(map_ + offset, kPad, next_seq_,
                      static_cast<uint32_t>(pad - kHeader), 0);
-          if (absl::Status s = Sync(head_ % ring, kHeader); !s.ok()) return s;
+          if (absl::Status s = Sync(offset, kHeader); !s.ok()) return s;
         }
+        if (pad > 0) lap_ = NextLapLocked();
+        if (room < size) written_ += pad;
         // Straight into the ring's pages: a killed process leaves them in
         // the page cache as a pwrite would, without a copy or a syscall.
         const int64_t at = (head_ + pad) % ring;
@@ -403,16 +418,17 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
         if (absl::Status s = Sync(at, size); !s.ok()) return s;
         // The overlay reads the values where they lie in the ring, which
         // no write reuses before a flush has handed them on.
+        written_ += size;
         for (size_t i = 0; i < values.size(); ++i) {
           const KvBatch::Op& op = batch.ops()[i];
           Entry& e = overlay_[op.key];
           e.position = head_ + pad;
           e.seq = next_seq_;
           if (op.kind == KvBatch::Op::kPut) {
-            e.value = values[i];
+            SetValueLocked(e, values[i]);
             e.transient = op.transient;
           } else {
-            e.value.reset();
+            SetValueLocked(e, std::nullopt);
             e.transient = false;
           }
         }
@@ -429,9 +445,11 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
         return absl::OkStatus();
       }
     }
-    // The ring is full: the engine behind takes what it holds first
-    // (carrying frees at least the older half).
-    if (absl::Status s = Flush(/*carry=*/true); !s.ok()) return s;
+    // The ring is full: the engine behind takes what it holds first.
+    // Carrying frees all but half a lap ahead of the writes; a record
+    // larger than that (laps shorter than the file) may need all of it.
+    if (absl::Status s = Flush(/*carry=*/!full_before); !s.ok()) return s;
+    full_before = true;
   }
 }
 
@@ -474,7 +492,9 @@ absl::Status RingLogEngine::WriteThrough(const KvBatch& batch) {
   }
   if (absl::Status s = inner_->Write(out); !s.ok()) return s;
   overlay_.clear();
+  overlay_bytes_ = 0;
   tail_ = flushed_to_ = head_;
+  written_at_flush_ = written_;
   first_unflushed_ = absl::InfiniteFuture();
   return absl::OkStatus();
 }
@@ -490,6 +510,7 @@ absl::Status RingLogEngine::FlushLocked(bool carry) {
   int64_t keep_from;
   uint64_t keep_seq;
   int64_t flushed_before;
+  int64_t written_before;
   // The entries the engine behind gets. Only a flush (one at a time, under
   // flush_mu_) changes flushing_, so they stay put while the batch is
   // copied from them outside mu_, which writers on the answer path take.
@@ -503,17 +524,23 @@ absl::Status RingLogEngine::FlushLocked(bool carry) {
     first_unflushed_ = absl::InfiniteFuture();
     flushed_before = flushed_to_;
     flushed_to_ = head_;
+    written_before = written_at_flush_;
+    written_at_flush_ = written_;
+    overlay_bytes_ = 0;
     // The engine behind gets everything but the carried puts, and the
     // position from which a replay must start: the oldest carried record,
     // or the head.
     keep_from = head_;
     keep_seq = next_seq_;
-    const int64_t young = head_ - options_.ring_bytes / 2;
+    // Carried: a transient put that the writes will not reach for half a
+    // lap (the newest half of the ring when a lap is the whole file).
+    const int64_t young = head_ - (options_.ring_bytes - lap_ / 2);
     writes.reserve(flushing_.size());
     for (const Overlay::value_type& kv : flushing_) {
       const Entry& e = kv.second;
       if (carry && e.transient && e.position >= young) {
         overlay_.emplace(kv);  // Get still sees it, and the next flush
+        overlay_bytes_ += static_cast<int64_t>(e.value->size());
         if (e.position < keep_from) {
           keep_from = e.position;
           keep_seq = e.seq;
@@ -532,8 +559,13 @@ absl::Status RingLogEngine::FlushLocked(bool carry) {
   } else {
     // Kept for the next try; what was written since (and the carried
     // puts, already there) is newer.
-    for (auto& [key, e] : flushing_) overlay_.try_emplace(key, e);
+    for (auto& [key, e] : flushing_) {
+      if (overlay_.try_emplace(key, e).second && e.value.has_value()) {
+        overlay_bytes_ += static_cast<int64_t>(e.value->size());
+      }
+    }
     flushed_to_ = flushed_before;
+    written_at_flush_ = written_before;
     first_unflushed_ = std::min(first_unflushed_, absl::Now());
   }
   flushing_.clear();
@@ -568,12 +600,28 @@ absl::Status RingLogEngine::CopyTo(const std::string& dir) {
 }
 
 bool RingLogEngine::FlushDueLocked() const {
-  // flush_bytes written since the last flush, or the ring three quarters
-  // full (carried records keep up to half of it), so that a write does not
-  // find it full and flush on the answer path.
+  // flush_bytes written since the last flush (at most half a lap), or the
+  // ring three quarters full (carried records keep up to half of it), so
+  // that a write does not find it full and flush on the answer path.
   return head_ != flushed_to_ &&
-         (head_ - flushed_to_ >= options_.flush_bytes ||
+         (written_ - written_at_flush_ >= std::min(options_.flush_bytes,
+                                                   lap_ / 2) ||
           head_ - tail_ >= options_.ring_bytes - options_.ring_bytes / 4);
+}
+
+int64_t RingLogEngine::NextLapLocked() const {
+  int64_t lap = options_.min_lap_bytes;
+  while (lap < options_.ring_bytes && lap < 4 * overlay_bytes_) lap *= 2;
+  return std::min(lap, options_.ring_bytes);
+}
+
+void RingLogEngine::SetValueLocked(Entry& e,
+                                   std::optional<absl::string_view> value) {
+  if (e.value.has_value()) {
+    overlay_bytes_ -= static_cast<int64_t>(e.value->size());
+  }
+  if (value.has_value()) overlay_bytes_ += static_cast<int64_t>(value->size());
+  e.value = value;
 }
 
 void RingLogEngine::FlusherLoop() {

@@ -336,6 +336,109 @@ TEST_F(RingLogEngineTest, PlainPutsReachTheEngineBehind) {
   EXPECT_GT(RoundsThenKill(/*transient=*/false), 400);
 }
 
+// The bytes of the ring's file from `from` on that are not zero.
+int64_t NonZeroFrom(const std::string& path, int64_t from) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(from);
+  int64_t n = 0;
+  char c;
+  while (in.get(c)) n += c != '\0';
+  return n;
+}
+
+// Laps shorter than the file: each wraps at four times what the ring
+// holds (a retry window of 8 records of 16 KB: a 1 MiB lap), padded to the
+// file's end. The rest of the file is never written; records carried by a
+// flush stay out of the engine behind, as in a full-length lap; a kill at
+// any point loses nothing, the padding replayed as the file's end.
+TEST_F(RingLogEngineTest, ALapSpansWhatTheRingHolds) {
+  RingLogOptions o;
+  o.ring_bytes = 4 << 20;
+  o.min_lap_bytes = 256 << 10;
+  o.flush_period = absl::Hours(1);  // by bytes only
+  Model model;
+  int round = 0;
+  for (int life = 0; life < 4; ++life) {
+    auto e = Open(o);
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(Contents(*e), model) << "after life " << life;
+    // The replay wrote the live records of the life before.
+    const int64_t replayed = faulty_->puts("k/round/");
+    const int rounds = 300 + static_cast<int>(rng_() % 300);
+    for (int i = 0; i < rounds; ++i, ++round) {
+      KvBatch b;
+      b.PutTransient(absl::StrCat("k/round/", round),
+                     std::string(16000, static_cast<char>('a' + round % 26)));
+      b.Put("k/state", absl::StrCat("state after ", round));
+      if (round >= 8) b.Delete(absl::StrCat("k/round/", round - 8));
+      ASSERT_TRUE(e->Write(b).ok());
+      Apply(b, model);
+    }
+    EXPECT_EQ(faulty_->puts("k/round/"), replayed) << "life " << life;
+    e->AbandonForTest();
+  }
+  EXPECT_GT(round, 4 * 64) << "many laps of 1 MiB";
+  EXPECT_EQ(NonZeroFrom(path_, 2 << 20), 0);
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(Contents(*e), model);
+}
+
+// A retry window larger than the shortest lap (40 records of 16 KB) makes
+// the lap go on instead of wrapping, until it holds four times the window:
+// its records are carried, never written to the engine behind, as with
+// laps of the whole file.
+TEST_F(RingLogEngineTest, LapsGrowWithWhatTheRingHolds) {
+  RingLogOptions o;
+  o.ring_bytes = 4 << 20;
+  o.min_lap_bytes = 256 << 10;
+  o.flush_period = absl::Hours(1);
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  Model model;
+  for (int i = 0; i < 1200; ++i) {
+    KvBatch b;
+    b.PutTransient(absl::StrCat("k/round/", i),
+                   std::string(16000, static_cast<char>('a' + i % 26)));
+    if (i >= 40) b.Delete(absl::StrCat("k/round/", i - 40));
+    ASSERT_TRUE(e->Write(b).ok());
+    Apply(b, model);
+  }
+  EXPECT_EQ(faulty_->puts("k/round/"), 0);
+  EXPECT_GT(NonZeroFrom(path_, 2 << 20), 0) << "laps of the whole file";
+  EXPECT_EQ(Contents(*e), model);
+}
+
+// Random batches, killed anywhere, with laps wrapping before the file's
+// end (about 500 KB of 1 MiB).
+TEST_F(RingLogEngineTest, AbandonedAnywhereInShortLapsLosesNothing) {
+  RingLogOptions o;
+  o.ring_bytes = 1 << 20;
+  o.min_lap_bytes = 64 << 10;
+  o.flush_bytes = 64 << 10;
+  o.flush_period = absl::Milliseconds(1);
+  Model model;
+  int64_t replayed = 0;
+  for (int life = 0; life < 12; ++life) {
+    auto e = Open(o);
+    ASSERT_NE(e, nullptr);
+    replayed += e->recovered_records();
+    ASSERT_EQ(Contents(*e), model) << "after life " << life;
+    const int writes = 200 + static_cast<int>(rng_() % 1500);
+    for (int i = 0; i < writes; ++i) {
+      KvBatch b = RandomBatch(40, 2000);
+      ASSERT_TRUE(e->Write(b).ok());
+      Apply(b, model);
+    }
+    e->AbandonForTest();
+  }
+  auto e = Open(o);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(Contents(*e), model);
+  EXPECT_GT(replayed, 0) << "some lives ended with records not flushed";
+  EXPECT_EQ(NonZeroFrom(path_, 900 << 10), 0) << "no lap reached the end";
+}
+
 // A range deletion goes to the engine behind, after what the ring holds
 // and before what follows.
 TEST_F(RingLogEngineTest, RangeDeletionsLandInOrder) {
