@@ -604,8 +604,8 @@ bool RingLogEngine::FlushDueLocked() const {
   // ring three quarters full (carried records keep up to half of it), so
   // that a write does not find it full and flush on the answer path.
   return head_ != flushed_to_ &&
-         (written_ - written_at_flush_ >= std::min(options_.flush_bytes,
-                                                   lap_ / 2) ||
+         (written_ - written_at_flush_ >=
+              std::min(options_.flush_bytes, lap_ / 2) ||
           head_ - tail_ >= options_.ring_bytes - options_.ring_bytes / 4);
 }
 
