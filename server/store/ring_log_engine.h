@@ -33,11 +33,11 @@ struct RingLogOptions {
   int64_t ring_bytes = 32 << 20;
   // The engine behind gets what the log holds once this much (or half a
   // lap, if less) is waiting, or `flush_period` after the first write since
-  // the last time. A flush
-  // is a RocksDB write of every key written since the last (its WAL, its
-  // memtable, and in time its table files): done rarely, it costs little
-  // per round and stalls few of them (a flush every 2 MiB, 63 rounds of
-  // 64 KB, stalled more than 1% of the rounds: it set the p99).
+  // the last time. A flush is a RocksDB write of every key written since
+  // the last (its WAL, its memtable, and in time its table files): done
+  // rarely, it costs little per round and stalls few of them (a flush
+  // every 2 MiB, 63 rounds of 64 KB, stalled more than 1% of the rounds:
+  // it set the p99).
   int64_t flush_bytes = 16 << 20;
   absl::Duration flush_period = absl::Seconds(1);
   // The least of the ring a lap goes through before it wraps (see
@@ -204,9 +204,8 @@ class RingLogEngine final : public KvEngine {
   // The lap in use: its writes wrap at this offset (<= ring_bytes).
   int64_t lap_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes written as records (and as the padding at the file's end, but
-  // not at a lap's end shorter than the file): what the flusher's trigger
-  // and the carried half count. written_at_flush_: written_ when the last
-  // flush began.
+  // not at a lap's end shorter than the file): what the flusher's byte
+  // trigger counts. written_at_flush_: written_ when the last flush began.
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t written_at_flush_ ABSL_GUARDED_BY(mu_) = 0;
   // The bytes of the values overlay_ holds.
