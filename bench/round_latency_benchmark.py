@@ -14,6 +14,13 @@ share the machine's cores, so it bounds the round at larger W): for the
 ping-pong, per exchange, times W (a round's W exchanges of the same bytes).
 The kernel counts CPU time in ticks (10 ms here): run a few thousand rounds
 for a figure within a few us.
+
+With --baseline_aggregator=BIN, it then runs --pairs pairs of the same
+durable rounds against this build's aggregator and BIN in turn (fresh
+servers, alternating which goes first), and prints each pair's p50s and
+their ratio, and the median ratio: on a shared machine whose speed drifts
+by tens of percent within minutes, the ratio within a pair is what
+compares two builds.
 """
 
 import argparse
@@ -49,6 +56,9 @@ def main():
     p.add_argument("--channels", default="64,512,2048,8192")
     p.add_argument("--rounds", type=int, default=400)
     p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--baseline_aggregator", default="",
+                   help="another aggregator binary to compare in pairs")
+    p.add_argument("--pairs", type=int, default=5)
     a = p.parse_args()
     if a.smoke:
         a.worlds, a.channels, a.rounds, a.warmup = "2", "64,2048", 10, 3
@@ -111,6 +121,8 @@ def main():
         common.table(["W", "C", "syncnorm", "syncnorm, state in memory",
                       "gRPC star (thread/stream)",
                       "W gRPC ping-pongs (echo server)"], cpu_rows)
+        if a.baseline_aggregator:
+            pairs = paired(a, worlds, tmp)
         print()
         for (w, c), q in sorted(results.items()):
             tag = "round_p50[W=%d,C=%d]" % (w, c)
@@ -123,10 +135,51 @@ def main():
                          "us", 0.5 if w == 8 else None)
             common.ratio(tag, q["syncnorm"][0], "in_memory_p50", q["memory"][0],
                          "us")
+        if a.baseline_aggregator:
+            for (w, c), (ours, theirs) in sorted(pairs.items()):
+                # The median pair, by ratio.
+                k = sorted(range(len(ours)), key=lambda i: ours[i] / theirs[i])
+                m = k[len(k) // 2]
+                common.ratio("round_p50[W=%d,C=%d] median pair" % (w, c),
+                             ours[m], "baseline_p50", theirs[m], "us")
     finally:
         aggregator.stop()
         in_memory.stop()
         refs.stop()
+
+
+def paired(a, worlds, tmp):
+    """Durable p50s of this build and the baseline, pair by pair:
+    {(W, C): ([ours...], [baseline's...])}; prints the pairs' table."""
+    binaries = [("this build", "server/syncnorm-aggregator"),
+                ("baseline", a.baseline_aggregator)]
+    got, rows = {}, []
+    for w in worlds:
+        for i in range(a.pairs):
+            p50 = {}
+            # Alternating which goes first, so that a drift of the
+            # machine's speed does not favour one side.
+            for name, binary in binaries if i % 2 == 0 else binaries[::-1]:
+                server = common.Server(binary, tmp, "pair%d-%d-%s" % (
+                    w, i, name.replace(" ", "-")))
+                try:
+                    lat = common.parse_lines(common.run_group(worker_argvs(
+                        "syncnorm", server.address, w, a.channels, a.rounds,
+                        a.warmup, "pair")), "LAT")
+                finally:
+                    server.stop()
+                p50[name] = {c: common.percentile(v, 50) for c, v in lat.items()}
+            for c in a.channels.split(","):
+                ours, theirs = p50["this build"][c], p50["baseline"][c]
+                got.setdefault((w, int(c)), ([], []))
+                got[(w, int(c))][0].append(ours)
+                got[(w, int(c))][1].append(theirs)
+                rows.append([w, c, i + 1, "%.0f" % ours, "%.0f" % theirs,
+                             "%.3fx" % (ours / theirs)])
+    print("\n### Durable round p50 in pairs against %s (us)\n" %
+          a.baseline_aggregator)
+    common.table(["W", "C", "pair", "this build", "baseline", "ratio"], rows)
+    return got
 
 
 if __name__ == "__main__":
