@@ -171,9 +171,9 @@ def paired(a, worlds, tmp):
                 p50[name] = {c: common.percentile(v, 50) for c, v in lat.items()}
             for c in a.channels.split(","):
                 ours, theirs = p50["this build"][c], p50["baseline"][c]
-                got.setdefault((w, int(c)), ([], []))
-                got[(w, int(c))][0].append(ours)
-                got[(w, int(c))][1].append(theirs)
+                ours_all, theirs_all = got.setdefault((w, int(c)), ([], []))
+                ours_all.append(ours)
+                theirs_all.append(theirs)
                 rows.append([w, c, i + 1, "%.0f" % ours, "%.0f" % theirs,
                              "%.3fx" % (ours / theirs)])
     print("\n### Durable round p50 in pairs against %s (us)\n" %
