@@ -310,6 +310,78 @@ TEST_F(ServiceTest, AStreamsContributionsAreTakenInTheOrderSent) {
   EXPECT_EQ(refused, 0) << "contributions refused out of " << kSteps;
 }
 
+// A client may need its next message read before its last one can be
+// answered. Rank 0 sends layer 0, then layer 1, then reads; rank 1 sends
+// layer 1, waits for its answer, then sends layer 0. Layer 1's round needs
+// rank 0's second message while its first waits for layer 0's round. A
+// stream that holds back its next read until its answer (to save a
+// packet) must post it in time, and read eagerly once it sees this:
+// otherwise both rounds wait for the round timeout (or forever).
+TEST_F(ServiceTest, AStreamWhoseRoundNeedsItsNextMessageReadsItInTime) {
+  constexpr int kSteps = 20;
+  ASSERT_TRUE(CreateJob(JobRequest("cross", 2, 2, 2)).ok());
+  // Rank r's layer l at step s: count 2, mean (x, -x), M2 (1, 3).
+  auto x = [](int r, int l, int s) { return 0.25 * s + 2.0 * l + 8.0 * r; };
+  auto contribution = [&](int r, int l, int s) {
+    return Fwd("cross", l, s, r, 2, {x(r, l, s), -x(r, l, s)}, {1.0, 3.0});
+  };
+  std::vector<v1::RoundResult> answers[2];
+  const absl::Time start = absl::Now();
+  std::thread rank1([&] {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, absl::Seconds(30));
+    auto stream = stub_->Reduce(&ctx);
+    v1::RoundResult r;
+    for (int s = 0; s < kSteps; ++s) {
+      for (int l : {1, 0}) {
+        ASSERT_TRUE(stream->Write(contribution(1, l, s)));
+        ASSERT_TRUE(stream->Read(&r));
+        answers[1].push_back(r);
+      }
+    }
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  });
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, absl::Seconds(30));
+    auto stream = stub_->Reduce(&ctx);
+    v1::RoundResult r;
+    for (int s = 0; s < kSteps; ++s) {
+      ASSERT_TRUE(stream->Write(contribution(0, 0, s)));
+      ASSERT_TRUE(stream->Write(contribution(0, 1, s)));
+      for (int i = 0; i < 2; ++i) {
+        ASSERT_TRUE(stream->Read(&r));
+        answers[0].push_back(r);
+      }
+    }
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  rank1.join();
+  const absl::Duration took = absl::Now() - start;
+  // A read held back is posted within 10 ms, once; the round timeout is
+  // 5 s.
+  EXPECT_LT(took, absl::Seconds(2));
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(answers[rank].size(), 2u * kSteps);
+    for (const v1::RoundResult& r : answers[rank]) {
+      ASSERT_TRUE(r.has_moments())
+          << "rank " << rank << ": " << r.DebugString();
+      // Two ranks of 2 samples: the mean is the means' average; M2 adds
+      // (x0 - x1)^2 * 2 * 2 / 4 to the two M2s.
+      const double x0 = x(0, r.layer(), r.step());
+      const double x1 = x(1, r.layer(), r.step());
+      const double between = (x0 - x1) * (x0 - x1);
+      EXPECT_EQ(r.moments().count(), 4);
+      EXPECT_EQ(r.moments().mean(0), (x0 + x1) / 2);
+      EXPECT_EQ(r.moments().mean(1), -(x0 + x1) / 2);
+      EXPECT_DOUBLE_EQ(r.moments().var(0), (2.0 + between) / 4);
+      EXPECT_DOUBLE_EQ(r.moments().var(1), (6.0 + between) / 4);
+    }
+  }
+}
+
 TEST_F(ServiceTest, ReduceOnceAnswersAndReturnsFailuresAsStatus) {
   ASSERT_TRUE(CreateJob(JobRequest("once", 1, 1)).ok());
   v1::RoundResult result;

@@ -14,6 +14,9 @@ namespace syncnorm {
 // Invariants: gRPC's Start*/Finish are never called under mu_ (a reaction
 // may run inline); a write is started only by the party that set writing_,
 // and Finish only when !writing_, so no write is ever started after Finish.
+// Outside a reaction, a read is posted only by the party that set
+// posting_read_, and Finish waits for it in the same way. A held stream is
+// in its StreamSet's held set only while read_held_.
 
 namespace {
 
@@ -118,6 +121,9 @@ void ReduceReactor::OnReadDone(bool ok) {
     absl::MutexLock lock(&mu_);
     if (finished_) return;  // ended meanwhile (closed): the client resends
     last_active_ = Now();
+    // Sent while another waits for its round: the client pipelines, and
+    // may need its next message read before that answer can come.
+    if (pending_ > 0) eager_reads_ = true;
     ++pending_;
     held_bytes_ += bytes;
     // A client that sends without reading its results, or faster than its
@@ -151,21 +157,62 @@ void ReduceReactor::OnReadDone(bool ok) {
   // posted earlier lets the next message's reaction run on another thread
   // and overtake this one). When this contribution completed its round,
   // the read also goes out after the answer's write, which then carries
-  // the flow-control update with it. Safe
-  // even after Finish or the answer's Unref: this reaction holds the call
-  // open until it returns, and a read on a finished call just fails.
-  if (read_now) StartRead(&request_);
+  // the flow-control update with it; while it waits, the read may wait for
+  // the answer too (HoldRead). Safe even after Finish or the answer's
+  // Unref: this reaction holds the call open until it returns, and a read
+  // on a finished call just fails.
+  if (read_now && !HoldRead()) StartRead(&request_);
+}
+
+bool ReduceReactor::HoldRead() {
+  if (streams_ == nullptr) return false;  // nothing would release it
+  absl::MutexLock lock(&mu_);
+  // Answered meanwhile (inline or on another thread), or ending: read now.
+  if (eager_reads_ || pending_ == 0 || cancelled_ || finished_ || closing_) {
+    return false;
+  }
+  read_held_ = true;
+  streams_->Hold(this);
+  return true;
+}
+
+std::optional<grpc::Status> ReduceReactor::PostHeldRead() {
+  // Not a reaction, but posting_read_ keeps Finish from being called (and
+  // so gRPC from being done with the call) until the read is posted.
+  StartRead(&request_);
+  absl::MutexLock lock(&mu_);
+  posting_read_ = false;
+  return TakeFinish();
+}
+
+void ReduceReactor::ReleaseHeldRead() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!read_held_) return;  // the answer posted it
+    read_held_ = false;
+    if (cancelled_ || finished_) return;
+    posting_read_ = true;
+  }
+  std::optional<grpc::Status> finish = PostHeldRead();
+  if (finish.has_value()) FinishWith(*std::move(finish));
 }
 
 void ReduceReactor::Answer(const Contribution& key, size_t bytes,
                            const RoundOutcome& outcome) {
   const v1::RoundResult* next = nullptr;
   std::optional<grpc::Status> finish;
+  bool post_read = false;
   {
     absl::MutexLock lock(&mu_);
     --pending_;
     held_bytes_ -= static_cast<int64_t>(bytes);
     last_active_ = Now();
+    if (read_held_ && pending_ == 0) {
+      read_held_ = false;
+      streams_->Unhold(this);
+      post_read = !cancelled_ && !finished_;
+      posting_read_ = post_read;
+    }
     if (!cancelled_ && !finished_) {
       queue_.emplace_back();
       ReuseSpareLocked(key, outcome, queue_.back());
@@ -179,6 +226,8 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
     finish = TakeFinish();
   }
   if (next != nullptr) Write(next);
+  // After the write, so the two leave in one packet.
+  if (post_read) finish = PostHeldRead();
   if (finish.has_value()) FinishWith(*std::move(finish));
 }
 
@@ -300,20 +349,25 @@ void ReduceReactor::OnCancel() {
 }
 
 std::optional<grpc::Status> ReduceReactor::TakeFinish() {
-  if (finished_ || writing_) return std::nullopt;
+  if (finished_ || writing_ || posting_read_) return std::nullopt;
+  std::optional<grpc::Status> finish;
   if (cancelled_) {
-    finished_ = true;
-    return grpc::Status::CANCELLED;
+    finish = grpc::Status::CANCELLED;
+  } else if (reads_done_ && pending_ == 0 && queue_.empty()) {
+    finish = grpc::Status::OK;
+  } else if (closing_ && pending_ == 0 && queue_.empty()) {
+    finish = close_status_;
   }
-  if (reads_done_ && pending_ == 0 && queue_.empty()) {
-    finished_ = true;
-    return grpc::Status::OK;
+  if (!finish.has_value()) return std::nullopt;
+  finished_ = true;
+  // A cancelled stream ends with its contribution unanswered. It forgets
+  // its held read now: the StreamSet may be gone by the time the answer
+  // comes (at shutdown).
+  if (read_held_) {
+    read_held_ = false;
+    streams_->Unhold(this);
   }
-  if (closing_ && pending_ == 0 && queue_.empty()) {
-    finished_ = true;
-    return close_status_;
-  }
-  return std::nullopt;
+  return finish;
 }
 
 void ReduceReactor::OnDone() {

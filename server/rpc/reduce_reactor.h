@@ -27,11 +27,11 @@ namespace syncnorm {
 
 class StreamSet;
 
-// Reads contributions continuously (one read always outstanding) and hands
-// each to the Aggregator; every outcome is queued as a RoundResult and
-// written one at a time, in completion order. Failed rounds go in-band; the
-// stream ends (OK) once the client half-closes and every result is written,
-// or (CANCELLED) when the call is cancelled or a write fails.
+// Reads contributions and hands each to the Aggregator; every outcome is
+// queued as a RoundResult and written one at a time, in completion order.
+// Failed rounds go in-band; the stream ends (OK) once the client half-closes
+// and every result is written, or (CANCELLED) when the call is cancelled or a
+// write fails.
 //
 // With an Authenticator, a stream whose `authorization` metadata holds no
 // token in force ends at once (UNAUTHENTICATED), before it counts against
@@ -51,6 +51,17 @@ class StreamSet;
 // or sends faster than its rounds complete), no more contributions are
 // read. Close() (shutdown) ends the stream UNAVAILABLE once every
 // contribution it read is answered and written.
+//
+// Reads: the next read is posted once a contribution is with the
+// aggregator, except on a stream that sends one contribution at a time
+// (a training step's lock step): while its contribution waits for its
+// round, the read is held back (StreamSet::Hold) and posted just after the
+// answer's write, which then carries the read's flow-control update
+// instead of a packet of its own (the waiting client is woken once, not
+// twice). A held read is posted anyway after StreamSet::kHoldTick (a client
+// may need its next message read before the answer can come); a stream
+// that is found to send a contribution while another waits reads eagerly
+// from then on.
 //
 // Observers: gRPC's interceptors skip Reduce calls (call_observer.h), so the
 // reactor reports its call's messages and outcome (CallOutcome) to the
@@ -93,6 +104,9 @@ class ReduceReactor final
   // `now - timeout`; true if it did.
   bool CloseIfIdle(absl::Time now, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Posts the read held back (see the class comment), if it still is; for
+  // StreamSet, once the stream has been held a while.
+  void ReleaseHeldRead() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   ~ReduceReactor() override = default;
@@ -108,6 +122,13 @@ class ReduceReactor final
   absl::Time Now() const {
     return clock_ != nullptr ? clock_->Now() : absl::Now();
   }
+  // Holds back the next read, after OnReadDone handed the aggregator a
+  // contribution, if the stream waits for that answer alone; true if it
+  // did.
+  bool HoldRead() ABSL_LOCKS_EXCLUDED(mu_);
+  // Posts a read held back, once posting_read_ was set (which keeps the
+  // stream from finishing meanwhile); returns what TakeFinish says after.
+  std::optional<grpc::Status> PostHeldRead() ABSL_LOCKS_EXCLUDED(mu_);
   // Decides, under mu_, whether the stream may finish now; marks it so.
   std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finish, noted for the observers.
@@ -159,6 +180,12 @@ class ReduceReactor final
   // When it last read, answered or wrote anything (StreamSet's clock).
   absl::Time last_active_ ABSL_GUARDED_BY(mu_);
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  // The next read waits for the answer (HoldRead); a thread is posting a
+  // read held back, outside mu_; the stream sent a contribution while
+  // another waited, or has no StreamSet to release a held read: no holds.
+  bool read_held_ ABSL_GUARDED_BY(mu_) = false;
+  bool posting_read_ ABSL_GUARDED_BY(mu_) = false;
+  bool eager_reads_ ABSL_GUARDED_BY(mu_) = false;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // contributions not yet answered
   // Serialized bytes of the unanswered contributions and unwritten results.
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -18,9 +18,16 @@ StreamSet::StreamSet(int max_streams, absl::Duration idle_timeout,
     sweeper_ =
         std::make_unique<PeriodicThread>(period, [this] { CloseIdle(); });
   }
+  releaser_ = std::thread([this] { ReleaseLoop(); });
 }
 
-StreamSet::~StreamSet() = default;
+StreamSet::~StreamSet() {
+  {
+    absl::MutexLock lock(&held_mu_);
+    stop_ = true;
+  }
+  releaser_.join();
+}
 
 absl::Status StreamSet::Enter(ReduceReactor* stream) {
   absl::MutexLock lock(&mu_);
@@ -79,6 +86,51 @@ int StreamSet::CloseIdle() {
         .Add("idle_timeout_ms", absl::ToInt64Milliseconds(idle_timeout_));
   }
   return closed;
+}
+
+void StreamSet::Hold(ReduceReactor* stream) {
+  absl::MutexLock lock(&held_mu_);
+  held_.emplace(stream, tick_);
+}
+
+void StreamSet::Unhold(ReduceReactor* stream) {
+  absl::MutexLock lock(&held_mu_);
+  held_.erase(stream);
+}
+
+void StreamSet::ReleaseLoop() {
+  std::vector<ReduceReactor*> due;
+  held_mu_.Lock();
+  while (true) {
+    // Asleep while nothing is held; a Hold wakes it (absl::Mutex checks the
+    // condition as the holder unlocks).
+    held_mu_.Await(absl::Condition(this, &StreamSet::HeldOrStopped));
+    if (stop_ ||
+        held_mu_.AwaitWithTimeout(absl::Condition(&stop_), kHoldTick)) {
+      break;
+    }
+    ++tick_;
+    // Held in tick t, released once the tick is t + 2: a whole tick later.
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->second <= tick_ - 2) {
+        // Alive: held, so its answer (and Unhold) has not come yet.
+        it->first->Ref();
+        due.push_back(it->first);
+        held_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    if (due.empty()) continue;
+    held_mu_.Unlock();
+    for (ReduceReactor* s : due) {
+      s->ReleaseHeldRead();
+      s->Unref();
+    }
+    due.clear();
+    held_mu_.Lock();
+  }
+  held_mu_.Unlock();
 }
 
 int StreamSet::size() const {

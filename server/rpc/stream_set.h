@@ -1,12 +1,15 @@
 // The admission of a service's Reduce streams: their number
 // (--max_streams), the closing of idle ones (--stream_idle_timeout_ms) and
-// of all at shutdown.
+// of all at shutdown, and the release of the reads they hold back.
 #ifndef SYNCNORM_SERVER_RPC_STREAM_SET_H_
 #define SYNCNORM_SERVER_RPC_STREAM_SET_H_
 
+#include <cstdint>
 #include <memory>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -20,14 +23,25 @@ class ReduceReactor;
 
 // An admission counter (the shape in server/domain/limits.h) that also
 // knows its streams, to close them. Thread-safe.
+//
+// Held reads: a stream whose one contribution waits for its round may hold
+// back its next read until it answers (see ReduceReactor), so that the
+// answer's write carries the flow-control update a pending read would send
+// in a packet of its own. A client that needs its next message read before
+// that answer can come (it pipelines its rounds) must not wait forever: a
+// thread of the set posts every read held for kHoldTick or more (at most
+// twice that), and the stream then reads eagerly once it sees pipelining.
+// The thread sleeps while no read is held.
 class StreamSet {
  public:
+  static constexpr absl::Duration kHoldTick = absl::Milliseconds(5);
+
   // max_streams <= 0: no limit. With a positive idle_timeout a thread ends,
   // every idle_timeout / 4 (between 10 ms and 1 s), each stream that has
   // been idle that long by `clock` (see ReduceReactor::CloseIfIdle);
   // otherwise idle streams stay open. `clock` must outlive the set.
   StreamSet(int max_streams, absl::Duration idle_timeout, const Clock* clock);
-  // Stops the thread. REQUIRES: no stream is open.
+  // Stops the threads. REQUIRES: no stream is open.
   ~StreamSet();
 
   StreamSet(const StreamSet&) = delete;
@@ -48,6 +62,14 @@ class StreamSet {
   // does); returns how many.
   int CloseIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // `stream` holds back its next read until Unhold(stream), or until the
+  // set's thread calls stream->ReleaseHeldRead() at least kHoldTick later.
+  // REQUIRES: the stream stays alive while held (a contribution of it waits
+  // for its answer, whose path calls Unhold); it is not held already.
+  void Hold(ReduceReactor* stream) ABSL_LOCKS_EXCLUDED(held_mu_);
+  // Forgets `stream`'s held read, if the thread has not released it yet.
+  void Unhold(ReduceReactor* stream) ABSL_LOCKS_EXCLUDED(held_mu_);
+
   int size() const ABSL_LOCKS_EXCLUDED(mu_);
   const Clock& clock() const { return *clock_; }
   absl::Duration idle_timeout() const { return idle_timeout_; }
@@ -61,9 +83,25 @@ class StreamSet {
   mutable absl::Mutex mu_;
   absl::flat_hash_set<ReduceReactor*> open_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  // Calls CloseIdle(); null without an idle timeout. Last: started once
-  // the rest is built, stopped before any of it goes.
+
+  // Releases held reads every kHoldTick while any is held.
+  void ReleaseLoop() ABSL_LOCKS_EXCLUDED(held_mu_);
+  bool HeldOrStopped() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(held_mu_) {
+    return stop_ || !held_.empty();
+  }
+
+  // Taken under a held stream's own mutex, never with mu_.
+  absl::Mutex held_mu_;
+  // Each held stream, with the tick it was held in.
+  absl::flat_hash_map<ReduceReactor*, int64_t> held_ ABSL_GUARDED_BY(held_mu_);
+  int64_t tick_ ABSL_GUARDED_BY(held_mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(held_mu_) = false;
+
+  // Calls CloseIdle(); null without an idle timeout. Last, with the
+  // releaser: started once the rest is built, stopped before any of it
+  // goes.
   std::unique_ptr<PeriodicThread> sweeper_;
+  std::thread releaser_;
 };
 
 }  // namespace syncnorm
