@@ -15,7 +15,10 @@ saturation, many concurrent jobs and layers, C = 256.
               memory (--data_dir=). The pipelined shape above hides
               per-message costs that a training step pays; this one does
               not. --baseline_aggregator=BINARY adds both aggregators again
-              as another build (an older commit's); --malloc_preload=LIB
+              as another build (an older commit's), then --pairs=N pairs
+              of the two builds' rates, each pair on fresh servers in
+              alternating order (the median pair's ratio is what a noisy
+              machine leaves comparable); --malloc_preload=LIB
               with LIB (e.g. Debian's libtcmalloc_minimal.so.4) preloaded
               into the server only; --round_log_mib=N adds this build's
               durable aggregator with its round log sized N MiB.
@@ -136,12 +139,48 @@ def lockstep(a, tmp):
         common.ratio("lockstep_durable_%s_per_s" % tag,
                      measured[rows[4 + 2 * k][0]], "lockstep_durable_per_s",
                      durable, "/s")
+    if a.baseline_aggregator and a.pairs > 0:
+        paired(a, ls, tmp)
     if sized is not None:
         common.ratio("lockstep_durable_sized_log_per_s", measured[sized],
                      "lockstep_durable_per_s", durable, "/s")
         # The deployment's ring (deploy/base sets one sized for such jobs).
         common.ratio("lockstep_durable_sized_log_per_s", measured[sized],
                      "target", 50000.0, "/s", 1.0, higher_is_better=True)
+
+
+def paired(a, ls, tmp):
+    """Lock-step rates of this build and the baseline, in --pairs pairs per
+    state mode; prints the pairs' table and each mode's median pair."""
+    binaries = [("this build", "server/syncnorm-aggregator"),
+                ("baseline", a.baseline_aggregator)]
+    rows, median = [], []
+    for mode, extra in (("in memory", ("--data_dir=",)), ("durable", ())):
+        ratios = []
+        for i in range(a.pairs):
+            per_s = {}
+            # Alternating which goes first, so that a drift of the machine's
+            # speed does not favour one side.
+            for name, binary in binaries if i % 2 == 0 else binaries[::-1]:
+                server = common.Server(binary, tmp, "pair-%s-%d-%s" % (
+                    mode.replace(" ", "-"), i, name.replace(" ", "-")), extra)
+                try:
+                    per_s[name] = drive(server, "syncnorm", ls)[0]
+                finally:
+                    server.stop()
+            ours, theirs = per_s["this build"], per_s["baseline"]
+            ratios.append((ours / theirs, ours, theirs))
+            rows.append([mode, i + 1, "%.0f" % ours, "%.0f" % theirs,
+                         "%.3fx" % (ours / theirs)])
+        median.append((mode, sorted(ratios)[len(ratios) // 2]))
+    print("\n### Lock-step contributions/s in pairs against %s\n" %
+          a.baseline_aggregator)
+    common.table(["state", "pair", "this build", "baseline", "ratio"], rows)
+    print()
+    for mode, (_, ours, theirs) in median:
+        tag = mode.replace(" ", "_")
+        common.ratio("lockstep_%s_per_s median pair" % tag, ours,
+                     "baseline_%s_per_s" % tag, theirs, "/s")
 
 
 def main():
@@ -161,6 +200,9 @@ def main():
     p.add_argument("--baseline_aggregator", default="",
                    help="lock-step shape: also run this aggregator binary "
                         "(e.g. an older build)")
+    p.add_argument("--pairs", type=int, default=0,
+                   help="lock-step shape, with --baseline_aggregator: also "
+                        "compare the two builds in this many pairs")
     p.add_argument("--round_log_mib", type=int, default=0,
                    help="lock-step shape: also run this build's durable "
                    "aggregator with --round_log_mib=N (0: not)")

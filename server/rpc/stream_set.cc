@@ -26,6 +26,7 @@ StreamSet::~StreamSet() {
     absl::MutexLock lock(&held_mu_);
     stop_ = true;
   }
+  stopping_.Notify();
   releaser_.join();
 }
 
@@ -100,37 +101,37 @@ void StreamSet::Unhold(ReduceReactor* stream) {
 
 void StreamSet::ReleaseLoop() {
   std::vector<ReduceReactor*> due;
-  held_mu_.Lock();
   while (true) {
-    // Asleep while nothing is held; a Hold wakes it (absl::Mutex checks the
-    // condition as the holder unlocks).
-    held_mu_.Await(absl::Condition(this, &StreamSet::HeldOrStopped));
-    if (stop_ ||
-        held_mu_.AwaitWithTimeout(absl::Condition(&stop_), kHoldTick)) {
-      break;
+    {
+      // Asleep while nothing is held; a Hold wakes it (absl::Mutex checks
+      // the condition as the holder unlocks).
+      absl::MutexLock lock(&held_mu_);
+      held_mu_.Await(absl::Condition(this, &StreamSet::HeldOrStopped));
+      if (stop_) return;
     }
-    ++tick_;
-    // Held in tick t, released once the tick is t + 2: a whole tick later.
-    for (auto it = held_.begin(); it != held_.end();) {
-      if (it->second <= tick_ - 2) {
-        // Alive: held, so its answer (and Unhold) has not come yet.
-        it->first->Ref();
-        due.push_back(it->first);
-        held_.erase(it++);
-      } else {
-        ++it;
+    if (stopping_.WaitForNotificationWithTimeout(kHoldTick)) return;
+    {
+      absl::MutexLock lock(&held_mu_);
+      ++tick_;
+      // Held in tick t, released once the tick is t + 2: a whole tick
+      // later.
+      for (auto it = held_.begin(); it != held_.end();) {
+        if (it->second <= tick_ - 2) {
+          // Alive: held, so its answer (and Unhold) has not come yet.
+          it->first->Ref();
+          due.push_back(it->first);
+          held_.erase(it++);
+        } else {
+          ++it;
+        }
       }
     }
-    if (due.empty()) continue;
-    held_mu_.Unlock();
     for (ReduceReactor* s : due) {
       s->ReleaseHeldRead();
       s->Unref();
     }
     due.clear();
-    held_mu_.Lock();
   }
-  held_mu_.Unlock();
 }
 
 int StreamSet::size() const {

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/domain/clock.h"
 #include "server/domain/periodic_thread.h"
@@ -96,6 +97,9 @@ class StreamSet {
   absl::flat_hash_map<ReduceReactor*, int64_t> held_ ABSL_GUARDED_BY(held_mu_);
   int64_t tick_ ABSL_GUARDED_BY(held_mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(held_mu_) = false;
+  // Notified with stop_ set; the thread waits out a tick on it, not on
+  // held_mu_, so that Hold and Unhold unlock with no waiter to check.
+  absl::Notification stopping_;
 
   // Calls CloseIdle(); null without an idle timeout. Last, with the
   // releaser: started once the rest is built, stopped before any of it
