@@ -47,8 +47,9 @@ AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
   return out;
 }
 
+// With a data dir, `*round_log` is set to the store's round log.
 absl::StatusOr<std::unique_ptr<StateStore>> OpenStore(
-    const ServerOptions& options) {
+    const ServerOptions& options, RingLogEngine** round_log) {
   if (options.data_dir.empty()) {
     return std::unique_ptr<StateStore>(
         std::make_unique<KvStateStore>(std::make_unique<MemoryEngine>()));
@@ -64,6 +65,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenStore(
   absl::StatusOr<std::unique_ptr<RingLogEngine>> logged = RingLogEngine::Open(
       options.data_dir + "/" + kRoundLogFile, *std::move(engine), ring);
   if (!logged.ok()) return logged.status();
+  *round_log = logged->get();
   if ((*logged)->recovered_records() > 0) {
     LogLine("round_log_replayed")
         .Add("records", (*logged)->recovered_records())
@@ -121,7 +123,9 @@ absl::Status Server::Start() {
   if (store_ != nullptr || shut_down_) {
     return absl::FailedPreconditionError("the server was already started");
   }
-  absl::StatusOr<std::unique_ptr<StateStore>> store = OpenStore(options_);
+  RingLogEngine* round_log = nullptr;  // owned by the store
+  absl::StatusOr<std::unique_ptr<StateStore>> store =
+      OpenStore(options_, &round_log);
   if (!store.ok()) return store.status();
   AggregatorOptions aggregator_options = ToAggregatorOptions(options_);
   LoggingRoundObserver::Options log_options;
@@ -175,7 +179,8 @@ absl::Status Server::Start() {
   if (metrics_ != nullptr) {
     // Cleared in ~Server before the aggregator and the service go.
     metrics_->SetLoadSource([aggregator = aggregator_.get(),
-                             service = service_.get(), guard = guard_.get()] {
+                             service = service_.get(), guard = guard_.get(),
+                             round_log] {
       ServerLoad load;
       load.jobs = aggregator->job_count();
       load.rounds_in_flight = aggregator->rounds_in_flight();
@@ -184,6 +189,12 @@ absl::Status Server::Start() {
       load.grpc_calls = guard->calls_held();
       for (int r = 0; r < kCloseReasons; ++r) {
         load.connections_closed[r] = guard->closed(static_cast<CloseReason>(r));
+      }
+      if (round_log != nullptr) {
+        const RingLogEngine::TransientBytes log = round_log->transient_bytes();
+        load.durable = true;
+        load.round_log_bytes = log.logged;
+        load.round_log_spilled_bytes = log.spilled;
       }
       return load;
     });

@@ -216,6 +216,13 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
                   "syncnorm_checkpoint_duration_seconds_count{outcome=\"ok\"}",
                   deadline),
             "1");
+  // Every round's record went to the round log; a few KB of them fit in
+  // its default 32 MiB, so none went on to RocksDB for room.
+  EXPECT_EQ(
+      Query(web_port, "syncnorm_round_log_bytes_total > bool 0", deadline),
+      "1");
+  EXPECT_EQ(Query(web_port, "syncnorm_round_log_spilled_bytes_total", deadline),
+            "0");
 
   (*prometheus)->Signal(SIGTERM);
   EXPECT_TRUE((*prometheus)->Wait(absl::Seconds(20)).ok());

@@ -90,6 +90,29 @@ std::vector<prometheus::MetricFamily> LoadMetrics::Collect() const {
     closed.metric.push_back(std::move(sample));
   }
   out.push_back(std::move(closed));
+  if (load.durable) {
+    const std::pair<const char*, const char*> kLog[] = {
+        {"syncnorm_round_log_bytes_total",
+         "Bytes of completed rounds' records (kept for retries) written to "
+         "the round log since the server started."},
+        {"syncnorm_round_log_spilled_bytes_total",
+         "Of syncnorm_round_log_bytes_total, the bytes written on to "
+         "RocksDB because the round log needed the room before the records "
+         "expired. More than a few percent: raise --round_log_mib "
+         "(docs/operations.md, Sizing it)."}};
+    const int64_t log_values[] = {load.round_log_bytes,
+                                  load.round_log_spilled_bytes};
+    for (size_t i = 0; i < 2; ++i) {
+      prometheus::MetricFamily family;
+      family.name = kLog[i].first;
+      family.help = kLog[i].second;
+      family.type = prometheus::MetricType::Counter;
+      prometheus::ClientMetric sample;
+      sample.counter.value = static_cast<double>(log_values[i]);
+      family.metric.push_back(std::move(sample));
+      out.push_back(std::move(family));
+    }
+  }
   return out;
 }
 

@@ -25,6 +25,12 @@ struct ServerLoad {
   int64_t grpc_calls = 0;
   // Connections the ConnectionGuard closed, by CloseReason.
   int64_t connections_closed[kCloseReasons] = {};
+  // With a data dir: the round log's round records, in bytes, and those
+  // of them written on to RocksDB for room
+  // (RingLogEngine::transient_bytes).
+  bool durable = false;
+  int64_t round_log_bytes = 0;
+  int64_t round_log_spilled_bytes = 0;
 };
 
 // Gauges read when scraped, so they are never stale:
@@ -32,6 +38,8 @@ struct ServerLoad {
 //   syncnorm_waiting_calls, syncnorm_grpc_calls   the ServerLoad fields
 //   syncnorm_connections_closed_total{reason}  a counter
 //                               (absent until a source is set)
+//   syncnorm_round_log_bytes_total, syncnorm_round_log_spilled_bytes_total
+//                               counters, with a data dir only
 //   syncnorm_limit{flag}        each limit's value (0: none), e.g.
 //                               syncnorm_limit{flag="max_streams"}, so that
 //                               alerts can divide one by the other

@@ -125,9 +125,21 @@ TEST(MetricsTest, ServesTheLoadAgainstTheLimitsAndTheBuild) {
         "syncnorm_open_streams 11\n", "syncnorm_waiting_calls 2\n"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << text;
   }
+  // In memory: no round log, no round log counters.
+  EXPECT_EQ(text.find("syncnorm_round_log_"), std::string::npos) << text;
   load.open_streams = 12;
+  load.durable = true;
+  load.round_log_bytes = 1 << 20;
+  load.round_log_spilled_bytes = 4096;
   text = ScrapeMetrics((*metrics)->port());
   EXPECT_NE(text.find("syncnorm_open_streams 12\n"), std::string::npos);
+  for (const char* want :
+       {"# TYPE syncnorm_round_log_bytes_total counter\n",
+        "syncnorm_round_log_bytes_total 1048576\n",
+        "# TYPE syncnorm_round_log_spilled_bytes_total counter\n",
+        "syncnorm_round_log_spilled_bytes_total 4096\n"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << text;
+  }
   (*metrics)->SetLoadSource({});
   text = ScrapeMetrics((*metrics)->port());
   EXPECT_EQ(text.find("\nsyncnorm_open_streams "), std::string::npos) << text;

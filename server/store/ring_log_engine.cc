@@ -427,6 +427,9 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
           if (op.kind == KvBatch::Op::kPut) {
             SetValueLocked(e, values[i]);
             e.transient = op.transient;
+            if (op.transient) {
+              transient_.logged += static_cast<int64_t>(values[i].size());
+            }
           } else {
             SetValueLocked(e, std::nullopt);
             e.transient = false;
@@ -448,7 +451,10 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
     // The ring is full: the engine behind takes what it holds first.
     // Carrying frees all but half a lap ahead of the writes; a record
     // larger than that (laps shorter than the file) may need all of it.
-    if (absl::Status s = Flush(/*carry=*/!full_before); !s.ok()) return s;
+    if (absl::Status s = Flush(/*carry=*/!full_before, /*for_room=*/true);
+        !s.ok()) {
+      return s;
+    }
     full_before = true;
   }
 }
@@ -491,6 +497,14 @@ absl::Status RingLogEngine::WriteThrough(const KvBatch& batch) {
     }
   }
   if (absl::Status s = inner_->Write(out); !s.ok()) return s;
+  // The batch's own transient puts went past the ring (too large for it,
+  // or beside a range).
+  for (const KvBatch::Op& op : batch.ops()) {
+    if (op.kind == KvBatch::Op::kPut && op.transient) {
+      transient_.logged += static_cast<int64_t>(op.value.size());
+      transient_.spilled += static_cast<int64_t>(op.value.size());
+    }
+  }
   overlay_.clear();
   overlay_bytes_ = 0;
   tail_ = flushed_to_ = head_;
@@ -499,18 +513,26 @@ absl::Status RingLogEngine::WriteThrough(const KvBatch& batch) {
   return absl::OkStatus();
 }
 
-absl::Status RingLogEngine::Flush() { return Flush(/*carry=*/false); }
-
-absl::Status RingLogEngine::Flush(bool carry) {
-  absl::MutexLock flush(&flush_mu_);
-  return FlushLocked(carry);
+absl::Status RingLogEngine::Flush() {
+  return Flush(/*carry=*/false, /*for_room=*/false);
 }
 
-absl::Status RingLogEngine::FlushLocked(bool carry) {
+absl::Status RingLogEngine::Flush(bool carry, bool for_room) {
+  absl::MutexLock flush(&flush_mu_);
+  return FlushLocked(carry, for_room);
+}
+
+RingLogEngine::TransientBytes RingLogEngine::transient_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return transient_;
+}
+
+absl::Status RingLogEngine::FlushLocked(bool carry, bool for_room) {
   int64_t keep_from;
   uint64_t keep_seq;
   int64_t flushed_before;
   int64_t written_before;
+  int64_t spilled = 0;  // transient bytes in `writes`
   // The entries the engine behind gets. Only a flush (one at a time, under
   // flush_mu_) changes flushing_, so they stay put while the batch is
   // copied from them outside mu_, which writers on the answer path take.
@@ -547,6 +569,9 @@ absl::Status RingLogEngine::FlushLocked(bool carry) {
         }
       } else {
         writes.push_back(&kv);
+        if (e.transient && e.value.has_value()) {
+          spilled += static_cast<int64_t>(e.value->size());
+        }
       }
     }
   }
@@ -556,6 +581,7 @@ absl::Status RingLogEngine::FlushLocked(bool carry) {
   absl::MutexLock lock(&mu_);
   if (s.ok()) {
     tail_ = keep_from;
+    if (for_room) transient_.spilled += spilled;
   } else {
     // Kept for the next try; what was written since (and the carried
     // puts, already there) is newer.
@@ -636,7 +662,7 @@ void RingLogEngine::FlusherLoop() {
       continue;
     }
     mu_.Unlock();
-    const absl::Status s = Flush(/*carry=*/true);
+    const absl::Status s = Flush(/*carry=*/true, /*for_room=*/true);
     mu_.Lock();
     // A failure (a full disk) is tried again a period later; writes that
     // find the ring full get it meanwhile.

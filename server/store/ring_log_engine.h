@@ -130,6 +130,18 @@ class RingLogEngine final : public KvEngine {
   // The records Open replayed (tests, and the startup log line).
   int64_t recovered_records() const { return recovered_records_; }
 
+  // Bytes of transient puts' values since Open: written to the log, and
+  // of those, written on to the engine behind because the ring needed the
+  // room before a later write deleted them (a flush by bytes, by time or
+  // of a full ring, or a write through). A share of more than a few
+  // percent says the ring is too small for what it is asked to keep. An
+  // explicit Flush (Scan, CopyTo, closing) is not counted.
+  struct TransientBytes {
+    int64_t logged = 0;
+    int64_t spilled = 0;
+  };
+  TransientBytes transient_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Tests: stops the flusher and closes the file without flushing, as a
   // kill -9 would leave things. Nothing may be called afterwards but the
   // destructor, which then does nothing more.
@@ -154,9 +166,12 @@ class RingLogEngine final : public KvEngine {
   absl::Status Recover(int64_t file_bytes);
   // With `carry`, transient puts in the newest half of the ring stay in
   // the overlay (and their records in the ring) instead.
-  absl::Status FlushLocked(bool carry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Flush(bool carry) ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
+  // `for_room`: the flush makes room in the ring (its transient puts count
+  // as spilled), rather than being asked for.
+  absl::Status FlushLocked(bool carry, bool for_room)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Flush(bool carry, bool for_room)
+      ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
   // Flushes, then writes `batch` to the engine behind, holding every writer
   // off so that it lands in order.
   absl::Status WriteThrough(const KvBatch& batch)
@@ -191,7 +206,7 @@ class RingLogEngine final : public KvEngine {
   // Held for a whole flush (and a write-through): one at a time, and in
   // the order of the log. Taken before mu_.
   absl::Mutex flush_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar flush_wanted_;
   // Log positions are byte counts since the ring's creation (the file
   // offset is the position modulo ring_bytes). Records from tail_ to head_
@@ -210,6 +225,7 @@ class RingLogEngine final : public KvEngine {
   int64_t written_at_flush_ ABSL_GUARDED_BY(mu_) = 0;
   // The bytes of the values overlay_ holds.
   int64_t overlay_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  TransientBytes transient_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   // Every key written since the last flush; `flushing_` what the flush in
   // progress writes (read by Get too).
