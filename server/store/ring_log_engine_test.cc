@@ -65,6 +65,16 @@ Model Contents(KvEngine& engine) {
   return out;
 }
 
+// A 4 MiB ring whose laps may be as short as 256 KiB, flushed by bytes
+// (and when full) only.
+RingLogOptions ShortLaps() {
+  RingLogOptions o;
+  o.ring_bytes = 4 << 20;
+  o.min_lap_bytes = 256 << 10;
+  o.flush_period = absl::Hours(1);
+  return o;
+}
+
 class RingLogEngineTest : public ::testing::Test {
  protected:
   // Opens the ring at path_ in front of memory_ (which outlives it, as a
@@ -354,10 +364,7 @@ int64_t NonZeroFrom(const std::string& path, int64_t from) {
 // flush stay out of the engine behind, as in a full-length lap; a kill at
 // any point loses nothing, the padding replayed as the file's end.
 TEST_F(RingLogEngineTest, ALapSpansWhatTheRingHolds) {
-  RingLogOptions o;
-  o.ring_bytes = 4 << 20;
-  o.min_lap_bytes = 256 << 10;
-  o.flush_period = absl::Hours(1);  // by bytes only
+  const RingLogOptions o = ShortLaps();
   Model model;
   int round = 0;
   for (int life = 0; life < 4; ++life) {
@@ -391,10 +398,7 @@ TEST_F(RingLogEngineTest, ALapSpansWhatTheRingHolds) {
 // its records are carried, never written to the engine behind, as with
 // laps of the whole file.
 TEST_F(RingLogEngineTest, LapsGrowWithWhatTheRingHolds) {
-  RingLogOptions o;
-  o.ring_bytes = 4 << 20;
-  o.min_lap_bytes = 256 << 10;
-  o.flush_period = absl::Hours(1);
+  const RingLogOptions o = ShortLaps();
   auto e = Open(o);
   ASSERT_NE(e, nullptr);
   Model model;
@@ -416,10 +420,7 @@ TEST_F(RingLogEngineTest, LapsGrowWithWhatTheRingHolds) {
 // the window fits, all of a write through, and nothing of an explicit
 // Flush.
 TEST_F(RingLogEngineTest, CountsTheTransientBytesThatReachTheEngineBehind) {
-  RingLogOptions o;
-  o.ring_bytes = 4 << 20;
-  o.min_lap_bytes = 256 << 10;
-  o.flush_period = absl::Hours(1);  // by bytes and when full only
+  const RingLogOptions o = ShortLaps();
   auto e = Open(o);
   ASSERT_NE(e, nullptr);
   constexpr int64_t kValue = 16000;
