@@ -1,13 +1,16 @@
 // bench-server: the reference services of the round-latency and throughput
-// benchmarks (see bench.proto). Echo uses gRPC's callback API, Star the
-// synchronous API with a thread per stream, as a naive aggregator would.
+// benchmarks (see bench.proto). Echo and Lean use gRPC's callback API, Star
+// the synchronous API with a thread per stream, as a naive aggregator would.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/synchronization/mutex.h"
@@ -17,6 +20,11 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "", "the bound port is written here");
+ABSL_FLAG(int, cq_threads, 0,
+          "> 0: serve only Lean, on gRPC's asynchronous API with this many "
+          "completion queues, each polled by one thread that handles what it "
+          "returns (no hand-off to a callback thread; with more than one "
+          "queue the threads hand events to each other again)");
 
 namespace syncnorm::bench {
 namespace {
@@ -60,6 +68,247 @@ Moments ToMoments(const Blob& b) {
   return m;
 }
 
+// Merges a round's Blobs (Chan, rank order) into the answer.
+Blob Answer(int64_t round, const std::vector<Moments>& by_rank) {
+  Moments merged = by_rank[0];
+  for (size_t i = 1; i < by_rank.size(); ++i) MergeMoments(merged, by_rank[i]);
+  const GlobalMoments g = Finalize(merged);
+  Blob answer;
+  answer.set_round(round);
+  answer.set_count(g.count);
+  answer.mutable_values()->Reserve(static_cast<int>(2 * g.mean.size()));
+  for (double v : g.mean) answer.add_values(v);
+  for (double v : g.var) answer.add_values(v);
+  return answer;
+}
+
+class LeanService;
+
+// One Lean stream: read, wait for the round, write the shared answer and
+// read the next Blob at once (so that gRPC's window update leaves with the
+// answer, as syncnorm's server does).
+class LeanReactor : public grpc::ServerBidiReactor<Blob, Blob> {
+ public:
+  explicit LeanReactor(LeanService* service) : service_(service) {
+    StartRead(&in_);
+  }
+  void OnReadDone(bool ok) override;
+  // The round of this stream's Blob finished; called once per Blob read.
+  void Reply(std::shared_ptr<const Blob> answer) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (answer_ != nullptr) {  // the last answer's write is not done
+        queued_ = std::move(answer);
+      } else {
+        answer_ = std::move(answer);
+        StartWrite(answer_.get());
+      }
+    }
+    StartRead(&in_);  // in_ was consumed when it arrived
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    answer_ = std::move(queued_);
+    if (answer_ != nullptr) StartWrite(answer_.get());
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  LeanService* const service_;
+  Blob in_;
+  absl::Mutex mu_;
+  // The answer being written, and the next (a client may send its next
+  // Blob as soon as it reads an answer, before OnWriteDone runs here).
+  std::shared_ptr<const Blob> answer_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Blob> queued_ ABSL_GUARDED_BY(mu_);
+};
+
+// A stream that ends while its round waits is not supported (the benchmark
+// closes its streams after their last answer).
+class LeanService final : public Lean::CallbackService {
+ public:
+  grpc::ServerBidiReactor<Blob, Blob>* Round(
+      grpc::CallbackServerContext*) override {
+    return new LeanReactor(this);
+  }
+
+  void Arrive(LeanReactor* reactor, const Blob& in) {
+    std::vector<LeanReactor*> waiting;
+    std::vector<Moments> by_rank;
+    {
+      absl::MutexLock lock(&mu_);
+      Pending& p = rounds_[in.round()];
+      const int world = std::max(1, in.world());
+      if (p.by_rank.empty()) {
+        p.by_rank.resize(world);
+        p.streams.resize(world);
+      }
+      const int rank = in.rank() % world;
+      p.by_rank[rank] = ToMoments(in);
+      p.streams[rank] = reactor;
+      if (++p.arrived < world) return;
+      waiting = std::move(p.streams);
+      by_rank = std::move(p.by_rank);
+      rounds_.erase(in.round());
+    }
+    auto answer = std::make_shared<const Blob>(Answer(in.round(), by_rank));
+    for (LeanReactor* r : waiting) r->Reply(answer);
+  }
+
+ private:
+  struct Pending {
+    std::vector<Moments> by_rank;
+    std::vector<LeanReactor*> streams;
+    int arrived = 0;
+  };
+  absl::Mutex mu_;
+  absl::flat_hash_map<int64_t, Pending> rounds_ ABSL_GUARDED_BY(mu_);
+};
+
+void LeanReactor::OnReadDone(bool ok) {
+  if (!ok) {
+    Finish(grpc::Status::OK);
+    return;
+  }
+  service_->Arrive(this, in_);
+}
+
+// Lean on the asynchronous API: the threads that poll the completion queue
+// run the rounds themselves, where the callback API hands each event from
+// its poller to another thread.
+class AsyncLean {
+  struct Stream;
+
+ public:
+  struct Pending {
+    std::vector<Moments> by_rank;
+    std::vector<Stream*> streams;
+    int arrived = 0;
+  };
+  // The rounds in progress, shared by every queue's AsyncLean.
+  struct Rounds {
+    absl::Mutex mu;
+    absl::flat_hash_map<int64_t, Pending> pending ABSL_GUARDED_BY(mu);
+  };
+
+  AsyncLean(Lean::AsyncService* service, grpc::ServerCompletionQueue* cq,
+            Rounds* rounds)
+      : service_(service), cq_(cq), rounds_(rounds) {}
+
+  void Accept() {
+    auto* s = new Stream;
+    service_->RequestRound(&s->ctx, &s->rw, cq_, cq_, &s->accept);
+  }
+
+  // Runs the completion queue until it shuts down.
+  void Run() {
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_->Next(&tag, &ok)) Handle(static_cast<Tag*>(tag), ok);
+  }
+
+ private:
+  enum class Op { kAccept, kRead, kWrite, kFinish };
+  struct Tag {
+    Stream* stream;
+    Op op;
+  };
+  struct Stream {
+    grpc::ServerContext ctx;
+    grpc::ServerAsyncReaderWriter<Blob, Blob> rw{&ctx};
+    Blob in;
+    Tag accept{this, Op::kAccept};
+    Tag read{this, Op::kRead};
+    Tag write{this, Op::kWrite};
+    Tag finish{this, Op::kFinish};
+    absl::Mutex mu;
+    std::shared_ptr<const Blob> answer ABSL_GUARDED_BY(mu);
+    std::shared_ptr<const Blob> queued ABSL_GUARDED_BY(mu);
+    bool closing ABSL_GUARDED_BY(mu) = false;
+  };
+
+  void Handle(Tag* tag, bool ok) {
+    Stream* s = tag->stream;
+    switch (tag->op) {
+      case Op::kAccept:
+        if (!ok) {
+          delete s;
+          return;
+        }
+        Accept();
+        s->rw.Read(&s->in, &s->read);
+        return;
+      case Op::kRead: {
+        if (ok) {
+          Arrive(s);
+          return;
+        }
+        absl::MutexLock lock(&s->mu);
+        s->closing = true;
+        if (s->answer == nullptr) s->rw.Finish(grpc::Status::OK, &s->finish);
+        return;
+      }
+      case Op::kWrite: {
+        absl::MutexLock lock(&s->mu);
+        s->answer = ok ? std::move(s->queued) : nullptr;
+        if (s->answer != nullptr) {
+          s->rw.Write(*s->answer, &s->write);
+        } else if (s->closing || !ok) {
+          s->closing = true;
+          s->rw.Finish(ok ? grpc::Status::OK : grpc::Status::CANCELLED,
+                       &s->finish);
+        }
+        return;
+      }
+      case Op::kFinish:
+        delete s;
+        return;
+    }
+  }
+
+  void Arrive(Stream* s) {
+    std::vector<Stream*> waiting;
+    std::vector<Moments> by_rank;
+    const Blob& in = s->in;
+    const int64_t round = in.round();
+    {
+      absl::MutexLock lock(&rounds_->mu);
+      Pending& p = rounds_->pending[round];
+      const int world = std::max(1, in.world());
+      if (p.by_rank.empty()) {
+        p.by_rank.resize(world);
+        p.streams.resize(world);
+      }
+      const int rank = in.rank() % world;
+      p.by_rank[rank] = ToMoments(in);
+      p.streams[rank] = s;
+      if (++p.arrived < world) return;
+      waiting = std::move(p.streams);
+      by_rank = std::move(p.by_rank);
+      rounds_->pending.erase(round);
+    }
+    auto answer = std::make_shared<const Blob>(Answer(round, by_rank));
+    for (Stream* w : waiting) {
+      absl::MutexLock lock(&w->mu);
+      if (w->answer != nullptr) {
+        w->queued = answer;
+      } else {
+        w->answer = answer;
+        w->rw.Write(*answer, &w->write);
+      }
+      w->rw.Read(&w->in, &w->read);  // its Blob was consumed on arrival
+    }
+  }
+
+  Lean::AsyncService* const service_;
+  grpc::ServerCompletionQueue* const cq_;
+  Rounds* const rounds_;
+};
+
 // One round of the star: contributions by rank, then the answer.
 struct StarRound {
   std::vector<Moments> by_rank;
@@ -90,13 +339,7 @@ class StarService final : public Star::Service {
     if (r.by_rank.empty()) r.by_rank.resize(world);
     r.by_rank[in.rank() % world] = ToMoments(in);
     if (++r.arrived == world) {
-      Moments merged = r.by_rank[0];
-      for (int i = 1; i < world; ++i) MergeMoments(merged, r.by_rank[i]);
-      const GlobalMoments g = Finalize(merged);
-      r.answer.set_round(in.round());
-      r.answer.set_count(g.count);
-      for (double v : g.mean) r.answer.add_values(v);
-      for (double v : g.var) r.answer.add_values(v);
+      r.answer = Answer(in.round(), r.by_rank);
       r.done = true;
     } else {
       mu_.Await(absl::Condition(&r.done));
@@ -117,12 +360,28 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   syncnorm::bench::EchoService echo;
   syncnorm::bench::StarService star;
+  syncnorm::bench::LeanService lean;
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
                            grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&echo);
-  builder.RegisterService(&star);
+  // The transport syncnorm's server and client use (server/server.cc,
+  // client/client.cc), so that the references differ from it in design
+  // only.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
+  const int cq_threads = absl::GetFlag(FLAGS_cq_threads);
+  syncnorm::bench::Lean::AsyncService async_lean;
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
+  if (cq_threads > 0) {
+    builder.RegisterService(&async_lean);
+    for (int i = 0; i < cq_threads; ++i)
+      cqs.push_back(builder.AddCompletionQueue());
+  } else {
+    builder.RegisterService(&echo);
+    builder.RegisterService(&star);
+    builder.RegisterService(&lean);
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "bench-server: cannot listen\n");
@@ -135,6 +394,18 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), port_file.c_str());
   }
   std::fprintf(stderr, "bench-server listening on port %d\n", port);
+  if (cq_threads > 0) {
+    syncnorm::bench::AsyncLean::Rounds rounds;
+    std::vector<std::unique_ptr<syncnorm::bench::AsyncLean>> queues;
+    std::vector<std::thread> threads;
+    for (auto& cq : cqs) {
+      queues.push_back(std::make_unique<syncnorm::bench::AsyncLean>(
+          &async_lean, cq.get(), &rounds));
+      queues.back()->Accept();
+    }
+    for (auto& q : queues) threads.emplace_back([&q] { q->Run(); });
+    for (std::thread& t : threads) t.join();  // runs until killed
+  }
   server->Wait();
   return 0;
 }

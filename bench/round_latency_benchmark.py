@@ -5,7 +5,13 @@ worker processes and C channels against, in the same run,
   ping  - one gRPC bidirectional-stream ping-pong of the same payload
           (bench Echo; the floor of any gRPC round),
   star  - a naive aggregator: sync-API gRPC server, a thread per stream,
-          gathers W contributions and answers all (bench Star).
+          gathers W contributions and answers all (bench Star),
+  lean  - the least aggregator on gRPC's callback API, as syncnorm's is:
+          gathers, merges and answers, nothing more (bench Lean); what
+          syncnorm's server does beyond that is what it costs over lean,
+  lean-cq - the same Lean on gRPC's asynchronous API, one thread polling
+          the completion queue and running the rounds (bench-server
+          --cq_threads=1): what the callback API's threads cost.
 Also syncnorm with --data_dir= (state in memory, not durable): the same
 rounds without the per-round commit, which shows what durability costs.
 Every worker times every round; percentiles are over all ranks' rounds.
@@ -68,6 +74,8 @@ def main():
     in_memory = common.Server("server/syncnorm-aggregator", tmp, "in-memory",
                               ["--data_dir="])
     refs = common.Server("bench/bench-server", tmp, "bench-server")
+    lean_cq = common.Server("bench/bench-server", tmp, "bench-server-cq",
+                            ["--cq_threads=1"])
     rows, results, cpu_rows = [], {}, []
     # Rounds each worker runs in a group: every C of the list, in turn.
     rounds_run = (a.rounds + a.warmup) * len(a.channels.split(","))
@@ -96,11 +104,18 @@ def main():
             outs, cpu["star"] = timed(refs, worker_argvs(
                 "star", refs.address, w, a.channels, a.rounds, a.warmup, ""))
             lat["star"] = common.parse_lines(outs, "LAT")
+            outs, cpu["lean"] = timed(refs, worker_argvs(
+                "lean", refs.address, w, a.channels, a.rounds, a.warmup, ""))
+            lat["lean"] = common.parse_lines(outs, "LAT")
+            outs, cpu["leancq"] = timed(lean_cq, worker_argvs(
+                "lean", lean_cq.address, w, a.channels, a.rounds, a.warmup, ""))
+            lat["leancq"] = common.parse_lines(outs, "LAT")
             outs, cpu["ping"] = timed(refs, worker_argvs(
                 "pingpong", refs.address, w, a.channels, a.rounds, a.warmup, ""))
             lat["ping"] = common.parse_lines(outs, "LAT")
             cpu_rows.append([w, a.channels] + ["%.0f" % cpu[k] for k in
-                                               ("syncnorm", "memory", "star")] +
+                                               ("syncnorm", "memory", "lean",
+                                                "leancq", "star")] +
                             ["%.0f" % (w * cpu["ping"])])
             for c in a.channels.split(","):
                 q = {k: (common.percentile(v[c], 50), common.percentile(v[c], 99))
@@ -108,17 +123,21 @@ def main():
                 results[(w, int(c))] = q
                 rows.append([w, c] + ["%.0f / %.0f" % q[k] for k in
                                       ("syncnorm", "memory", "gloo", "ping",
-                                       "star")] +
+                                       "lean", "leancq", "star")] +
                             ["%.2fx" % (q["syncnorm"][0] / q[k][0])
-                             for k in ("gloo", "ping", "star", "memory")])
+                             for k in ("gloo", "ping", "lean", "leancq",
+                                       "star", "memory")])
         print("\n### Round latency (us, p50 / p99 over all ranks' rounds)\n")
         common.table(["W", "C", "syncnorm", "syncnorm, state in memory",
                       "gloo all_gather", "gRPC ping-pong",
-                      "gRPC star (thread/stream)", "p50 vs gloo", "p50 vs ping",
+                      "lean (callback API)", "lean (async API, 1 thread)",
+                      "gRPC star (thread/stream)", "p50 vs gloo",
+                      "p50 vs ping", "p50 vs lean", "p50 vs lean-cq",
                       "p50 vs star", "p50 vs in memory"], rows)
         print("\n### Server CPU per round (us; averaged over the C values "
               "run)\n")
         common.table(["W", "C", "syncnorm", "syncnorm, state in memory",
+                      "lean (callback API)", "lean (async API, 1 thread)",
                       "gRPC star (thread/stream)",
                       "W gRPC ping-pongs (echo server)"], cpu_rows)
         if a.baseline_aggregator:
@@ -131,6 +150,14 @@ def main():
                          "us", 0.5 if pinned_gloo else None)
             common.ratio(tag, q["syncnorm"][0], "grpc_pingpong_p50", q["ping"][0],
                          "us", 2.0 if pinned_gloo else None)
+            common.ratio(tag, q["syncnorm"][0], "lean_callback_p50",
+                         q["lean"][0], "us")
+            common.ratio("in_memory_p50[W=%d,C=%d]" % (w, c), q["memory"][0],
+                         "lean_callback_p50", q["lean"][0], "us")
+            common.ratio("lean_async_p50[W=%d,C=%d]" % (w, c), q["leancq"][0],
+                         "lean_callback_p50", q["lean"][0], "us")
+            common.ratio("lean_async_p50[W=%d,C=%d]" % (w, c), q["leancq"][0],
+                         "grpc_pingpong_p50", q["ping"][0], "us")
             common.ratio(tag, q["syncnorm"][0], "grpc_star_p50", q["star"][0],
                          "us", 0.5 if w == 8 else None)
             common.ratio(tag, q["syncnorm"][0], "in_memory_p50", q["memory"][0],
@@ -146,6 +173,7 @@ def main():
         aggregator.stop()
         in_memory.stop()
         refs.stop()
+        lean_cq.stop()
 
 
 def paired(a, worlds, tmp):

@@ -7,8 +7,11 @@
 //   syncnorm  forward rounds through client/contributor.h against the real
 //             aggregator (one layer per channel count)
 //   star      the same payload through bench.proto's Star (thread per stream)
+//   lean      the same payload through bench.proto's Lean (callback API)
 //   pingpong  the same payload echoed over one stream (the floor; W = 1)
 //   resnet    53 ResNet-50 forward rounds then 53 backward rounds per step
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -28,7 +31,8 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/moments.h"
 
-ABSL_FLAG(std::string, mode, "syncnorm", "syncnorm | star | pingpong | resnet");
+ABSL_FLAG(std::string, mode, "syncnorm",
+          "syncnorm | star | lean | pingpong | resnet");
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server address");
 ABSL_FLAG(std::string, job, "bench", "job id (syncnorm, resnet)");
 ABSL_FLAG(int, rank, 0, "this worker's rank");
@@ -131,22 +135,79 @@ void RunSyncnorm(const std::vector<int>& channels) {
   }
 }
 
-// star and pingpong: the same Blob loop over a bench.proto stream.
-void RunBlobs(const std::vector<int>& channels, bool star) {
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_address),
-                                     grpc::InsecureChannelCredentials());
-  auto star_stub = Star::NewStub(channel);
-  auto echo_stub = Echo::NewStub(channel);
+// What a reference server must answer for channel count `c`: the echo of
+// this rank's Blob values, or the merge of every rank's moments (each rank
+// draws RandomMoments(c, 1024, rank + 1)) in float64 by the two-pass
+// formulas (biased variance), independent of MergeMoments.
+std::vector<double> ExpectedAnswer(const std::string& mode, int c, int rank,
+                                   int world) {
+  std::vector<Moments> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.push_back(
+        RandomMoments(c, 1024, (mode == "pingpong" ? rank : r) + 1));
+  }
+  if (mode == "pingpong") {
+    std::vector<double> v = ranks[0].mean;
+    v.insert(v.end(), ranks[0].m2.begin(), ranks[0].m2.end());
+    return v;
+  }
+  std::vector<double> mean(c), var(c);
+  for (int i = 0; i < c; ++i) {
+    double n = 0, sum = 0;
+    for (const Moments& m : ranks) {
+      n += static_cast<double>(m.count);
+      sum += static_cast<double>(m.count) * m.mean[i];
+    }
+    mean[i] = sum / n;
+    double ss = 0;
+    for (const Moments& m : ranks) {
+      const double d = m.mean[i] - mean[i];
+      ss += m.m2[i] + static_cast<double>(m.count) * d * d;
+    }
+    var[i] = ss / n;
+  }
+  mean.insert(mean.end(), var.begin(), var.end());
+  return mean;
+}
+
+// Dies unless `in` holds `want` (to 1e-12 relative).
+void CheckAnswer(const Blob& in, const std::vector<double>& want) {
+  if (in.values_size() != static_cast<int>(want.size())) Die("short answer");
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double got = in.values(static_cast<int>(i));
+    if (!(std::abs(got - want[i]) <=
+          1e-12 * std::max(1.0, std::abs(want[i])))) {
+      Die(absl::StrCat("wrong answer: value ", i, " is ", got, ", want ",
+                       want[i]));
+    }
+  }
+}
+
+// star, lean and pingpong: the same Blob loop over a bench.proto stream.
+void RunBlobs(const std::vector<int>& channels, const std::string& mode) {
+  // The transport syncnorm's client uses (client/client.cc).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
+  auto channel = grpc::CreateCustomChannel(
+      absl::GetFlag(FLAGS_address), grpc::InsecureChannelCredentials(), args);
   grpc::ClientContext context;
-  auto stream =
-      star ? star_stub->Round(&context) : echo_stub->PingPong(&context);
+  std::unique_ptr<grpc::ClientReaderWriter<Blob, Blob>> stream;
+  if (mode == "star") {
+    stream = Star::NewStub(channel)->Round(&context);
+  } else if (mode == "lean") {
+    stream = Lean::NewStub(channel)->Round(&context);
+  } else {
+    stream = Echo::NewStub(channel)->PingPong(&context);
+  }
   const int rank = absl::GetFlag(FLAGS_rank);
-  const int world = star ? absl::GetFlag(FLAGS_world) : 1;
+  const int world = mode == "pingpong" ? 1 : absl::GetFlag(FLAGS_world);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   int64_t round_id = 0;
   for (int c : channels) {
     const Moments local = RandomMoments(c, 1024, rank + 1);
+    const std::vector<double> want = ExpectedAnswer(mode, c, rank, world);
     std::vector<double> lat;
     for (int s = 0; s < warmup + rounds; ++s) {
       const absl::Time t0 = absl::Now();
@@ -160,8 +221,9 @@ void RunBlobs(const std::vector<int>& channels, bool star) {
       for (double v : local.m2) out.add_values(v);
       Blob in;
       if (!stream->Write(out) || !stream->Read(&in)) Die("stream broke");
-      if (in.values_size() != 2 * c) Die("short answer");
       if (s >= warmup) lat.push_back(Micros(t0));
+      // Outside the timed region: the first and last rounds of each C.
+      if (s == 0 || s + 1 == warmup + rounds) CheckAnswer(in, want);
     }
     PrintLine("LAT", absl::StrCat(c), lat);
   }
@@ -215,8 +277,8 @@ int main(int argc, char** argv) {
   const std::vector<int> channels = ParseInts(absl::GetFlag(FLAGS_channels));
   if (mode == "syncnorm") {
     RunSyncnorm(channels);
-  } else if (mode == "star" || mode == "pingpong") {
-    RunBlobs(channels, mode == "star");
+  } else if (mode == "star" || mode == "lean" || mode == "pingpong") {
+    RunBlobs(channels, mode);
   } else if (mode == "resnet") {
     RunResnet();
   } else {

@@ -14,7 +14,12 @@ saturation, many concurrent jobs and layers, C = 256.
               in the same shape and the same aggregator with its state in
               memory (--data_dir=). The pipelined shape above hides
               per-message costs that a training step pays; this one does
-              not. --baseline_aggregator=BINARY adds both aggregators again
+              not. The lean callback-API aggregator (bench Lean: gathers,
+              merges, answers, nothing more) in the same shape shows what
+              gRPC leaves any aggregator here, and Lean on the asynchronous
+              API with one thread what that design gives (see
+              round_latency_benchmark). --baseline_aggregator=BINARY adds
+              both aggregators again
               as another build (an older commit's), then --pairs=N pairs
               of the two builds' rates, each pair on fresh servers in
               alternating order (the median pair's ratio is what a noisy
@@ -80,7 +85,11 @@ def lockstep(a, tmp):
         ("syncnorm aggregator, state in memory", "server/syncnorm-aggregator",
          ("--data_dir=",), "syncnorm", None),
         ("syncnorm aggregator, durable", "server/syncnorm-aggregator", (),
-         "syncnorm", None)]
+         "syncnorm", None),
+        ("lean callback-API aggregator (bench Lean)", "bench/bench-server", (),
+         "lean", None),
+        ("lean on the async API, one thread (bench Lean, --cq_threads=1)",
+         "bench/bench-server", ("--cq_threads=1",), "lean", None)]
     # The two aggregators again: another build (a baseline), or this one
     # with another malloc preloaded into the server.
     variants = []  # (RATIO tag, row label, binary, environment)
@@ -94,7 +103,7 @@ def lockstep(a, tmp):
                          {"LD_PRELOAD": a.malloc_preload}))
     for _, label, binary, env in variants:
         servers += [(name + ", " + label, binary, extra, mode, env)
-                     for name, _, extra, mode, _ in servers[1:3]]
+                    for name, _, extra, mode, _ in servers[1:3]]
     sized = None
     if a.round_log_mib:
         # This build's durable aggregator with its round log sized for the
@@ -113,7 +122,7 @@ def lockstep(a, tmp):
             server.stop()
         measured[name] = per_s
         rows.append([name, "%.0f" % per_s, "%.1f" % cpu, "%.1f" % client[0]])
-    echo, memory, durable = (measured[r[0]] for r in rows[:3])
+    echo, memory, durable, lean, lean_cq = (measured[r[0]] for r in rows[:5])
     for r in rows:
         r.append("%.2fx" % (measured[r[0]] / echo))
     print("\n### Lock-step throughput, C = %d: %d jobs x 2 ranks x %d layers, "
@@ -132,12 +141,18 @@ def lockstep(a, tmp):
                  memory, "/s")
     common.ratio("lockstep_durable_per_s", durable, "target", 50000.0, "/s",
                  1.0, higher_is_better=True)
+    common.ratio("lockstep_durable_per_s", durable, "lockstep_lean_per_s", lean,
+                 "/s")
+    common.ratio("lockstep_in_memory_per_s", memory, "lockstep_lean_per_s",
+                 lean, "/s")
+    common.ratio("lockstep_lean_async_per_s", lean_cq, "lockstep_lean_per_s",
+                 lean, "/s")
     for k, (tag, _, _, _) in enumerate(variants):
         common.ratio("lockstep_in_memory_%s_per_s" % tag,
-                     measured[rows[3 + 2 * k][0]], "lockstep_in_memory_per_s",
+                     measured[rows[5 + 2 * k][0]], "lockstep_in_memory_per_s",
                      memory, "/s")
         common.ratio("lockstep_durable_%s_per_s" % tag,
-                     measured[rows[4 + 2 * k][0]], "lockstep_durable_per_s",
+                     measured[rows[6 + 2 * k][0]], "lockstep_durable_per_s",
                      durable, "/s")
     if a.baseline_aggregator and a.pairs > 0:
         paired(a, ls, tmp)

@@ -8,6 +8,8 @@
 //             to `window` contributions in flight (different layers).
 //   echo      the same streams, window and payload against bench Echo: the
 //             transport ceiling of this machine.
+//   lean      the same streams, window and payload against bench Lean (a
+//             job's W streams make its rounds): the least aggregator.
 // Uses gRPC's callback API so one process drives every stream.
 #include <atomic>
 #include <cstdio>
@@ -27,7 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
-ABSL_FLAG(std::string, mode, "syncnorm", "syncnorm | echo");
+ABSL_FLAG(std::string, mode, "syncnorm", "syncnorm | echo | lean");
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server address");
 ABSL_FLAG(int, jobs, 8, "concurrent jobs");
 ABSL_FLAG(int, world, 4, "ranks (streams) per job");
@@ -154,7 +156,8 @@ void CreateJobs(const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
   }
 }
 
-void BuildStreams(Streams& s, bool syncnorm) {
+void BuildStreams(Streams& s, const std::string& mode) {
+  const bool syncnorm = mode == "syncnorm";
   const int jobs = absl::GetFlag(FLAGS_jobs);
   const int world = absl::GetFlag(FLAGS_world);
   const int layers = absl::GetFlag(FLAGS_layers);
@@ -193,6 +196,23 @@ void BuildStreams(Streams& s, bool syncnorm) {
               }
               return false;
             });
+      } else if (mode == "lean") {
+        auto stub = std::shared_ptr<Lean::Stub>(Lean::NewStub(s.channels[j]));
+        AddStream<Blob, Blob>(
+            s,
+            [stub](grpc::ClientContext* ctx, auto* reactor) {
+              stub->async()->Round(ctx, reactor);
+            },
+            [j, r, world, c](int64_t seq, Blob* b) {
+              // The job's rounds, the same sequence on each of its ranks.
+              b->set_round((int64_t{j} << 40) + seq);
+              b->set_rank(r);
+              b->set_world(world);
+              b->set_count(1024);
+              for (int i = 0; i < c; ++i) b->add_values(0.5 + 1e-3 * (i + r));
+              for (int i = 0; i < c; ++i) b->add_values(1000.0 + i);
+            },
+            [c](const Blob& b) { return b.values_size() == 2 * c; });
       } else {
         auto stub = std::shared_ptr<Echo::Stub>(Echo::NewStub(s.channels[j]));
         AddStream<Blob, Blob>(
@@ -219,7 +239,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using namespace syncnorm::bench;  // NOLINT
   Streams streams;
-  BuildStreams(streams, absl::GetFlag(FLAGS_mode) == "syncnorm");
+  BuildStreams(streams, absl::GetFlag(FLAGS_mode));
   for (auto& f : streams.begin) f();
   absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_warmup_s)));
   std::printf("WINDOW_BEGIN\n");
