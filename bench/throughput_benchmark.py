@@ -19,14 +19,14 @@ saturation, many concurrent jobs and layers, C = 256.
               gRPC leaves any aggregator here, and Lean on the asynchronous
               API with one thread what that design gives (see
               round_latency_benchmark). --baseline_aggregator=BINARY adds
-              both aggregators again
-              as another build (an older commit's), then --pairs=N pairs
-              of the two builds' rates, each pair on fresh servers in
-              alternating order (the median pair's ratio is what a noisy
-              machine leaves comparable); --malloc_preload=LIB
-              with LIB (e.g. Debian's libtcmalloc_minimal.so.4) preloaded
-              into the server only; --round_log_mib=N adds this build's
-              durable aggregator with its round log sized N MiB.
+              both aggregators again as another build (an older commit's),
+              then --pairs=N pairs of the two builds' rates, each pair on
+              fresh servers in alternating order (the median pair's ratio
+              is what a noisy machine leaves comparable);
+              --malloc_preload=LIB with LIB (e.g. Debian's
+              libtcmalloc_minimal.so.4) preloaded into the server only;
+              --round_log_mib=N adds this build's durable aggregator with
+              its round log sized N MiB.
 """
 
 import argparse
