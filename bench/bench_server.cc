@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,6 +85,52 @@ Blob Answer(int64_t round, const std::vector<Moments>& by_rank) {
   return answer;
 }
 
+// The rounds of Lean in progress, on either API: each Blob by rank until
+// the round's last arrives, which gets the streams to answer and the
+// answer.
+template <typename Stream>
+class LeanRounds {
+ public:
+  struct Done {
+    std::vector<Stream*> streams;
+    std::shared_ptr<const Blob> answer;
+  };
+
+  // nullopt until `in` completes its round.
+  std::optional<Done> Arrive(Stream* stream, const Blob& in) {
+    const int64_t round = in.round();
+    std::vector<Moments> by_rank;
+    Done done;
+    {
+      absl::MutexLock lock(&mu_);
+      Pending& p = pending_[round];
+      const int world = std::max(1, in.world());
+      if (p.by_rank.empty()) {
+        p.by_rank.resize(world);
+        p.streams.resize(world);
+      }
+      const int rank = in.rank() % world;
+      p.by_rank[rank] = ToMoments(in);
+      p.streams[rank] = stream;
+      if (++p.arrived < world) return std::nullopt;
+      done.streams = std::move(p.streams);
+      by_rank = std::move(p.by_rank);
+      pending_.erase(round);
+    }
+    done.answer = std::make_shared<const Blob>(Answer(round, by_rank));
+    return done;
+  }
+
+ private:
+  struct Pending {
+    std::vector<Moments> by_rank;
+    std::vector<Stream*> streams;
+    int arrived = 0;
+  };
+  absl::Mutex mu_;
+  absl::flat_hash_map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+};
+
 class LeanService;
 
 // One Lean stream: read, wait for the round, write the shared answer and
@@ -139,36 +186,13 @@ class LeanService final : public Lean::CallbackService {
   }
 
   void Arrive(LeanReactor* reactor, const Blob& in) {
-    std::vector<LeanReactor*> waiting;
-    std::vector<Moments> by_rank;
-    {
-      absl::MutexLock lock(&mu_);
-      Pending& p = rounds_[in.round()];
-      const int world = std::max(1, in.world());
-      if (p.by_rank.empty()) {
-        p.by_rank.resize(world);
-        p.streams.resize(world);
-      }
-      const int rank = in.rank() % world;
-      p.by_rank[rank] = ToMoments(in);
-      p.streams[rank] = reactor;
-      if (++p.arrived < world) return;
-      waiting = std::move(p.streams);
-      by_rank = std::move(p.by_rank);
-      rounds_.erase(in.round());
+    if (auto done = rounds_.Arrive(reactor, in)) {
+      for (LeanReactor* r : done->streams) r->Reply(done->answer);
     }
-    auto answer = std::make_shared<const Blob>(Answer(in.round(), by_rank));
-    for (LeanReactor* r : waiting) r->Reply(answer);
   }
 
  private:
-  struct Pending {
-    std::vector<Moments> by_rank;
-    std::vector<LeanReactor*> streams;
-    int arrived = 0;
-  };
-  absl::Mutex mu_;
-  absl::flat_hash_map<int64_t, Pending> rounds_ ABSL_GUARDED_BY(mu_);
+  LeanRounds<LeanReactor> rounds_;
 };
 
 void LeanReactor::OnReadDone(bool ok) {
@@ -186,16 +210,8 @@ class AsyncLean {
   struct Stream;
 
  public:
-  struct Pending {
-    std::vector<Moments> by_rank;
-    std::vector<Stream*> streams;
-    int arrived = 0;
-  };
-  // The rounds in progress, shared by every queue's AsyncLean.
-  struct Rounds {
-    absl::Mutex mu;
-    absl::flat_hash_map<int64_t, Pending> pending ABSL_GUARDED_BY(mu);
-  };
+  // Shared by every queue's AsyncLean.
+  using Rounds = LeanRounds<Stream>;
 
   AsyncLean(Lean::AsyncService* service, grpc::ServerCompletionQueue* cq,
             Rounds* rounds)
@@ -273,34 +289,15 @@ class AsyncLean {
   }
 
   void Arrive(Stream* s) {
-    std::vector<Stream*> waiting;
-    std::vector<Moments> by_rank;
-    const Blob& in = s->in;
-    const int64_t round = in.round();
-    {
-      absl::MutexLock lock(&rounds_->mu);
-      Pending& p = rounds_->pending[round];
-      const int world = std::max(1, in.world());
-      if (p.by_rank.empty()) {
-        p.by_rank.resize(world);
-        p.streams.resize(world);
-      }
-      const int rank = in.rank() % world;
-      p.by_rank[rank] = ToMoments(in);
-      p.streams[rank] = s;
-      if (++p.arrived < world) return;
-      waiting = std::move(p.streams);
-      by_rank = std::move(p.by_rank);
-      rounds_->pending.erase(round);
-    }
-    auto answer = std::make_shared<const Blob>(Answer(round, by_rank));
-    for (Stream* w : waiting) {
+    std::optional<Rounds::Done> done = rounds_->Arrive(s, s->in);
+    if (!done.has_value()) return;
+    for (Stream* w : done->streams) {
       absl::MutexLock lock(&w->mu);
       if (w->answer != nullptr) {
-        w->queued = answer;
+        w->queued = done->answer;
       } else {
-        w->answer = answer;
-        w->rw.Write(*answer, &w->write);
+        w->answer = done->answer;
+        w->rw.Write(*w->answer, &w->write);
       }
       w->rw.Read(&w->in, &w->read);  // its Blob was consumed on arrival
     }
