@@ -326,6 +326,20 @@ RingLogEngine::~RingLogEngine() {
   ::close(fd_);
 }
 
+void RingLogEngine::WaitForFlusherForTest() {
+  {
+    // A due flush stops being due when it begins (under flush_mu_)...
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](RingLogEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
+          return !e->FlushDueLocked();
+        },
+        this));
+  }
+  // ...and is done when flush_mu_ is free again.
+  absl::MutexLock lock(&flush_mu_);
+}
+
 void RingLogEngine::AbandonForTest() {
   {
     absl::MutexLock lock(&mu_);

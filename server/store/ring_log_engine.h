@@ -142,6 +142,10 @@ class RingLogEngine final : public KvEngine {
   };
   TransientBytes transient_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Tests: returns once no flush is due and none is running, so that the
+  // flusher stays idle until the next write.
+  void WaitForFlusherForTest() ABSL_LOCKS_EXCLUDED(flush_mu_, mu_);
+
   // Tests: stops the flusher and closes the file without flushing, as a
   // kill -9 would leave things. Nothing may be called afterwards but the
   // destructor, which then does nothing more.
