@@ -206,6 +206,7 @@ void LeanReactor::OnReadDone(bool ok) {
 // Lean on the asynchronous API: the threads that poll the completion queue
 // run the rounds themselves, where the callback API hands each event from
 // its poller to another thread.
+// As with LeanService, a stream must end after its last answer.
 class AsyncLean {
   struct Stream;
 
@@ -276,7 +277,6 @@ class AsyncLean {
         if (s->answer != nullptr) {
           s->rw.Write(*s->answer, &s->write);
         } else if (s->closing || !ok) {
-          s->closing = true;
           s->rw.Finish(ok ? grpc::Status::OK : grpc::Status::CANCELLED,
                        &s->finish);
         }
