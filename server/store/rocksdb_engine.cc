@@ -20,6 +20,12 @@
 namespace syncnorm {
 namespace {
 
+// A rocksdb::WriteBatch's bytes: a 12-byte header (sequence number,
+// count), then per op a type byte and the varint32 lengths of its key and
+// value (at most 5 bytes each), then the bytes themselves.
+constexpr size_t kWriteBatchHeader = 12;
+constexpr size_t kWriteBatchOpOverhead = 11;
+
 // RocksDB's status in Abseil's terms, `what` and the folder in front.
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& dir,
                        absl::string_view what) {
@@ -228,7 +234,11 @@ absl::Status RocksDbEngine::Write(const KvBatch& batch) {
     bytes += op.key.size() + op.value.size();
   }
   if (absl::Status s = CheckFreeSpace(bytes); !s.ok()) return s;
-  rocksdb::WriteBatch wb;
+  // Sized once: a flush of the round log hands over megabytes, and a batch
+  // grown by doubling copied them twice more and faulted in each new page
+  // (bench/RESULTS.md). Each op adds a type byte and two varint lengths.
+  rocksdb::WriteBatch wb(kWriteBatchHeader + bytes +
+                         kWriteBatchOpOverhead * batch.ops().size());
   for (const KvBatch::Op& op : batch.ops()) {
     rocksdb::Status s;
     switch (op.kind) {
