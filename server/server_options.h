@@ -18,7 +18,7 @@
 
 namespace syncnorm {
 
-inline constexpr int kDefaultRoundLogMib = 32;
+inline constexpr int kDefaultRoundLogMib = 64;
 inline constexpr int kMaxRoundLogMib = 4096;
 
 struct ServerOptions {
@@ -47,7 +47,7 @@ struct ServerOptions {
   // 8 steps later, never reaches RocksDB when 8 steps of the shard's
   // records fit in half the ring: best 16 steps, about 768 bytes per
   // channel summed over the shard's jobs (docs/operations.md, "Sizing
-  // it"). The server's resident memory includes it. 1 to 4096. Default 32.
+  // it"). The server's resident memory includes it. 1 to 4096. Default 64.
   int round_log_mib = kDefaultRoundLogMib;
   // Untagged checkpoints kept per job, newest first; tagged ones are always
   // kept. 0 keeps all. Default 5.

@@ -133,11 +133,12 @@ TEST(DiskTest, AFullDiskFailsRoundsClearlyAndLosesNothingAcknowledged) {
   const std::string root = MakeScratchDir("full");
   const std::string mnt = root + "/mnt";
   ASSERT_EQ(::mkdir(mnt.c_str(), 0755), 0);
-  // Room for the round log (32 MiB), RocksDB, and the 17 MiB that the
-  // server needs free to start.
+  // Room for the round log (32 MiB, below the default), RocksDB, and the
+  // 17 MiB that the server needs free to start.
   const std::string why = MountTmpfs(mnt, 80);
   if (!why.empty()) GTEST_SKIP() << "no tmpfs to fill (" << why << ")";
-  const std::vector<std::string> flags = {"--data_dir=" + mnt + "/data"};
+  const std::vector<std::string> flags = {"--data_dir=" + mnt + "/data",
+                                          "--round_log_mib=32"};
   auto agg = AggregatorProcess::Start(root, flags);
   ASSERT_TRUE(agg.ok()) << agg.status();
   const std::string address = (*agg)->address();

@@ -217,7 +217,7 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
                   deadline),
             "1");
   // Every round's record went to the round log; a few KB of them fit in
-  // its default 32 MiB, so none went on to RocksDB for room.
+  // its default 64 MiB, so none went on to RocksDB for room.
   EXPECT_EQ(
       Query(web_port, "syncnorm_round_log_bytes_total > bool 0", deadline),
       "1");
