@@ -21,6 +21,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "kernels/formulas.h"
+#include "server/rpc/stream_set.h"
 #include "server/server.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
@@ -400,6 +401,65 @@ TEST_F(ServiceTest, ReduceOnceAnswersAndReturnsFailuresAsStatus) {
   EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_THAT(late.error_message(),
               HasSubstr("missed its 200 ms deadline waiting for ranks [0, 2]"));
+}
+
+// A held read is released while the stream's answer comes and its next
+// contribution holds the read again. The release then ends that second
+// hold: the stream must leave the set's held streams with it. One left
+// there behind a stream that ends is touched by the set's next release
+// after the stream is freed (caught by ASan in CI).
+TEST_F(ServiceTest, AReadReleasedAsItIsHeldAgainLeavesNoStaleHold) {
+  ASSERT_TRUE(CreateJob(JobRequest("rehold", 2, 2)).ok());
+  auto contribution = [](int rank, int step) {
+    return Fwd("rehold", 0, step, rank, 2, {1.0 * rank, 2.0}, {1.0, 1.0});
+  };
+  absl::Notification releasing, held_again, released;
+  int held_after_release = -1;
+  StreamSet::SetReleaseHooksForTest(
+      [&](StreamSet& set) {
+        if (releasing.HasBeenNotified()) return;
+        releasing.Notify();
+        // The answer and the next contribution come meanwhile.
+        held_again.WaitForNotification();
+        while (set.held_for_test() == 0) absl::SleepFor(absl::Milliseconds(1));
+      },
+      [&](StreamSet& set) {
+        if (released.HasBeenNotified()) return;
+        held_after_release = set.held_for_test();
+        released.Notify();
+      });
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  auto stream = stub_->Reduce(&ctx);
+  v1::RoundResult r;
+  // Step 0 waits for rank 1: its read is held, then taken for release.
+  ASSERT_TRUE(stream->Write(contribution(0, 0)));
+  releasing.WaitForNotification();
+  v1::RoundResult once;
+  {
+    grpc::ClientContext c;
+    SetDeadline(c);
+    ASSERT_TRUE(stub_->ReduceOnce(&c, contribution(1, 0), &once).ok());
+  }
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_EQ(r.step(), 0);
+  // Step 1 waits too: the read is held again, before the release runs.
+  ASSERT_TRUE(stream->Write(contribution(0, 1)));
+  held_again.Notify();
+  released.WaitForNotification();
+  StreamSet::SetReleaseHooksForTest(nullptr, nullptr);
+  EXPECT_EQ(held_after_release, 0) << "a stream's read released while held "
+                                      "again stays in the held set";
+  {
+    grpc::ClientContext c;
+    SetDeadline(c);
+    ASSERT_TRUE(stub_->ReduceOnce(&c, contribution(1, 1), &once).ok());
+  }
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_EQ(r.step(), 1);
+  ASSERT_TRUE(r.has_moments()) << r.DebugString();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(ServiceTest, InBandErrorKeepsTheStreamUsable) {

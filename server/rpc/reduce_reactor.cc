@@ -190,6 +190,10 @@ void ReduceReactor::ReleaseHeldRead() {
     absl::MutexLock lock(&mu_);
     if (!read_held_) return;  // the answer posted it
     read_held_ = false;
+    // The hold this ends may be a later one than the set took to release
+    // (the answer came, and the next contribution held the read again, in
+    // between): that one is in the set again, and leaves it with this.
+    streams_->Unhold(this);
     if (cancelled_ || finished_) return;
     posting_read_ = true;
   }

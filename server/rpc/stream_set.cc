@@ -1,6 +1,7 @@
 #include "server/rpc/stream_set.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "server/domain/limits.h"
@@ -8,6 +9,32 @@
 #include "server/rpc/reduce_reactor.h"
 
 namespace syncnorm {
+namespace {
+
+struct ReleaseHooks {
+  absl::Mutex mu;
+  StreamSet::ReleaseHook before ABSL_GUARDED_BY(mu);
+  StreamSet::ReleaseHook after ABSL_GUARDED_BY(mu);
+};
+
+ReleaseHooks& Hooks() {
+  static ReleaseHooks* const hooks = new ReleaseHooks();
+  return *hooks;
+}
+
+}  // namespace
+
+void StreamSet::SetReleaseHooksForTest(ReleaseHook before, ReleaseHook after) {
+  ReleaseHooks& hooks = Hooks();
+  absl::MutexLock lock(&hooks.mu);
+  hooks.before = std::move(before);
+  hooks.after = std::move(after);
+}
+
+int StreamSet::held_for_test() const {
+  absl::MutexLock lock(&held_mu_);
+  return static_cast<int>(held_.size());
+}
 
 StreamSet::StreamSet(int max_streams, absl::Duration idle_timeout,
                      const Clock* clock)
@@ -126,10 +153,19 @@ void StreamSet::ReleaseLoop() {
         }
       }
     }
+    ReleaseHook before, after;
+    if (!due.empty()) {
+      ReleaseHooks& hooks = Hooks();
+      absl::MutexLock lock(&hooks.mu);
+      before = hooks.before;
+      after = hooks.after;
+    }
+    if (before) before(*this);
     for (ReduceReactor* s : due) {
       s->ReleaseHeldRead();
       s->Unref();
     }
+    if (after) after(*this);
     due.clear();
   }
 }

@@ -5,6 +5,7 @@
 #define SYNCNORM_SERVER_RPC_STREAM_SET_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -73,6 +74,14 @@ class StreamSet {
 
   int size() const ABSL_LOCKS_EXCLUDED(mu_);
   const Clock& clock() const { return *clock_; }
+
+  // Tests: the streams held now.
+  int held_for_test() const ABSL_LOCKS_EXCLUDED(held_mu_);
+  // Tests: every set's thread calls `before` once it has taken streams
+  // to release and before it releases them, and `after` once it has;
+  // empty functions: nothing. Process-wide.
+  using ReleaseHook = std::function<void(StreamSet&)>;
+  static void SetReleaseHooksForTest(ReleaseHook before, ReleaseHook after);
   absl::Duration idle_timeout() const { return idle_timeout_; }
 
  private:
@@ -92,7 +101,7 @@ class StreamSet {
   }
 
   // Taken under a held stream's own mutex, never with mu_.
-  absl::Mutex held_mu_;
+  mutable absl::Mutex held_mu_;
   // Each held stream, with the tick it was held in.
   absl::flat_hash_map<ReduceReactor*, int64_t> held_ ABSL_GUARDED_BY(held_mu_);
   int64_t tick_ ABSL_GUARDED_BY(held_mu_) = 0;
