@@ -236,7 +236,7 @@ absl::Status RocksDbEngine::Write(const KvBatch& batch) {
   if (absl::Status s = CheckFreeSpace(bytes); !s.ok()) return s;
   // Sized once: a flush of the round log hands over megabytes, and a batch
   // grown by doubling copied them twice more and faulted in each new page
-  // (bench/RESULTS.md). Each op adds a type byte and two varint lengths.
+  // (bench/RESULTS.md).
   rocksdb::WriteBatch wb(kWriteBatchHeader + bytes +
                          kWriteBatchOpOverhead * batch.ops().size());
   for (const KvBatch::Op& op : batch.ops()) {
