@@ -10,13 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/domain/limits.h"
 #include "server/domain/log.h"
-#include "server/rpc/counting_context_allocator.h"
 #include "server/rpc/guard_interceptor.h"
 #include "server/rpc/reflection_service.h"
 #include "server/rpc/tls.h"
@@ -27,6 +25,10 @@
 
 namespace syncnorm {
 namespace {
+
+// Threads for the calls that may block on the state store (rpc_loop.h):
+// all but Reduce, ReduceOnce, Checkpoint, health and reflection.
+constexpr int kRpcWorkers = 4;
 
 // The calls that legitimate clients can make the server hold at once:
 // their streams, their waiting calls and a burst of quick ones. 0 (no
@@ -159,6 +161,7 @@ absl::Status Server::Start() {
   guard_options.max_calls = LegitimateCalls(options_.limits);
   guard_ = std::make_unique<ConnectionGuard>(guard_options, closer_.get(),
                                              clock_.get());
+  read_flood_ = std::make_unique<ReadFloodBreaker>(closer_.get(), guard_.get());
   ServiceOptions service_options;
   service_options.auth = auth_.get();
   service_options.max_streams = options_.limits.max_streams;
@@ -199,11 +202,16 @@ absl::Status Server::Start() {
       return load;
     });
   }
-  grpc::EnableDefaultHealthCheckService(true);
+  // gRPC's default health service is on the callback API, whose threads
+  // would poll beside the loop's (rpc_loop.h): ours serves instead.
+  grpc::EnableDefaultHealthCheckService(false);
+  health_ = std::make_unique<HealthService>(
+      std::vector<std::string>{v1::Aggregator::service_full_name()});
   // Reflection describes what the generated descriptor pool holds: our
-  // services, grpc.health.v1 from //proto:health_cc_proto, and itself.
+  // services, grpc.health.v1, and itself.
   reflection_ = std::make_unique<ReflectionService>(std::vector<std::string>{
-      v1::Aggregator::service_full_name(), "grpc.health.v1.Health",
+      v1::Aggregator::service_full_name(),
+      grpc::health::v1::Health::service_full_name(),
       grpc::reflection::v1alpha::ServerReflection::service_full_name()});
   grpc::ServerBuilder builder;
   int port = 0;
@@ -218,8 +226,6 @@ absl::Status Server::Start() {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                                options_.max_streams_per_connection);
   }
-  builder.SetContextAllocator(
-      std::make_unique<CountingContextAllocator>(guard_.get()));
   // Above the limit, so that the service sees a message somewhat over it
   // and refuses it naming --max_message_bytes (see ReceiveCeiling).
   builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.limits));
@@ -233,6 +239,9 @@ absl::Status Server::Start() {
   }
   builder.RegisterService(service_.get());
   builder.RegisterService(reflection_.get());
+  builder.RegisterService(health_.get());
+  std::unique_ptr<grpc::ServerCompletionQueue> cq =
+      builder.AddCompletionQueue(/*is_frequently_polled=*/true);
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
@@ -246,14 +255,23 @@ absl::Status Server::Start() {
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
+    if (server != nullptr) server->Shutdown();
+    cq->Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq->Next(&tag, &ok)) {
+    }
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on '", options_.listen,
         "'; check that it is HOST:PORT and that the port is free"));
   }
-  if (grpc::HealthCheckServiceInterface* health =
-          server->GetHealthCheckService()) {
-    health->SetServingStatus(true);
-  }
+  loop_ = std::make_unique<RpcLoop>(std::move(cq), guard_.get(), kRpcWorkers,
+                                    read_flood_.get());
+  service_->Listen(loop_.get());
+  reflection_->Listen(loop_.get());
+  health_->Listen(loop_.get());
+  loop_->Start();
+  health_->SetServing(true);
   aggregator_->StartReaper();
   if (options_.memory_trim_period > absl::ZeroDuration()) {
     trimmer_ = std::make_unique<MemoryTrimmer>(options_.memory_trim_period);
@@ -290,6 +308,8 @@ void Server::Shutdown(absl::Duration grace) {
   grpc::Server* server = nullptr;
   Aggregator* aggregator = nullptr;
   AggregatorService* service = nullptr;
+  HealthService* health = nullptr;
+  RpcLoop* loop = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (server_ == nullptr || shut_down_) return;
@@ -297,11 +317,12 @@ void Server::Shutdown(absl::Duration grace) {
     server = server_.get();
     aggregator = aggregator_.get();
     service = service_.get();
+    health = health_.get();
+    loop = loop_.get();
   }
-  if (grpc::HealthCheckServiceInterface* health =
-          server->GetHealthCheckService()) {
-    health->SetServingStatus(false);
-  }
+  // NOT_SERVING from now on; Watch calls end, so that none holds the
+  // server's shutdown up.
+  health->Shutdown();
   // New rounds are refused from here on; contributions to rounds in flight,
   // on open or new streams, are still taken until those rounds finish.
   aggregator->StartDraining();
@@ -323,7 +344,10 @@ void Server::Shutdown(absl::Duration grace) {
       .Add("rounds_failed", left)
       .Add("streams_closed", streams)
       .Add("waited_ms", absl::ToInt64Milliseconds(absl::Now() - start));
+  // Returns once every call is over (those left at the deadline are
+  // cancelled); the loop's thread serves them until then.
   server->Shutdown(absl::ToChronoTime(deadline));
+  loop->Stop();
 }
 
 void Server::Wait() {

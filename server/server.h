@@ -18,7 +18,10 @@
 #include "server/rpc/auth.h"
 #include "server/rpc/connection_guard.h"
 #include "server/rpc/guard_interceptor.h"
+#include "server/rpc/health_service.h"
+#include "server/rpc/read_flood.h"
 #include "server/rpc/reflection_service.h"
+#include "server/rpc/rpc_loop.h"
 #include "server/rpc/service.h"
 #include "server/rpc/socket_closer.h"
 #include "server/server_options.h"
@@ -88,10 +91,15 @@ class Server {
   // server, whose calls report to them.
   std::unique_ptr<SocketCloser> closer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ConnectionGuard> guard_ ABSL_GUARDED_BY(mu_);
+  // Closes the connection a too long pass of the loop's thread reads.
+  std::unique_ptr<ReadFloodBreaker> read_flood_ ABSL_GUARDED_BY(mu_);
   // The guard's observers of the calls its interceptors skip (Reduce).
   std::unique_ptr<GuardInterceptorFactory> guard_calls_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AggregatorService> service_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ReflectionService> reflection_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<HealthService> health_ ABSL_GUARDED_BY(mu_);
+  // Serves every call; stopped once server_ is shut down, which ends them.
+  std::unique_ptr<RpcLoop> loop_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<MemoryTrimmer> trimmer_ ABSL_GUARDED_BY(mu_);
   int bound_port_ ABSL_GUARDED_BY(mu_) = 0;

@@ -9,12 +9,12 @@ using grpc::experimental::InterceptionHookPoints;
 
 CallOutcome::CallOutcome(grpc::experimental::ServerRpcInfo* info)
     : context_(info->server_context()),
-      callback_api_(dynamic_cast<grpc::CallbackServerContext*>(context_) !=
-                    nullptr),
-      deadline_(context_->deadline()) {}
+      knows_cancellation_(
+          dynamic_cast<grpc::CallbackServerContext*>(context_) != nullptr ||
+          dynamic_cast<LoopServerContext*>(context_) != nullptr) {}
 
-CallOutcome::CallOutcome(grpc::CallbackServerContext* context)
-    : context_(context), callback_api_(true), deadline_(context->deadline()) {}
+CallOutcome::CallOutcome(grpc::ServerContextBase* context)
+    : context_(context), knows_cancellation_(true) {}
 
 void CallOutcome::StatusSent(grpc::StatusCode code) {
   absl::MutexLock lock(&mu_);
@@ -34,8 +34,8 @@ std::optional<CallOutcome::Result> CallOutcome::Observe(
   }
   if (methods->QueryInterceptionHookPoint(
           InterceptionHookPoints::POST_RECV_CLOSE)) {
-    // A callback call's context knows by now whether it was cancelled.
-    return Decide(callback_api_ && context_->IsCancelled());
+    // Such a call's context knows by now whether it was cancelled.
+    return Decide(knows_cancellation_ && context_->IsCancelled());
   }
   return std::nullopt;
 }
@@ -50,8 +50,10 @@ std::optional<CallOutcome::Result> CallOutcome::Decide(bool cancelled) {
   decided_ = true;
   if (sent_code_.has_value() && !cancelled)
     return Result{*sent_code_, sent_at_};
+  // Read now: an asynchronous-API call's context is not yet bound to its
+  // call when gRPC creates its interceptors.
   const bool past_deadline =
-      std::chrono::system_clock::now() + kDeadlineSkew >= deadline_;
+      std::chrono::system_clock::now() + kDeadlineSkew >= context_->deadline();
   return Result{past_deadline ? grpc::StatusCode::DEADLINE_EXCEEDED
                               : grpc::StatusCode::CANCELLED,
                 absl::Now()};

@@ -16,20 +16,26 @@
 
 namespace syncnorm {
 
+// The server context of every call the server serves (RpcLoop): each asks
+// gRPC for a done tag (AsyncNotifyWhenDone), which makes IsCancelled()
+// valid once the call is over, in its interceptors' POST_RECV_CLOSE hook
+// too.
+class LoopServerContext final : public grpc::ServerContext {};
+
 // The outcome is the status the client got as far as the server can tell:
 // the one the service sent, when it reached the client; for a call gRPC
 // cut short (cancelled by the client, a broken connection, the transport's
 // quota) DEADLINE_EXCEEDED if its deadline had passed (give or take
 // kDeadlineSkew), else CANCELLED, never what the service may have sent
 // meanwhile. gRPC tells whether a call was cut short only for callback-API
-// calls, which every service of the server is (syncnorm.v1.Aggregator,
-// health, reflection); a sync-API call would have the status its handler
-// sent.
+// calls and asynchronous-API calls with a done tag (LoopServerContext),
+// which every call of the server is; a sync-API call would have the
+// status its handler sent.
 //
 // An interceptor creates one per call and feeds it every batch, before
-// Proceed(); a callback-API reactor that reports its own call
-// (call_observer.h) creates one, notes each status it sends, and asks for
-// the outcome in OnDone. Thread-safe: hooks of one call may run at once.
+// Proceed(); a reactor that reports its own call (call_observer.h) creates
+// one, notes each status it sends, and asks for the outcome in OnDone.
+// Thread-safe: hooks of one call may run at once.
 class CallOutcome {
  public:
   struct Result {
@@ -44,8 +50,8 @@ class CallOutcome {
   static constexpr std::chrono::milliseconds kDeadlineSkew{250};
 
   explicit CallOutcome(grpc::experimental::ServerRpcInfo* info);
-  // For a reactor's own call.
-  explicit CallOutcome(grpc::CallbackServerContext* context);
+  // For a reactor's own call, a callback-API one or a LoopServerContext's.
+  explicit CallOutcome(grpc::ServerContextBase* context);
 
   // The reactor sends this status (calls Finish).
   void StatusSent(grpc::StatusCode code) ABSL_LOCKS_EXCLUDED(mu_);
@@ -69,12 +75,12 @@ class CallOutcome {
   // Valid until the interceptor that owns this is destroyed (the context
   // destroys its interceptors).
   grpc::ServerContextBase* const context_;
-  // Only a callback-API call may be asked IsCancelled() in POST_RECV_CLOSE.
-  // For a sync-API call gRPC runs that hook from inside its own check for
-  // cancellation, once the call's completion queue is shut down; asking
-  // again re-enters the check, which runs the hook again, without end.
-  const bool callback_api_;
-  const std::chrono::system_clock::time_point deadline_;
+  // Only a callback-API call or one with a done tag may be asked
+  // IsCancelled() in POST_RECV_CLOSE. For a sync-API call gRPC runs that
+  // hook from inside its own check for cancellation, once the call's
+  // completion queue is shut down; asking again re-enters the check, which
+  // runs the hook again, without end.
+  const bool knows_cancellation_;
 
   absl::Mutex mu_;
   std::optional<grpc::StatusCode> sent_code_ ABSL_GUARDED_BY(mu_);

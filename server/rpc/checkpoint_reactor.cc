@@ -10,17 +10,18 @@
 
 namespace syncnorm {
 
-CheckpointReactor::CheckpointReactor(Aggregator* aggregator,
-                                     grpc::CallbackServerContext* context,
+CheckpointReactor::CheckpointReactor(UnaryFinisher* call,
+                                     Aggregator* aggregator,
+                                     const grpc::ServerContext& context,
                                      const v1::CheckpointRequest& request,
                                      v1::CheckpointInfo* response,
                                      std::shared_ptr<WaitingCalls> waiting)
-    : WaitingCallReactor(std::move(waiting)), response_(response) {
+    : WaitingCallReactor(call, std::move(waiting)), response_(response) {
   // A call without a deadline carries the far future; the aggregator caps
   // the wait (AggregatorOptions::max_checkpoint_wait). The answer is due a
   // little before the caller gives up, so that it gets the reason (which
   // layers lag) rather than a bare DEADLINE_EXCEEDED of its own.
-  absl::Time deadline = absl::FromChrono(context->deadline());
+  absl::Time deadline = absl::FromChrono(context.deadline());
   const absl::Duration left = deadline - absl::Now();
   deadline -= std::min(absl::Milliseconds(100), left / 4);
   aggregator->Checkpoint(request.job_id(), request.step(), request.tag(),

@@ -19,11 +19,11 @@ namespace syncnorm {
 // Thread-safe.
 class CheckpointReactor final : public WaitingCallReactor {
  public:
-  // `response` is owned by gRPC and valid until Finish; `aggregator` must
-  // outlive the callback. `waiting` (null: not counted) was entered for
-  // this call.
-  CheckpointReactor(Aggregator* aggregator,
-                    grpc::CallbackServerContext* context,
+  // `call` finishes it; `response` is the call's and valid until Finish;
+  // `aggregator` must outlive the callback. `waiting` (null: not counted)
+  // was entered for this call.
+  CheckpointReactor(UnaryFinisher* call, Aggregator* aggregator,
+                    const grpc::ServerContext& context,
                     const v1::CheckpointRequest& request,
                     v1::CheckpointInfo* response,
                     std::shared_ptr<WaitingCalls> waiting = nullptr);

@@ -27,6 +27,8 @@ const char* CloseReasonName(CloseReason reason) {
       return "rapid_reset";
     case CloseReason::kUnauthenticated:
       return "unauthenticated";
+    case CloseReason::kReadFlood:
+      return "read_flood";
   }
   return "unknown";
 }
@@ -114,6 +116,35 @@ void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code,
   if (close) {
     CloseConnection(c.peer, reason, started, early_cancels, unauthenticated);
   }
+}
+
+void ConnectionGuard::Close(absl::string_view peer, CloseReason reason) {
+  int64_t started, early_cancels, unauthenticated;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    std::shared_ptr<Connection>& c = connections_[peer];
+    if (c == nullptr) {
+      c = std::make_shared<Connection>();
+      c->peer = std::string(peer);
+      c->last_seen = now;
+    }
+    if (c->closed) {
+      if (now - c->closed_at <= kNewConnectionAfter) return;
+      const int64_t in_progress = c->in_progress;  // a new connection's
+      *c = Connection();
+      c->peer = std::string(peer);
+      c->in_progress = in_progress;
+      c->last_seen = now;
+    }
+    c->closed = true;
+    c->closed_at = now;
+    started = c->started;
+    early_cancels = c->early_cancels;
+    unauthenticated = c->unauthenticated;
+  }
+  CloseConnection(std::string(peer), reason, started, early_cancels,
+                  unauthenticated);
 }
 
 bool ConnectionGuard::Judge(Connection& c, bool overloaded,

@@ -32,11 +32,10 @@ class ConnectionCloser {
 };
 
 struct ConnectionGuardOptions {
-  // The server is overloaded while gRPC holds more calls for the service
-  // than this (from each call's arrival to its release; see
-  // CountingContextAllocator). <= 0: never overloaded. The server sets it to
-  // what its limits let legitimate clients hold: --max_streams +
-  // --max_waiting_calls + 1024 calls answered at once.
+  // The server is overloaded while it holds more calls than this (from
+  // each call's arrival to its end; see RpcLoop). <= 0: never overloaded.
+  // The server sets it to what its limits let legitimate clients hold:
+  // --max_streams + --max_waiting_calls + 1024 calls answered at once.
   int64_t max_calls = 0;
   // While the server is overloaded, a connection that starts more calls
   // than this is closed: gRPC takes requests from a connection as fast as
@@ -53,8 +52,10 @@ struct ConnectionGuardOptions {
   int unauthenticated_calls = 64;
 };
 
-enum class CloseReason { kOverload, kRapidReset, kUnauthenticated };
-inline constexpr int kCloseReasons = 3;
+// kReadFlood: the connection kept the server's one polling thread reading
+// it while the server's memory grew far past what it sent (read_flood.h).
+enum class CloseReason { kOverload, kRapidReset, kUnauthenticated, kReadFlood };
+inline constexpr int kCloseReasons = 4;
 const char* CloseReasonName(CloseReason reason);
 
 // Counts every connection's calls and closes, once, a connection that
@@ -73,7 +74,7 @@ class ConnectionGuard {
                   const Clock* clock);
   ~ConnectionGuard();
 
-  // A call has arrived / been released by gRPC (CountingContextAllocator).
+  // A call has arrived / is over (RpcLoop).
   void CallArrived() { held_.fetch_add(1, std::memory_order_relaxed); }
   void CallReleased() { held_.fetch_sub(1, std::memory_order_relaxed); }
   // Calls gRPC holds for the service now.
@@ -87,6 +88,11 @@ class ConnectionGuard {
   // call.
   void CallEnded(Connection& connection, absl::StatusCode code,
                  absl::Duration lifetime) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Closes the connection from `peer` for `reason`, once, as if it had
+  // crossed a line: its calls still to come are not judged again.
+  void Close(absl::string_view peer, CloseReason reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A call cancelled this soon after its start counts as an early cancel.
   static constexpr absl::Duration kEarlyCancel = absl::Seconds(1);

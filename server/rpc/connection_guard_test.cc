@@ -1,5 +1,6 @@
 // The ConnectionGuard's lines, each crossed by one call more, with a fake
-// closer; and the SocketCloser on real loopback sockets.
+// closer; the SocketCloser on real loopback sockets; and the
+// ReadFloodBreaker, on loopback sockets, with a fake closer.
 #include "server/rpc/connection_guard.h"
 
 #include <arpa/inet.h>
@@ -15,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "server/domain/fake_clock.h"
+#include "server/rpc/read_flood.h"
 #include "server/rpc/socket_closer.h"
 
 namespace syncnorm {
@@ -157,40 +159,151 @@ TEST_F(ConnectionGuardTest, ForgetsConnectionsIdleForAMinute) {
   guard_->CallEnded(*open, absl::StatusCode::kOk, absl::Seconds(1));
 }
 
-// A loopback connection to a listening socket of "the server": the
-// closer finds it by its peer and shuts it down, and the client sees the
-// end.
-TEST(SocketCloserTest, ShutsDownTheServersSocketOfThatPeer) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
-  ASSERT_EQ(::listen(listener, 4), 0);
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len),
-            0);
-  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&addr), len), 0);
-  const int accepted = ::accept(listener, nullptr, nullptr);
-  ASSERT_GE(accepted, 0);
-  sockaddr_in mine{};
-  socklen_t mine_len = sizeof(mine);
-  ASSERT_EQ(
-      ::getsockname(client, reinterpret_cast<sockaddr*>(&mine), &mine_len), 0);
-  const std::string peer =
-      absl::StrCat("ipv4:127.0.0.1:", ntohs(mine.sin_port));
+// A listening socket of "the server" on loopback, and connections to it.
+class Loopback {
+ public:
+  Loopback() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    addr_.sin_family = AF_INET;
+    addr_.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr_);
+    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&addr_), len), 0);
+    EXPECT_EQ(::listen(listener_, 4), 0);
+    EXPECT_EQ(
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr_), &len), 0);
+  }
+  ~Loopback() {
+    for (int fd : fds_) ::close(fd);
+    ::close(listener_);
+  }
+  int port() const { return ntohs(addr_.sin_port); }
 
+  struct Connection {
+    int client = -1;
+    int accepted = -1;  // the server's side
+    std::string peer;   // the client, as gRPC spells it
+  };
+  Connection Connect() {
+    Connection c;
+    c.client = ::socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_EQ(::connect(c.client, reinterpret_cast<const sockaddr*>(&addr_),
+                        sizeof(addr_)),
+              0);
+    c.accepted = ::accept(listener_, nullptr, nullptr);
+    EXPECT_GE(c.accepted, 0);
+    sockaddr_in mine{};
+    socklen_t mine_len = sizeof(mine);
+    EXPECT_EQ(
+        ::getsockname(c.client, reinterpret_cast<sockaddr*>(&mine), &mine_len),
+        0);
+    c.peer = absl::StrCat("ipv4:127.0.0.1:", ntohs(mine.sin_port));
+    fds_.push_back(c.client);
+    fds_.push_back(c.accepted);
+    return c;
+  }
+
+ private:
+  int listener_ = -1;
+  sockaddr_in addr_{};
+  std::vector<int> fds_;
+};
+
+// The closer finds the server's side of a connection by its peer and
+// shuts it down, and the client sees the end.
+TEST(SocketCloserTest, ShutsDownTheServersSocketOfThatPeer) {
+  Loopback loopback;
+  const Loopback::Connection c = loopback.Connect();
   SocketCloser closer;
-  EXPECT_FALSE(closer.Close(peer)) << "no server port yet";
-  closer.set_server_port(ntohs(addr.sin_port));
-  EXPECT_EQ(closer.PeerOf(accepted), peer);
-  EXPECT_EQ(closer.PeerOf(client), "") << "not the server's side";
+  EXPECT_FALSE(closer.Close(c.peer)) << "no server port yet";
+  closer.set_server_port(loopback.port());
+  EXPECT_EQ(closer.PeerOf(c.accepted), c.peer);
+  EXPECT_EQ(closer.PeerOf(c.client), "") << "not the server's side";
   EXPECT_FALSE(closer.Close("ipv4:127.0.0.1:1"));
-  EXPECT_TRUE(closer.Close(peer));
-  char c;
-  EXPECT_EQ(::recv(client, &c, 1, 0), 0) << "the client sees the end";
-  for (int fd : {client, accepted, listener}) ::close(fd);
+  EXPECT_TRUE(closer.Close(c.peer));
+  char byte;
+  EXPECT_EQ(::recv(c.client, &byte, 1, 0), 0) << "the client sees the end";
+}
+
+// Sends `bytes` bytes from `fd` (they fit the loopback's buffers).
+void Send(int fd, size_t bytes) {
+  const std::string data(bytes, 'x');
+  ASSERT_EQ(::send(fd, data.data(), data.size(), 0),
+            static_cast<ssize_t>(bytes));
+}
+
+TEST(SocketCloserTest, CountsTheBytesEachConnectionReceived) {
+  Loopback loopback;
+  const Loopback::Connection a = loopback.Connect();
+  const Loopback::Connection b = loopback.Connect();
+  SocketCloser sockets;
+  sockets.set_server_port(loopback.port());
+  const auto before = sockets.BytesReceived();
+  ASSERT_EQ(before.size(), 2u);
+  Send(a.client, 3000);
+  Send(b.client, 100);
+  auto after = sockets.BytesReceived();
+  EXPECT_EQ(after[a.peer] - before.at(a.peer), 3000u);
+  EXPECT_EQ(after[b.peer] - before.at(b.peer), 100u);
+}
+
+class ReadFloodBreakerTest : public ::testing::Test {
+ protected:
+  ReadFloodBreakerTest() { sockets_.set_server_port(loopback_.port()); }
+
+  Loopback loopback_;
+  SocketCloser sockets_;
+  RecordingCloser closer_;
+  FakeClock clock_;
+  ConnectionGuard guard_{ConnectionGuardOptions(), &closer_, &clock_};
+  ReadFloodBreaker breaker_{&sockets_, &guard_};
+};
+
+// A pass in which the memory grew by far more than the bytes read: the
+// connection that sent the most is closed, once, for read_flood.
+TEST_F(ReadFloodBreakerTest, ClosesTheConnectionReadWhileMemoryGrewPastIt) {
+  const Loopback::Connection quiet = loopback_.Connect();
+  const Loopback::Connection flood = loopback_.Connect();
+  Send(quiet.client, 500);  // before the pass: not counted
+  breaker_.PassBegan();
+  Send(flood.client, 20000);
+  Send(quiet.client, 200);
+  constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
+  breaker_.PassGoesOn(kMax - 1);
+  EXPECT_TRUE(closer_.closed().empty()) << "grew by less than the line";
+  breaker_.PassGoesOn(kMax + 19999);
+  EXPECT_TRUE(closer_.closed().empty()) << "the bytes read count as memory";
+  breaker_.PassGoesOn(kMax + 20000);
+  EXPECT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
+  EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 1);
+  breaker_.PassGoesOn(2 * kMax);
+  EXPECT_EQ(closer_.closed().size(), 1u) << "one connection a pass";
+  EXPECT_EQ(std::string(CloseReasonName(CloseReason::kReadFlood)),
+            "read_flood");
+}
+
+// A large message: the memory grows by what is read, and nothing closes,
+// however long the pass; nor when nothing was read at all.
+TEST_F(ReadFloodBreakerTest, LeavesALargeMessageAndAQuietPassAlone) {
+  const Loopback::Connection big = loopback_.Connect();
+  breaker_.PassBegan();
+  breaker_.PassGoesOn(2 * ReadFloodBreaker::kMaxExcess);
+  EXPECT_TRUE(closer_.closed().empty()) << "nothing read";
+  breaker_.PassBegan();
+  constexpr size_t kChunk = 60000;
+  for (int i = 0; i < 8; ++i) {
+    Send(big.client, kChunk);
+    char buffer[kChunk];
+    size_t drained = 0;  // as gRPC reads it
+    while (drained < kChunk) {
+      const ssize_t n =
+          ::recv(big.accepted, buffer, sizeof(buffer) - drained, 0);
+      ASSERT_GT(n, 0);
+      drained += static_cast<size_t>(n);
+    }
+    breaker_.PassGoesOn(static_cast<int64_t>((i + 1) * kChunk) +
+                        ReadFloodBreaker::kMaxExcess - 1);
+  }
+  EXPECT_TRUE(closer_.closed().empty());
 }
 
 }  // namespace

@@ -31,30 +31,41 @@ class GuardInterceptorFactory::Call final : public CallObserver {
 };
 
 // The same for a call that gRPC intercepts: it creates the interceptor when
-// the call starts and deletes it when the call is done.
+// the call starts and deletes it when the call is done. The call is
+// reported from the interceptor's first hook on: an asynchronous-API call's
+// context is bound to its call (and knows its peer) only after gRPC has
+// created its interceptors.
 class GuardInterceptorFactory::Interceptor final
     : public grpc::experimental::Interceptor {
  public:
   Interceptor(ConnectionGuard* guard, grpc::experimental::ServerRpcInfo* info)
-      : outcome_(info), call_(guard, *info->server_context()) {}
+      : guard_(guard), context_(info->server_context()), outcome_(info) {}
 
   ~Interceptor() override {
+    // A call cancelled before it reached the server runs no hook: it is
+    // reported now, when its context is bound, as one cut short at once.
+    if (!call_.has_value()) call_.emplace(guard_, *context_);
     if (std::optional<CallOutcome::Result> r = outcome_.Abandon()) {
-      call_.Ended(*r);
+      call_->Ended(*r);
     }
   }
 
   void Intercept(
       grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (!call_.has_value()) call_.emplace(guard_, *context_);
     if (std::optional<CallOutcome::Result> r = outcome_.Observe(methods)) {
-      call_.Ended(*r);
+      call_->Ended(*r);
     }
     methods->Proceed();
   }
 
  private:
+  ConnectionGuard* const guard_;
+  grpc::ServerContextBase* const context_;
   CallOutcome outcome_;
-  Call call_;
+  // Set by the first hook, the arrival of the call's metadata, which runs
+  // before gRPC hands the call to the server: before any later hook.
+  std::optional<Call> call_;
 };
 
 grpc::experimental::Interceptor*

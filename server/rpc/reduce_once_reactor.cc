@@ -9,11 +9,12 @@
 
 namespace syncnorm {
 
-ReduceOnceReactor::ReduceOnceReactor(Aggregator* aggregator,
+ReduceOnceReactor::ReduceOnceReactor(UnaryFinisher* call,
+                                     Aggregator* aggregator,
                                      v1::Contribution request,
                                      v1::RoundResult* response,
                                      std::shared_ptr<WaitingCalls> waiting)
-    : WaitingCallReactor(std::move(waiting)), response_(response) {
+    : WaitingCallReactor(call, std::move(waiting)), response_(response) {
   Contribution c = ContributionFromProto(std::move(request));
   Contribution key;
   key.job_id = c.job_id;

@@ -19,11 +19,11 @@ namespace syncnorm {
 // round). Thread-safe.
 class ReduceOnceReactor final : public WaitingCallReactor {
  public:
-  // Starts the contribution. `response` is owned by gRPC and valid until
-  // Finish; `aggregator` must outlive the callback. `waiting` (null: not
-  // counted) was entered for this call.
-  ReduceOnceReactor(Aggregator* aggregator, v1::Contribution request,
-                    v1::RoundResult* response,
+  // Starts the contribution. `call` finishes it; `response` is the call's
+  // and valid until Finish; `aggregator` must outlive the callback.
+  // `waiting` (null: not counted) was entered for this call.
+  ReduceOnceReactor(UnaryFinisher* call, Aggregator* aggregator,
+                    v1::Contribution request, v1::RoundResult* response,
                     std::shared_ptr<WaitingCalls> waiting = nullptr);
 
  private:

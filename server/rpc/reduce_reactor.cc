@@ -41,21 +41,20 @@ const Clock* ClockOf(const StreamSet* streams) {
 }  // namespace
 
 ReduceReactor::ReduceReactor(
-    Aggregator* aggregator, const Authenticator* auth,
-    std::string authorization, StreamSet* streams, int64_t max_message_bytes,
-    grpc::CallbackServerContext* context,
+    BidiCall<v1::Contribution, v1::RoundResult>* call, Aggregator* aggregator,
+    const Authenticator* auth, std::string authorization, StreamSet* streams,
+    int64_t max_message_bytes,
     std::vector<std::unique_ptr<CallObserver>> observers)
-    : RefCountedReactor(1),  // gRPC's, until OnDone
+    : RefCountedReactor(1, call),  // gRPC's, until OnDone
       aggregator_(aggregator),
       auth_(auth),
       authorization_(std::move(authorization)),
       clock_(ClockOf(streams)),
       max_message_bytes_(max_message_bytes),
-      observers_(context != nullptr
-                     ? std::move(observers)
-                     : std::vector<std::unique_ptr<CallObserver>>()),
-      outcome_(observers_.empty() ? nullptr
-                                  : std::make_unique<CallOutcome>(context)) {
+      observers_(std::move(observers)),
+      outcome_(observers_.empty()
+                   ? nullptr
+                   : std::make_unique<CallOutcome>(&call->context())) {
   {
     absl::MutexLock lock(&mu_);
     last_active_ = Now();

@@ -12,11 +12,11 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
 #include "server/domain/aggregator.h"
 #include "server/domain/clock.h"
 #include "server/domain/contribution.h"
+#include "server/rpc/async_call.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/call_observer.h"
 #include "server/rpc/call_outcome.h"
@@ -67,30 +67,31 @@ class StreamSet;
 // reactor reports its call's messages and outcome (CallOutcome) to the
 // observers it is given.
 //
+// Threads: its reactions run on the RpcLoop's thread, and so does the
+// round a contribution completes (merge, log record, every stream's
+// answer): nothing is handed to another thread on a round's path.
+//
 // Lifetime: deletes itself once gRPC is done with it (OnDone) and every
 // aggregator callback it issued has fired (RefCountedReactor); StreamSet
 // holds a reference while it closes the stream. Thread-safe.
 class ReduceReactor final
-    : public RefCountedReactor<
-          grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>> {
+    : public RefCountedReactor<BidiReactor<v1::Contribution, v1::RoundResult>> {
  public:
   static constexpr int kMaxUnanswered = 256;
   static constexpr int64_t kHeldMessages = 16;
   // The largest written result kept to be reused (KeepSpareLocked).
   static constexpr int kMaxSpareBytes = 64 << 10;
 
-  // `aggregator` must outlive every callback the reactor hands it; `auth`
-  // (null: no checks) and `streams` (null: not counted) the reactor.
-  // `authorization` is the stream's authorization metadata;
-  // `max_message_bytes` <= 0: no limit. `context` is the call's (null: no
-  // observers); `observers` hear of its messages and outcome.
-  ReduceReactor(Aggregator* aggregator, const Authenticator* auth,
+  // `call` is the stream it serves. `aggregator` must outlive every
+  // callback the reactor hands it; `auth` (null: no checks) and `streams`
+  // (null: not counted) the reactor. `authorization` is the stream's
+  // authorization metadata; `max_message_bytes` <= 0: no limit.
+  // `observers` hear of its messages and outcome.
+  ReduceReactor(BidiCall<v1::Contribution, v1::RoundResult>* call,
+                Aggregator* aggregator, const Authenticator* auth,
                 std::string authorization, StreamSet* streams,
                 int64_t max_message_bytes,
-                grpc::CallbackServerContext* context = nullptr,
                 std::vector<std::unique_ptr<CallObserver>> observers = {});
-  explicit ReduceReactor(Aggregator* aggregator)
-      : ReduceReactor(aggregator, nullptr, "", nullptr, 0) {}
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;

@@ -1,13 +1,14 @@
-// The lifetime of the service's callback reactors: each deletes itself once
-// gRPC is done with it and every aggregator callback it issued has fired.
+// The lifetime of the service's reactors: each deletes itself once gRPC is
+// done with it and every aggregator callback it issued has fired.
 #ifndef SYNCNORM_SERVER_RPC_REF_COUNTED_REACTOR_H_
 #define SYNCNORM_SERVER_RPC_REF_COUNTED_REACTOR_H_
 
 #include <atomic>
+#include <utility>
 
 namespace syncnorm {
 
-// A gRPC callback reactor (`Base`, e.g. grpc::ServerUnaryReactor) with a
+// A reactor (`Base`: BidiReactor or UnaryReactor, async_call.h) with a
 // reference count: gRPC holds one until OnDone, and each aggregator
 // callback in flight, each OnCancel while it runs (see
 // ReduceReactor::OnCancel) and each other holder one more. The last Unref()
@@ -21,8 +22,11 @@ class RefCountedReactor : public Base {
   }
 
  protected:
-  // `refs`: the references it starts with, gRPC's included.
-  explicit RefCountedReactor(int refs) : refs_(refs) {}
+  // `refs`: the references it starts with, gRPC's included; `args` are
+  // Base's.
+  template <typename... Args>
+  explicit RefCountedReactor(int refs, Args&&... args)
+      : Base(std::forward<Args>(args)...), refs_(refs) {}
   ~RefCountedReactor() override = default;
 
  private:

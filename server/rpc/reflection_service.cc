@@ -26,11 +26,11 @@ void Error(grpc::StatusCode code, std::string message,
 // One stream: a read, then its answer's write, then the next read.
 // Deletes itself when gRPC is done with it.
 class ReflectionService::Reactor final
-    : public grpc::ServerBidiReactor<ServerReflectionRequest,
-                                     ServerReflectionResponse> {
+    : public BidiReactor<ServerReflectionRequest, ServerReflectionResponse> {
  public:
-  explicit Reactor(const std::vector<std::string>& services)
-      : services_(services) {
+  Reactor(BidiCall<ServerReflectionRequest, ServerReflectionResponse>* call,
+          const std::vector<std::string>& services)
+      : BidiReactor(call), services_(services) {
     StartRead(&request_);
   }
 
@@ -145,9 +145,21 @@ class ReflectionService::Reactor final
   absl::flat_hash_set<std::string> sent_;  // file names
 };
 
-grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse>*
-ReflectionService::ServerReflectionInfo(grpc::CallbackServerContext*) {
-  return new Reactor(services_);  // deletes itself
+ReflectionService::ReflectionService(std::vector<std::string> services)
+    : services_(std::move(services)) {}
+
+ReflectionService::~ReflectionService() = default;
+
+void ReflectionService::Listen(RpcLoop* loop) {
+  method_ = std::make_unique<Call::Method>();
+  method_->request = [this](grpc::ServerContext* context, Call::Stream* stream,
+                            grpc::ServerCompletionQueue* cq, void* tag) {
+    RequestServerReflectionInfo(context, stream, cq, cq, tag);
+  };
+  method_->start = [this](Call* call) {
+    new Reactor(call, services_);  // deletes itself
+  };
+  Call::Listen(loop, method_.get());
 }
 
 }  // namespace syncnorm

@@ -2,6 +2,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,25 +15,11 @@
 namespace syncnorm {
 namespace {
 
-grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
-                                     const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-// Answers a unary call at once: with `admitted` when the call was refused
-// (see AggregatorService::Admit), else with the status `serve` returns,
-// which has filled the response when OK.
-template <typename Serve>
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
-                                 absl::Status admitted, Serve serve) {
-  return FinishWith(context, admitted.ok() ? serve() : admitted);
-}
+using AsyncAggregator = v1::Aggregator::AsyncService;
 
 // The value of the call's `authorization` metadata; empty if none.
-std::string AuthorizationOf(const grpc::CallbackServerContext* context) {
-  const auto& metadata = context->client_metadata();
+std::string AuthorizationOf(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) return "";
   return std::string(it->second.data(), it->second.size());
@@ -43,7 +30,46 @@ const Clock* OrWallClock(const Clock* clock) {
   return clock != nullptr ? clock : kWallClock;
 }
 
+// A unary method served on the loop's workers: `serve` (a member of
+// AggregatorService) answers each call, and the call finishes with the
+// status it returns, its response filled when OK.
+template <typename Req, typename Resp>
+std::unique_ptr<typename UnaryCall<Req, Resp>::Method> OnWorkers(
+    AggregatorService* service, RpcLoop* loop,
+    void (AsyncAggregator::*request)(grpc::ServerContext*, Req*,
+                                     grpc::ServerAsyncResponseWriter<Resp>*,
+                                     grpc::CompletionQueue*,
+                                     grpc::ServerCompletionQueue*, void*),
+    std::function<absl::Status(const grpc::ServerContextBase&, const Req&,
+                               Resp&)>
+        serve) {
+  using Call = UnaryCall<Req, Resp>;
+  auto method = std::make_unique<typename Call::Method>();
+  method->request = [service, request](
+                        grpc::ServerContext* context, Req* req,
+                        grpc::ServerAsyncResponseWriter<Resp>* responder,
+                        grpc::ServerCompletionQueue* cq, void* tag) {
+    (service->*request)(context, req, responder, cq, cq, tag);
+  };
+  method->start = [loop, serve = std::move(serve)](Call* call) {
+    loop->Post([call, &serve] {
+      call->Finish(ToGrpcStatus(
+          serve(call->context(), call->request(), *call->response())));
+    });
+  };
+  return method;
+}
+
 }  // namespace
+
+// What each method's calls start with; they must outlive the calls.
+struct AggregatorService::Methods {
+  BidiCall<v1::Contribution, v1::RoundResult>::Method reduce;
+  UnaryCall<v1::Contribution, v1::RoundResult>::Method reduce_once;
+  UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>::Method checkpoint;
+  // The rest, on the workers; held here for their lifetime only.
+  std::vector<std::shared_ptr<void>> on_workers;
+};
 
 AggregatorService::AggregatorService(Aggregator* aggregator,
                                      ServiceOptions options)
@@ -56,15 +82,84 @@ AggregatorService::AggregatorService(Aggregator* aggregator,
                OrWallClock(options.clock)),
       waiting_(std::make_shared<WaitingCalls>(options.max_waiting_calls)) {}
 
+AggregatorService::~AggregatorService() = default;
+
+void AggregatorService::Listen(RpcLoop* loop) {
+  methods_ = std::make_unique<Methods>();
+  Methods& m = *methods_;
+  m.reduce.request =
+      [this](grpc::ServerContext* context,
+             BidiCall<v1::Contribution, v1::RoundResult>::Stream* stream,
+             grpc::ServerCompletionQueue* cq,
+             void* tag) { RequestReduce(context, stream, cq, cq, tag); };
+  m.reduce.start = [this](BidiCall<v1::Contribution, v1::RoundResult>* call) {
+    StartReduce(call);
+  };
+  m.reduce_once.request =
+      [this](grpc::ServerContext* context, v1::Contribution* request,
+             grpc::ServerAsyncResponseWriter<v1::RoundResult>* responder,
+             grpc::ServerCompletionQueue* cq, void* tag) {
+        RequestReduceOnce(context, request, responder, cq, cq, tag);
+      };
+  m.reduce_once.start =
+      [this](UnaryCall<v1::Contribution, v1::RoundResult>* call) {
+        StartReduceOnce(call);
+      };
+  m.checkpoint.request =
+      [this](grpc::ServerContext* context, v1::CheckpointRequest* request,
+             grpc::ServerAsyncResponseWriter<v1::CheckpointInfo>* responder,
+             grpc::ServerCompletionQueue* cq, void* tag) {
+        RequestCheckpoint(context, request, responder, cq, cq, tag);
+      };
+  m.checkpoint.start =
+      [this](UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>* call) {
+        StartCheckpoint(call);
+      };
+  BidiCall<v1::Contribution, v1::RoundResult>::Listen(loop, &m.reduce);
+  UnaryCall<v1::Contribution, v1::RoundResult>::Listen(loop, &m.reduce_once);
+  UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>::Listen(loop,
+                                                               &m.checkpoint);
+  // The others, each by its request and its serving member.
+#define SYNCNORM_ON_WORKERS(Name, Req, Resp)                                \
+  {                                                                         \
+    auto method = OnWorkers<Req, Resp>(                                     \
+        this, loop, &AsyncAggregator::Request##Name,                        \
+        [this](const grpc::ServerContextBase& c, const Req& r, Resp& out) { \
+          return Serve##Name(c, r, out);                                    \
+        });                                                                 \
+    UnaryCall<Req, Resp>::Listen(loop, method.get());                       \
+    m.on_workers.push_back(std::shared_ptr<void>(std::move(method)));       \
+  }
+  SYNCNORM_ON_WORKERS(CreateJob, v1::CreateJobRequest, v1::JobInfo)
+  SYNCNORM_ON_WORKERS(GetJob, v1::GetJobRequest, v1::JobInfo)
+  SYNCNORM_ON_WORKERS(DeleteJob, v1::DeleteJobRequest, v1::DeleteJobResponse)
+  SYNCNORM_ON_WORKERS(GetRunningStats, v1::GetRunningStatsRequest,
+                      v1::RunningStats)
+  SYNCNORM_ON_WORKERS(SetRunningStats, v1::SetRunningStatsRequest,
+                      v1::RunningStats)
+  SYNCNORM_ON_WORKERS(ListJobs, v1::ListJobsRequest, v1::ListJobsResponse)
+  SYNCNORM_ON_WORKERS(ListCheckpoints, v1::ListCheckpointsRequest,
+                      v1::ListCheckpointsResponse)
+  SYNCNORM_ON_WORKERS(RestoreCheckpoint, v1::RestoreCheckpointRequest,
+                      v1::JobInfo)
+  SYNCNORM_ON_WORKERS(UpdateMembership, v1::UpdateMembershipRequest,
+                      v1::JobInfo)
+  SYNCNORM_ON_WORKERS(Backup, v1::BackupRequest, v1::BackupInfo)
+  SYNCNORM_ON_WORKERS(ListBackups, v1::ListBackupsRequest,
+                      v1::ListBackupsResponse)
+  SYNCNORM_ON_WORKERS(RestoreBackup, v1::RestoreBackupRequest,
+                      v1::RestoreBackupResponse)
+#undef SYNCNORM_ON_WORKERS
+}
+
 absl::Status AggregatorService::AuthorizeJob(
-    const grpc::CallbackServerContext* context,
-    absl::string_view job_id) const {
+    const grpc::ServerContextBase& context, absl::string_view job_id) const {
   if (auth_ == nullptr) return absl::OkStatus();
   return auth_->AuthorizeJob(AuthorizationOf(context), job_id);
 }
 
 absl::Status AggregatorService::Admit(
-    const grpc::CallbackServerContext* context,
+    const grpc::ServerContextBase& context,
     const google::protobuf::MessageLite& request, absl::string_view what,
     absl::string_view job_id) const {
   // Before any work: the message was parsed, but nothing else is done with
@@ -78,13 +173,13 @@ absl::Status AggregatorService::Admit(
 }
 
 absl::Status AggregatorService::AuthorizeAdmin(
-    const grpc::CallbackServerContext* context) const {
+    const grpc::ServerContextBase& context) const {
   if (auth_ == nullptr) return absl::OkStatus();
   return auth_->AuthorizeAdmin(AuthorizationOf(context));
 }
 
 absl::Status AggregatorService::AdmitAdmin(
-    const grpc::CallbackServerContext* context,
+    const grpc::ServerContextBase& context,
     const google::protobuf::MessageLite& request,
     absl::string_view what) const {
   if (absl::Status s =
@@ -96,7 +191,7 @@ absl::Status AggregatorService::AdmitAdmin(
 }
 
 absl::Status AggregatorService::AdmitWaitingCall(
-    const grpc::CallbackServerContext* context,
+    const grpc::ServerContextBase& context,
     const google::protobuf::MessageLite& request, absl::string_view what,
     absl::string_view job_id, absl::string_view call) {
   if (absl::Status s = Admit(context, request, what, job_id); !s.ok()) {
@@ -105,190 +200,192 @@ absl::Status AggregatorService::AdmitWaitingCall(
   return waiting_->Enter(call);
 }
 
-grpc::ServerUnaryReactor* AggregatorService::CreateJob(
-    grpc::CallbackServerContext* context, const v1::CreateJobRequest* request,
-    v1::JobInfo* response) {
-  return Answer(
-      context,
-      Admit(context, *request, "a CreateJob request", request->job_id()), [&] {
-        absl::StatusOr<JobSnapshot> job =
-            aggregator_->CreateJob(JobSpecFromProto(*request));
-        if (job.ok()) JobInfoToProto(*job, *response);
-        return job.status();
-      });
+absl::Status AggregatorService::ServeCreateJob(
+    const grpc::ServerContextBase& context, const v1::CreateJobRequest& request,
+    v1::JobInfo& response) {
+  if (absl::Status s =
+          Admit(context, request, "a CreateJob request", request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<JobSnapshot> job =
+      aggregator_->CreateJob(JobSpecFromProto(request));
+  if (job.ok()) JobInfoToProto(*job, response);
+  return job.status();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::GetJob(
-    grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
-    v1::JobInfo* response) {
-  return Answer(context,
-                Admit(context, *request, "a GetJob request", request->job_id()),
-                [&] {
-                  absl::StatusOr<JobSnapshot> job =
-                      aggregator_->GetJob(request->job_id());
-                  if (job.ok()) JobInfoToProto(*job, *response);
-                  return job.status();
-                });
+absl::Status AggregatorService::ServeGetJob(
+    const grpc::ServerContextBase& context, const v1::GetJobRequest& request,
+    v1::JobInfo& response) {
+  if (absl::Status s =
+          Admit(context, request, "a GetJob request", request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<JobSnapshot> job = aggregator_->GetJob(request.job_id());
+  if (job.ok()) JobInfoToProto(*job, response);
+  return job.status();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::DeleteJob(
-    grpc::CallbackServerContext* context, const v1::DeleteJobRequest* request,
-    v1::DeleteJobResponse* response) {
-  return Answer(
-      context,
-      Admit(context, *request, "a DeleteJob request", request->job_id()),
-      [&] { return aggregator_->DeleteJob(request->job_id()); });
+absl::Status AggregatorService::ServeDeleteJob(
+    const grpc::ServerContextBase& context, const v1::DeleteJobRequest& request,
+    v1::DeleteJobResponse& /*response*/) {
+  if (absl::Status s =
+          Admit(context, request, "a DeleteJob request", request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  return aggregator_->DeleteJob(request.job_id());
 }
 
-grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>*
-AggregatorService::Reduce(grpc::CallbackServerContext* context) {
+void AggregatorService::StartReduce(
+    BidiCall<v1::Contribution, v1::RoundResult>* call) {
   // Reported here, not by interceptors (call_observer.h).
   std::vector<std::unique_ptr<CallObserver>> observers;
   observers.reserve(call_observers_.size());
   for (CallObserverFactory* f : call_observers_) {
     observers.push_back(f->CallStarted(
-        *context, kSelfReportingMethod,
+        call->context(), kSelfReportingMethod,
         grpc::experimental::ServerRpcInfo::Type::BIDI_STREAMING));
   }
-  return new ReduceReactor(aggregator_, auth_,
-                           auth_ != nullptr ? AuthorizationOf(context) : "",
-                           &streams_, max_message_bytes_, context,
-                           std::move(observers));  // deletes itself
+  new ReduceReactor(call, aggregator_, auth_,
+                    auth_ != nullptr ? AuthorizationOf(call->context()) : "",
+                    &streams_, max_message_bytes_,
+                    std::move(observers));  // deletes itself
 }
 
-grpc::ServerUnaryReactor* AggregatorService::ReduceOnce(
-    grpc::CallbackServerContext* context, const v1::Contribution* request,
-    v1::RoundResult* response) {
+void AggregatorService::StartReduceOnce(
+    UnaryCall<v1::Contribution, v1::RoundResult>* call) {
+  const v1::Contribution& request = call->request();
   // Refused before the aggregator sees the contribution: nothing of it is
   // kept.
   if (absl::Status denied =
-          AdmitWaitingCall(context, *request, "a ReduceOnce request",
-                           request->job_id(), "a new ReduceOnce call");
+          AdmitWaitingCall(call->context(), request, "a ReduceOnce request",
+                           request.job_id(), "a new ReduceOnce call");
       !denied.ok()) {
-    return FinishWith(context, denied);
+    call->Finish(ToGrpcStatus(denied));
+    return;
   }
-  return new ReduceOnceReactor(aggregator_, *request, response,
-                               waiting_);  // ditto
+  new ReduceOnceReactor(call, aggregator_, request, call->response(),
+                        waiting_);  // deletes itself
 }
 
-grpc::ServerUnaryReactor* AggregatorService::GetRunningStats(
-    grpc::CallbackServerContext* context,
-    const v1::GetRunningStatsRequest* request, v1::RunningStats* response) {
-  return Answer(
-      context,
-      Admit(context, *request, "a GetRunningStats request", request->job_id()),
-      [&] {
-        const std::vector<int> layers(request->layers().begin(),
-                                      request->layers().end());
-        std::optional<int64_t> checkpoint;
-        if (request->checkpoint_step() != 0 || request->use_checkpoint()) {
-          checkpoint = request->checkpoint_step();
-        }
-        absl::StatusOr<RunningStatsSnapshot> stats =
-            aggregator_->GetRunningStats(request->job_id(), layers,
-                                         request->group(), checkpoint);
-        if (stats.ok()) RunningStatsToProto(*stats, *response);
-        return stats.status();
-      });
+absl::Status AggregatorService::ServeGetRunningStats(
+    const grpc::ServerContextBase& context,
+    const v1::GetRunningStatsRequest& request, v1::RunningStats& response) {
+  if (absl::Status s = Admit(context, request, "a GetRunningStats request",
+                             request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  const std::vector<int> layers(request.layers().begin(),
+                                request.layers().end());
+  std::optional<int64_t> checkpoint;
+  if (request.checkpoint_step() != 0 || request.use_checkpoint()) {
+    checkpoint = request.checkpoint_step();
+  }
+  absl::StatusOr<RunningStatsSnapshot> stats = aggregator_->GetRunningStats(
+      request.job_id(), layers, request.group(), checkpoint);
+  if (stats.ok()) RunningStatsToProto(*stats, response);
+  return stats.status();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::SetRunningStats(
-    grpc::CallbackServerContext* context,
-    const v1::SetRunningStatsRequest* request, v1::RunningStats* response) {
-  return Answer(
-      context,
-      Admit(context, *request, "a SetRunningStats request", request->job_id()),
-      [&] {
-        absl::StatusOr<std::vector<LayerStatsSnapshot>> set =
-            aggregator_->SetRunningStats(request->job_id(),
-                                         LayerStatsFromProto(*request));
-        if (!set.ok()) return set.status();
-        absl::StatusOr<JobSnapshot> job =
-            aggregator_->GetJob(request->job_id());
-        response->set_job_id(request->job_id());
-        response->set_step(job.ok() ? job->committed_step : -1);
-        for (const LayerStatsSnapshot& l : *set) {
-          LayerStatsToProto(l, *response->add_layers());
-        }
-        return absl::OkStatus();
-      });
+absl::Status AggregatorService::ServeSetRunningStats(
+    const grpc::ServerContextBase& context,
+    const v1::SetRunningStatsRequest& request, v1::RunningStats& response) {
+  if (absl::Status s = Admit(context, request, "a SetRunningStats request",
+                             request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::vector<LayerStatsSnapshot>> set =
+      aggregator_->SetRunningStats(request.job_id(),
+                                   LayerStatsFromProto(request));
+  if (!set.ok()) return set.status();
+  absl::StatusOr<JobSnapshot> job = aggregator_->GetJob(request.job_id());
+  response.set_job_id(request.job_id());
+  response.set_step(job.ok() ? job->committed_step : -1);
+  for (const LayerStatsSnapshot& l : *set) {
+    LayerStatsToProto(l, *response.add_layers());
+  }
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::ListJobs(
-    grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
-    v1::ListJobsResponse* response) {
-  return Answer(context, AdmitAdmin(context, *request, "a ListJobs request"),
-                [&] {
-                  for (const JobSnapshot& job : aggregator_->ListJobs()) {
-                    JobInfoToProto(job, *response->add_jobs());
-                  }
-                  return absl::OkStatus();
-                });
+absl::Status AggregatorService::ServeListJobs(
+    const grpc::ServerContextBase& context, const v1::ListJobsRequest& request,
+    v1::ListJobsResponse& response) {
+  if (absl::Status s = AdmitAdmin(context, request, "a ListJobs request");
+      !s.ok()) {
+    return s;
+  }
+  for (const JobSnapshot& job : aggregator_->ListJobs()) {
+    JobInfoToProto(job, *response.add_jobs());
+  }
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::Checkpoint(
-    grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
-    v1::CheckpointInfo* response) {
+void AggregatorService::StartCheckpoint(
+    UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>* call) {
+  const v1::CheckpointRequest& request = call->request();
   if (absl::Status denied =
-          AdmitWaitingCall(context, *request, "a Checkpoint request",
-                           request->job_id(), "a new Checkpoint call");
+          AdmitWaitingCall(call->context(), request, "a Checkpoint request",
+                           request.job_id(), "a new Checkpoint call");
       !denied.ok()) {
-    return FinishWith(context, denied);
+    call->Finish(ToGrpcStatus(denied));
+    return;
   }
-  return new CheckpointReactor(aggregator_, context, *request, response,
-                               waiting_);  // deletes itself
+  new CheckpointReactor(call, aggregator_, call->context(), request,
+                        call->response(), waiting_);  // deletes itself
 }
 
-grpc::ServerUnaryReactor* AggregatorService::ListCheckpoints(
-    grpc::CallbackServerContext* context,
-    const v1::ListCheckpointsRequest* request,
-    v1::ListCheckpointsResponse* response) {
-  return Answer(
-      context,
-      Admit(context, *request, "a ListCheckpoints request", request->job_id()),
-      [&] {
-        absl::StatusOr<std::vector<CheckpointMeta>> list =
-            aggregator_->ListCheckpoints(request->job_id());
-        if (!list.ok()) return list.status();
-        for (const CheckpointMeta& meta : *list) {
-          CheckpointToProto(meta, *response->add_checkpoints());
-        }
-        return absl::OkStatus();
-      });
+absl::Status AggregatorService::ServeListCheckpoints(
+    const grpc::ServerContextBase& context,
+    const v1::ListCheckpointsRequest& request,
+    v1::ListCheckpointsResponse& response) {
+  if (absl::Status s = Admit(context, request, "a ListCheckpoints request",
+                             request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::vector<CheckpointMeta>> list =
+      aggregator_->ListCheckpoints(request.job_id());
+  if (!list.ok()) return list.status();
+  for (const CheckpointMeta& meta : *list) {
+    CheckpointToProto(meta, *response.add_checkpoints());
+  }
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::RestoreCheckpoint(
-    grpc::CallbackServerContext* context,
-    const v1::RestoreCheckpointRequest* request, v1::JobInfo* response) {
-  return Answer(context,
-                Admit(context, *request, "a RestoreCheckpoint request",
-                      request->job_id()),
-                [&] {
-                  absl::StatusOr<JobSnapshot> job =
-                      aggregator_->RestoreCheckpoint(request->job_id(),
-                                                     request->step());
-                  if (job.ok()) JobInfoToProto(*job, *response);
-                  return job.status();
-                });
+absl::Status AggregatorService::ServeRestoreCheckpoint(
+    const grpc::ServerContextBase& context,
+    const v1::RestoreCheckpointRequest& request, v1::JobInfo& response) {
+  if (absl::Status s = Admit(context, request, "a RestoreCheckpoint request",
+                             request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<JobSnapshot> job =
+      aggregator_->RestoreCheckpoint(request.job_id(), request.step());
+  if (job.ok()) JobInfoToProto(*job, response);
+  return job.status();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::UpdateMembership(
-    grpc::CallbackServerContext* context,
-    const v1::UpdateMembershipRequest* request, v1::JobInfo* response) {
-  return Answer(
-      context,
-      Admit(context, *request, "an UpdateMembership request",
-            request->job_id()),
-      [&] {
-        absl::StatusOr<JobSnapshot> job = aggregator_->UpdateMembership(
-            request->job_id(), MembershipRequestFromProto(*request));
-        if (job.ok()) JobInfoToProto(*job, *response);
-        return job.status();
-      });
+absl::Status AggregatorService::ServeUpdateMembership(
+    const grpc::ServerContextBase& context,
+    const v1::UpdateMembershipRequest& request, v1::JobInfo& response) {
+  if (absl::Status s = Admit(context, request, "an UpdateMembership request",
+                             request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<JobSnapshot> job = aggregator_->UpdateMembership(
+      request.job_id(), MembershipRequestFromProto(request));
+  if (job.ok()) JobInfoToProto(*job, response);
+  return job.status();
 }
 
 absl::Status AggregatorService::AdmitBackupCall(
-    const grpc::CallbackServerContext* context,
+    const grpc::ServerContextBase& context,
     const google::protobuf::MessageLite& request,
     absl::string_view what) const {
   if (absl::Status s = AdmitAdmin(context, request, what); !s.ok()) return s;
@@ -300,38 +397,43 @@ absl::Status AggregatorService::AdmitBackupCall(
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::Backup(
-    grpc::CallbackServerContext* context, const v1::BackupRequest* request,
-    v1::BackupInfo* response) {
-  return Answer(context, AdmitBackupCall(context, *request, "a Backup request"),
-                [&] {
-                  absl::StatusOr<BackupSummary> backup = backups_->Create(
-                      request->name(), request->shard(), request->job_id());
-                  if (backup.ok()) BackupToProto(*backup, *response);
-                  return backup.status();
-                });
+absl::Status AggregatorService::ServeBackup(
+    const grpc::ServerContextBase& context, const v1::BackupRequest& request,
+    v1::BackupInfo& response) {
+  if (absl::Status s = AdmitBackupCall(context, request, "a Backup request");
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<BackupSummary> backup =
+      backups_->Create(request.name(), request.shard(), request.job_id());
+  if (backup.ok()) BackupToProto(*backup, response);
+  return backup.status();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::ListBackups(
-    grpc::CallbackServerContext* context, const v1::ListBackupsRequest* request,
-    v1::ListBackupsResponse* response) {
-  return Answer(
-      context, AdmitBackupCall(context, *request, "a ListBackups request"),
-      [&] {
-        for (const BackupSummary& backup : backups_->List(request->shard())) {
-          BackupToProto(backup, *response->add_backups());
-        }
-        return absl::OkStatus();
-      });
+absl::Status AggregatorService::ServeListBackups(
+    const grpc::ServerContextBase& context,
+    const v1::ListBackupsRequest& request, v1::ListBackupsResponse& response) {
+  if (absl::Status s =
+          AdmitBackupCall(context, request, "a ListBackups request");
+      !s.ok()) {
+    return s;
+  }
+  for (const BackupSummary& backup : backups_->List(request.shard())) {
+    BackupToProto(backup, *response.add_backups());
+  }
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* AggregatorService::RestoreBackup(
-    grpc::CallbackServerContext* context,
-    const v1::RestoreBackupRequest* request,
-    v1::RestoreBackupResponse* response) {
-  return Answer(context,
-                AdmitBackupCall(context, *request, "a RestoreBackup request"),
-                [&] { return RestoreBackupAdmitted(*request, *response); });
+absl::Status AggregatorService::ServeRestoreBackup(
+    const grpc::ServerContextBase& context,
+    const v1::RestoreBackupRequest& request,
+    v1::RestoreBackupResponse& response) {
+  if (absl::Status s =
+          AdmitBackupCall(context, request, "a RestoreBackup request");
+      !s.ok()) {
+    return s;
+  }
+  return RestoreBackupAdmitted(request, response);
 }
 
 absl::Status AggregatorService::RestoreBackupAdmitted(

@@ -1,5 +1,6 @@
-// The gRPC face of the Aggregator: syncnorm.v1.Aggregator over the callback
-// API. Translates protos to domain calls and back, nothing more.
+// The gRPC face of the Aggregator: syncnorm.v1.Aggregator on the
+// asynchronous API, served by an RpcLoop. Translates protos to domain calls
+// and back, nothing more.
 #ifndef SYNCNORM_SERVER_RPC_SERVICE_H_
 #define SYNCNORM_SERVER_RPC_SERVICE_H_
 
@@ -7,12 +8,13 @@
 #include <vector>
 
 #include "grpcpp/server_context.h"
-#include "grpcpp/support/server_callback.h"
 #include "server/domain/aggregator.h"
 #include "server/domain/clock.h"
 #include "server/domain/limits.h"
+#include "server/rpc/async_call.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/call_observer.h"
+#include "server/rpc/rpc_loop.h"
 #include "server/rpc/stream_set.h"
 #include "server/rpc/waiting_calls.h"
 #include "server/store/backup_root.h"
@@ -52,13 +54,20 @@ struct ServiceOptions {
   std::vector<CallObserverFactory*> call_observers;
 };
 
-// Thread-safe; no thread per call or stream (a Checkpoint that waits for
-// its step holds no thread either).
-class AggregatorService final : public v1::Aggregator::CallbackService {
+// Every call is served by an RpcLoop: Reduce, ReduceOnce and Checkpoint on
+// its thread (a call that waits holds no thread), the other calls on its
+// workers, which may block on the state store. Listen() once the server is
+// built. Thread-safe.
+class AggregatorService final : public v1::Aggregator::AsyncService {
  public:
   // `aggregator` must outlive the service and every call it serves.
   explicit AggregatorService(Aggregator* aggregator,
                              ServiceOptions options = {});
+  ~AggregatorService() override;
+
+  // Posts a request for each method's first call on `loop`, which must
+  // outlive the calls (grpc::Server::Shutdown ends them).
+  void Listen(RpcLoop* loop);
 
   // Shutdown: ends every Reduce stream (UNAVAILABLE) once it has answered
   // what it read, and refuses new ones.
@@ -67,64 +76,56 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   // ReduceOnce and Checkpoint calls held now (--max_waiting_calls).
   int waiting_calls() const { return waiting_->size(); }
 
-  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
-                                      const v1::CreateJobRequest* request,
-                                      v1::JobInfo* response) override;
-  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
-                                   const v1::GetJobRequest* request,
-                                   v1::JobInfo* response) override;
-  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
-                                      const v1::DeleteJobRequest* request,
-                                      v1::DeleteJobResponse* response) override;
-  grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>* Reduce(
-      grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* ReduceOnce(grpc::CallbackServerContext* context,
-                                       const v1::Contribution* request,
-                                       v1::RoundResult* response) override;
-  grpc::ServerUnaryReactor* GetRunningStats(
-      grpc::CallbackServerContext* context,
-      const v1::GetRunningStatsRequest* request,
-      v1::RunningStats* response) override;
-  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
-                                       const v1::CheckpointRequest* request,
-                                       v1::CheckpointInfo* response) override;
-  grpc::ServerUnaryReactor* ListCheckpoints(
-      grpc::CallbackServerContext* context,
-      const v1::ListCheckpointsRequest* request,
-      v1::ListCheckpointsResponse* response) override;
-  grpc::ServerUnaryReactor* UpdateMembership(
-      grpc::CallbackServerContext* context,
-      const v1::UpdateMembershipRequest* request,
-      v1::JobInfo* response) override;
-  grpc::ServerUnaryReactor* RestoreCheckpoint(
-      grpc::CallbackServerContext* context,
-      const v1::RestoreCheckpointRequest* request,
-      v1::JobInfo* response) override;
-  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
-                                     const v1::ListJobsRequest* request,
-                                     v1::ListJobsResponse* response) override;
-  grpc::ServerUnaryReactor* SetRunningStats(
-      grpc::CallbackServerContext* context,
-      const v1::SetRunningStatsRequest* request,
-      v1::RunningStats* response) override;
-  grpc::ServerUnaryReactor* Backup(grpc::CallbackServerContext* context,
-                                   const v1::BackupRequest* request,
-                                   v1::BackupInfo* response) override;
-  grpc::ServerUnaryReactor* ListBackups(
-      grpc::CallbackServerContext* context,
-      const v1::ListBackupsRequest* request,
-      v1::ListBackupsResponse* response) override;
-  grpc::ServerUnaryReactor* RestoreBackup(
-      grpc::CallbackServerContext* context,
-      const v1::RestoreBackupRequest* request,
-      v1::RestoreBackupResponse* response) override;
-
  private:
+  struct Methods;
+
+  // The calls. The unary ones fill `response` when they return OK.
+  void StartReduce(BidiCall<v1::Contribution, v1::RoundResult>* call);
+  void StartReduceOnce(UnaryCall<v1::Contribution, v1::RoundResult>* call);
+  void StartCheckpoint(
+      UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>* call);
+  absl::Status ServeCreateJob(const grpc::ServerContextBase& context,
+                              const v1::CreateJobRequest& request,
+                              v1::JobInfo& response);
+  absl::Status ServeGetJob(const grpc::ServerContextBase& context,
+                           const v1::GetJobRequest& request,
+                           v1::JobInfo& response);
+  absl::Status ServeDeleteJob(const grpc::ServerContextBase& context,
+                              const v1::DeleteJobRequest& request,
+                              v1::DeleteJobResponse& response);
+  absl::Status ServeGetRunningStats(const grpc::ServerContextBase& context,
+                                    const v1::GetRunningStatsRequest& request,
+                                    v1::RunningStats& response);
+  absl::Status ServeListCheckpoints(const grpc::ServerContextBase& context,
+                                    const v1::ListCheckpointsRequest& request,
+                                    v1::ListCheckpointsResponse& response);
+  absl::Status ServeUpdateMembership(const grpc::ServerContextBase& context,
+                                     const v1::UpdateMembershipRequest& request,
+                                     v1::JobInfo& response);
+  absl::Status ServeRestoreCheckpoint(
+      const grpc::ServerContextBase& context,
+      const v1::RestoreCheckpointRequest& request, v1::JobInfo& response);
+  absl::Status ServeListJobs(const grpc::ServerContextBase& context,
+                             const v1::ListJobsRequest& request,
+                             v1::ListJobsResponse& response);
+  absl::Status ServeSetRunningStats(const grpc::ServerContextBase& context,
+                                    const v1::SetRunningStatsRequest& request,
+                                    v1::RunningStats& response);
+  absl::Status ServeBackup(const grpc::ServerContextBase& context,
+                           const v1::BackupRequest& request,
+                           v1::BackupInfo& response);
+  absl::Status ServeListBackups(const grpc::ServerContextBase& context,
+                                const v1::ListBackupsRequest& request,
+                                v1::ListBackupsResponse& response);
+  absl::Status ServeRestoreBackup(const grpc::ServerContextBase& context,
+                                  const v1::RestoreBackupRequest& request,
+                                  v1::RestoreBackupResponse& response);
+
   // OK when the call may use `job_id`; UNAUTHENTICATED / PERMISSION_DENIED
   // otherwise. Always OK without an Authenticator.
-  absl::Status AuthorizeJob(const grpc::CallbackServerContext* context,
+  absl::Status AuthorizeJob(const grpc::ServerContextBase& context,
                             absl::string_view job_id) const;
-  absl::Status AuthorizeAdmin(const grpc::CallbackServerContext* context) const;
+  absl::Status AuthorizeAdmin(const grpc::ServerContextBase& context) const;
 
   // The admission of a call, before anything is done with its request: OK,
   // or the status the call is refused with. `what` names the request in
@@ -132,23 +133,23 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   //
   // A job's call: the request against --max_message_bytes, then
   // AuthorizeJob.
-  absl::Status Admit(const grpc::CallbackServerContext* context,
+  absl::Status Admit(const grpc::ServerContextBase& context,
                      const google::protobuf::MessageLite& request,
                      absl::string_view what, absl::string_view job_id) const;
   // A server-wide call: the request against --max_message_bytes, then
   // AuthorizeAdmin.
-  absl::Status AdmitAdmin(const grpc::CallbackServerContext* context,
+  absl::Status AdmitAdmin(const grpc::ServerContextBase& context,
                           const google::protobuf::MessageLite& request,
                           absl::string_view what) const;
   // A backup call: AdmitAdmin, then FAILED_PRECONDITION without a backup
   // root.
-  absl::Status AdmitBackupCall(const grpc::CallbackServerContext* context,
+  absl::Status AdmitBackupCall(const grpc::ServerContextBase& context,
                                const google::protobuf::MessageLite& request,
                                absl::string_view what) const;
   // A job's call that may wait (ReduceOnce, Checkpoint; `call` names it for
   // --max_waiting_calls): Admit, then WaitingCalls::Enter; once OK, its
   // reactor leaves waiting_.
-  absl::Status AdmitWaitingCall(const grpc::CallbackServerContext* context,
+  absl::Status AdmitWaitingCall(const grpc::ServerContextBase& context,
                                 const google::protobuf::MessageLite& request,
                                 absl::string_view what,
                                 absl::string_view job_id,
@@ -169,6 +170,8 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   // answered it too, which may be after the service is gone (the
   // aggregator's destructor answers what still waits).
   const std::shared_ptr<WaitingCalls> waiting_;
+  // Set by Listen: what each method's calls are started with.
+  std::unique_ptr<Methods> methods_;
 };
 
 }  // namespace syncnorm

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <linux/tcp.h>  // its tcp_info has the byte counts
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -63,23 +64,45 @@ std::string SocketCloser::PeerOf(int fd) const {
   return absl::StrCat("ipv6:[", text, "]:", ntohs(a.sin6_port));
 }
 
-bool SocketCloser::Close(absl::string_view peer) {
-  if (port_.load() == 0) return false;
+template <typename Visit>
+void SocketCloser::ForEachSocket(Visit visit) const {
+  if (port_.load() == 0) return;
   DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return false;
-  bool closed = false;
+  if (dir == nullptr) return;
   while (dirent* entry = ::readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
-    if (PeerOf(static_cast<int>(fd)) == peer) {
-      closed = ::shutdown(static_cast<int>(fd), SHUT_RDWR) == 0;
-      Discard(static_cast<int>(fd));
-      break;
-    }
+    const std::string peer = PeerOf(static_cast<int>(fd));
+    if (!peer.empty() && !visit(static_cast<int>(fd), peer)) break;
   }
   ::closedir(dir);
+}
+
+bool SocketCloser::Close(absl::string_view peer) {
+  bool closed = false;
+  ForEachSocket([&](int fd, const std::string& its_peer) {
+    if (its_peer != peer) return true;
+    closed = ::shutdown(fd, SHUT_RDWR) == 0;
+    Discard(fd);
+    return false;
+  });
   return closed;
+}
+
+absl::flat_hash_map<std::string, uint64_t> SocketCloser::BytesReceived() const {
+  absl::flat_hash_map<std::string, uint64_t> bytes;
+  ForEachSocket([&](int fd, const std::string& peer) {
+    struct tcp_info info {};
+    socklen_t len = sizeof(info);
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+        len >= offsetof(struct tcp_info, tcpi_bytes_received) +
+                   sizeof(info.tcpi_bytes_received)) {
+      bytes[peer] = info.tcpi_bytes_received;
+    }
+    return true;
+  });
+  return bytes;
 }
 
 }  // namespace syncnorm

@@ -3,8 +3,10 @@
 #define SYNCNORM_SERVER_RPC_SOCKET_CLOSER_H_
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "server/rpc/connection_guard.h"
 
@@ -32,7 +34,16 @@ class SocketCloser final : public ConnectionCloser {
   // it is not such a socket.
   std::string PeerOf(int fd) const;
 
+  // The bytes each connection on the server's port has received so far
+  // (the kernel's count, TCP_INFO), by peer.
+  absl::flat_hash_map<std::string, uint64_t> BytesReceived() const;
+
  private:
+  // Calls `visit(fd, peer)` for each socket on the server's port until it
+  // returns false.
+  template <typename Visit>
+  void ForEachSocket(Visit visit) const;
+
   std::atomic<int> port_{0};
 };
 

@@ -4,8 +4,9 @@
 
 namespace syncnorm {
 
-WaitingCallReactor::WaitingCallReactor(std::shared_ptr<WaitingCalls> waiting)
-    : RefCountedReactor(2), waiting_(std::move(waiting)) {}
+WaitingCallReactor::WaitingCallReactor(UnaryFinisher* call,
+                                       std::shared_ptr<WaitingCalls> waiting)
+    : RefCountedReactor(2, call), waiting_(std::move(waiting)) {}
 
 WaitingCallReactor::~WaitingCallReactor() {
   if (waiting_ != nullptr) waiting_->Leave();

@@ -7,7 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "grpcpp/support/server_callback.h"
+#include "server/rpc/async_call.h"
 #include "server/rpc/ref_counted_reactor.h"
 #include "server/rpc/waiting_calls.h"
 
@@ -21,7 +21,7 @@ namespace syncnorm {
 // Lifetime: deletes itself after OnDone and the aggregator callback have
 // both happened, and then leaves `waiting`: until then the call holds
 // memory (gRPC's request, or what the aggregator keeps of it). Thread-safe.
-class WaitingCallReactor : public RefCountedReactor<grpc::ServerUnaryReactor> {
+class WaitingCallReactor : public RefCountedReactor<UnaryReactor> {
  public:
   void OnCancel() final;
   void OnDone() final { Unref(); }
@@ -30,7 +30,9 @@ class WaitingCallReactor : public RefCountedReactor<grpc::ServerUnaryReactor> {
   // `waiting` (null: not counted) was entered for this call. The reactor
   // starts with gRPC's reference and one for the aggregator callback, which
   // the subclass releases (Unref) once its answer is handled.
-  explicit WaitingCallReactor(std::shared_ptr<WaitingCalls> waiting);
+  // `call` is the call it finishes.
+  WaitingCallReactor(UnaryFinisher* call,
+                     std::shared_ptr<WaitingCalls> waiting);
   ~WaitingCallReactor() override;
 
   // True once: for the aggregator's answer, which then finishes the call,

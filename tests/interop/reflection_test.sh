@@ -3,9 +3,10 @@
 # installed by scripts/deps.sh), against the aggregator binary with metrics
 # on, as deployed: it lists the services, lists every service's methods
 # (which resolves each service's descriptor through reflection), checks
-# health and runs a round with request and response types taken from
-# reflection alone; the server must stay up and SERVING throughout, and the
-# round's answer must be the one a float64 computation gives.
+# and watches health and runs a round with request and response types
+# taken from reflection alone; the server must stay up and SERVING
+# throughout, and the round's answer must be the one a float64 computation
+# gives.
 set -euo pipefail
 
 self=$(readlink -f "${BASH_SOURCE[0]}")
@@ -152,8 +153,49 @@ metrics=$(curl -sf "http://127.0.0.1:$metrics_port/metrics") || fail "no /metric
 echo "$metrics" | grep -q 'grpc_code="OK",grpc_method="ServerReflectionInfo"' ||
   fail "no reflection call in the metrics: $(echo "$metrics" | grep handled_total)"
 
+# Health as gRPC's standard service answers it: each known service (the
+# server, "", and syncnorm.v1.Aggregator) by name, NOT_FOUND for another;
+# Watch writes the status at once and again when it changes, here to
+# NOT_SERVING on SIGTERM, and then ends, so that it does not hold the
+# shutdown up.
+health=$(bufcurl -d '{"service": "syncnorm.v1.Aggregator"}' \
+  "$url/grpc.health.v1.Health/Check") || fail "health check of the service failed"
+echo "$health" | grep -q '"status": "SERVING"' || fail "service health: $health"
+if unknown=$(bufcurl -d '{"service": "no.such.Service"}' \
+  "$url/grpc.health.v1.Health/Check" 2>&1); then
+  fail "health of an unknown service succeeded: $unknown"
+fi
+echo "$unknown" | grep -q '"code": "not_found"' || fail "unknown service's health: $unknown"
+bufcurl -d '{}' "$url/grpc.health.v1.Health/Watch" >"$dir/watch.out" 2>"$dir/watch.err" &
+watch=$!
+for _ in $(seq 200); do
+  grep -q '"status": "SERVING"' "$dir/watch.out" 2>/dev/null && break
+  sleep 0.05
+done
+grep -q '"status": "SERVING"' "$dir/watch.out" ||
+  fail "Watch wrote no SERVING: $(cat "$dir/watch.out" "$dir/watch.err")"
+
 alive "at the end"
 kill -TERM $pid
 wait $pid || fail "exit code $? after SIGTERM"
 trap - EXIT
-echo "reflection: services and methods listed, health SERVING, a round served"
+if wait $watch; then
+  fail "Watch ended OK at shutdown: $(cat "$dir/watch.out")"
+fi
+/usr/bin/python3 - "$dir/watch.out" <<'PY' || fail "Watch wrote $(cat "$dir/watch.out")"
+import json, sys
+text = open(sys.argv[1]).read()
+decoder, at, statuses = json.JSONDecoder(), 0, []
+while True:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    if at == len(text):
+        break
+    message, at = decoder.raw_decode(text, at)
+    statuses.append(message.get("status", "UNKNOWN"))
+if statuses != ["SERVING", "NOT_SERVING"]:
+    sys.exit("statuses: %s" % statuses)
+PY
+grep -q '"code": "unavailable"' "$dir/watch.err" ||
+  fail "Watch ended with $(cat "$dir/watch.err")"
+echo "reflection: services and methods listed, health SERVING and watched, a round served"

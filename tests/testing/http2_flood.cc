@@ -282,7 +282,12 @@ absl::StatusOr<Http2FloodResult> FloodHttp2(const Http2FloodOptions& options) {
       }
     }
     ++queued;
-    if (out.size() >= kFlushBytes) {
+    if (options.burst > 0 && queued % options.burst == 0) {
+      if (!connection.Send(out)) break;
+      out.clear();
+      sent = queued;
+      absl::SleepFor(options.pause);
+    } else if (out.size() >= kFlushBytes) {
       if (!connection.Send(out)) break;
       out.clear();
       sent = queued;

@@ -33,6 +33,12 @@ struct Http2FloodOptions {
   bool reset = true;
   // Acknowledge the server's SETTINGS.
   bool ack_settings = false;
+  // A paced flood: after every `burst` requests (0: none) the client sends
+  // what it has and waits `pause`, so the server's socket runs dry between
+  // bursts (a client on a slower link, or one that keeps under a watchdog
+  // of the server's reading).
+  int burst = 0;
+  absl::Duration pause = absl::Milliseconds(2);
   // The flood gives up (and reports what it sent) after this long.
   absl::Duration timeout = absl::Seconds(60);
   // How long the connection stays open after the last request: the server

@@ -1,0 +1,73 @@
+// The flood defence that does not wait for the polling thread.
+//
+// gRPC 1.51's TCP endpoint reads a socket again, in the same pass, while
+// the kernel holds more of it, and the transport parses each read at once:
+// a client that keeps its socket full (an HTTP/2 rapid reset: requests sent
+// and reset as fast as they can be written) keeps the polling thread in
+// one pass over its connection, creating a call for every request. The
+// server's one polling thread (RpcLoop) runs nothing else meanwhile, so
+// ConnectionGuard, which judges connections by their calls, would judge
+// that one only once the pass ends: after gRPC has taken all of its
+// requests, tens of thousands of calls and hundreds of megabytes later.
+// RpcLoop's watchdog sees such a pass from outside (the thread busy inside
+// gRPC without handing the loop a single event) and tells a PassWatcher,
+// with how much the process's memory grew meanwhile.
+//
+// A pass may also be long for a legitimate reason: one large message,
+// which gRPC reads whole before the loop hears of it. What tells a flood
+// from it is what the memory grew by beyond the bytes read: a message
+// costs about its own size, a flood's every request a call, kilobytes for
+// a request of a hundred bytes.
+#ifndef SYNCNORM_SERVER_RPC_READ_FLOOD_H_
+#define SYNCNORM_SERVER_RPC_READ_FLOOD_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace syncnorm {
+
+class ConnectionGuard;
+class SocketCloser;
+
+// Told by RpcLoop's watchdog thread, and only on it, about long passes.
+class PassWatcher {
+ public:
+  virtual ~PassWatcher() = default;
+  // The loop's thread has been busy inside gRPC since the watchdog's last
+  // look, without an event.
+  virtual void PassBegan() = 0;
+  // ... and still is, at each look after PassBegan; the process's resident
+  // memory has grown by `grown` bytes since PassBegan.
+  virtual void PassGoesOn(int64_t grown) = 0;
+};
+
+// Closes, for CloseReason::kReadFlood, the connection that received the
+// most bytes in a pass, once the memory grew by kMaxExcess more than those
+// bytes: the connection being read, whose requests gRPC is turning into
+// calls. Its calls end as the connection does, and the pass at the
+// socket's end. Not thread-safe: RpcLoop's watchdog only.
+class ReadFloodBreaker final : public PassWatcher {
+ public:
+  // About 2,500 of a flood's calls; the server's other memory is bounded
+  // by its limits (docs/operations.md).
+  static constexpr int64_t kMaxExcess = int64_t{32} << 20;
+
+  // Both must outlive the breaker.
+  ReadFloodBreaker(const SocketCloser* sockets, ConnectionGuard* guard)
+      : sockets_(sockets), guard_(guard) {}
+
+  void PassBegan() override;
+  void PassGoesOn(int64_t grown) override;
+
+ private:
+  const SocketCloser* const sockets_;
+  ConnectionGuard* const guard_;
+  absl::flat_hash_map<std::string, uint64_t> bytes_at_start_;
+  bool closed_ = false;  // one connection in this pass
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_SERVER_RPC_READ_FLOOD_H_
