@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <deque>
 #include <utility>
 
 #include "server/rpc/connection_guard.h"
@@ -89,8 +90,11 @@ void RpcLoop::Poll() {
 void RpcLoop::Watch() {
   clockid_t clock;
   if (::pthread_getcpuclockid(poller_.native_handle(), &clock) != 0) return;
+  // The loop thread's CPU clock at the last kBusyWindow looks, oldest
+  // first: a thread that shares its core with others is still busy when it
+  // gets a tenth of it, and a look or two without it does not end a pass.
+  std::deque<std::pair<absl::Time, absl::Duration>> window;
   int64_t events = events_.load(std::memory_order_relaxed);
-  absl::Duration cpu = CpuTime(clock);
   bool in_pass = false;
   int64_t resident_at_start = 0;
   for (;;) {
@@ -102,11 +106,15 @@ void RpcLoop::Watch() {
       }
     }
     const int64_t events_now = events_.load(std::memory_order_relaxed);
+    const absl::Time now = absl::Now();
     const absl::Duration cpu_now = CpuTime(clock);
-    const bool busy = in_grpc_.load(std::memory_order_relaxed) &&
-                      events_now == events && cpu_now - cpu >= kWatchPeriod / 4;
+    window.emplace_back(now, cpu_now);
+    if (window.size() > kBusyWindow) window.pop_front();
+    const bool busy =
+        in_grpc_.load(std::memory_order_relaxed) && events_now == events &&
+        window.size() > 1 &&
+        cpu_now - window.front().second >= (now - window.front().first) / 10;
     events = events_now;
-    cpu = cpu_now;
     if (!busy) {
       in_pass = false;
     } else if (!in_pass) {

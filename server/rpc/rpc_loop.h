@@ -55,9 +55,10 @@ class RpcLoop {
 
   // The watchdog looks at the loop's thread this often. While the thread
   // stays inside gRPC (polling the queue) without returning an event, and
-  // busy (at least a quarter of each look's time on a CPU), the watcher
-  // is told at each look (read_flood.h).
+  // busy (on a CPU for at least a tenth of the time of the last
+  // kBusyWindow looks), the watcher is told at each look (read_flood.h).
   static constexpr absl::Duration kWatchPeriod = absl::Milliseconds(5);
+  static constexpr size_t kBusyWindow = 5;
 
   // REQUIRES: Stop() returned, or Start() was never called.
   ~RpcLoop();
