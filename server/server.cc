@@ -265,8 +265,9 @@ absl::Status Server::Start() {
         "cannot listen on '", options_.listen,
         "'; check that it is HOST:PORT and that the port is free"));
   }
-  loop_ = std::make_unique<RpcLoop>(std::move(cq), guard_.get(), kRpcWorkers,
-                                    read_flood_.get());
+  loop_ = std::make_unique<RpcLoop>(
+      std::move(cq), guard_.get(), kRpcWorkers,
+      options_.close_read_floods ? read_flood_.get() : nullptr);
   service_->Listen(loop_.get());
   reflection_->Listen(loop_.get());
   health_->Listen(loop_.get());

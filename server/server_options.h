@@ -69,6 +69,11 @@ struct ServerOptions {
   // How often the heap freed since is given back to the kernel (see
   // MemoryTrimmer). Zero or less: never. Default 5 s.
   absl::Duration memory_trim_period = absl::Seconds(5);
+  // Whether the RPC loop's watchdog closes connections that flood its
+  // thread (server/rpc/read_flood.h). It judges by the process's resident
+  // memory, so a server that shares its process with other work (an
+  // in-process server in a test) turns it off. Default true.
+  bool close_read_floods = true;
 
   // ---- Security (see docs/operations.md, "Security") ----
   // TLS: the server's certificate chain and private key (PEM files); both
