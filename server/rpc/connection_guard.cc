@@ -67,18 +67,7 @@ std::shared_ptr<ConnectionGuard::Connection> ConnectionGuard::CallStarted(
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();
     PruneLocked(now);
-    std::shared_ptr<Connection>& slot = connections_[peer];
-    if (slot == nullptr) {
-      slot = std::make_shared<Connection>();
-      slot->peer = std::string(peer);
-    }
-    c = slot;
-    if (c->closed && now - c->closed_at > kNewConnectionAfter) {
-      const int64_t in_progress = c->in_progress;
-      *c = Connection();
-      c->peer = std::string(peer);
-      c->in_progress = in_progress;
-    }
+    c = RecordLocked(peer, now);
     ++c->started;
     ++c->in_progress;
     c->last_seen = now;
@@ -123,20 +112,9 @@ void ConnectionGuard::Close(absl::string_view peer, CloseReason reason) {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();
-    std::shared_ptr<Connection>& c = connections_[peer];
-    if (c == nullptr) {
-      c = std::make_shared<Connection>();
-      c->peer = std::string(peer);
-      c->last_seen = now;
-    }
-    if (c->closed) {
-      if (now - c->closed_at <= kNewConnectionAfter) return;
-      const int64_t in_progress = c->in_progress;  // a new connection's
-      *c = Connection();
-      c->peer = std::string(peer);
-      c->in_progress = in_progress;
-      c->last_seen = now;
-    }
+    Connection* c = RecordLocked(peer, now).get();
+    if (c->closed) return;                    // closed a moment ago
+    if (c->started == 0) c->last_seen = now;  // a record made for this
     c->closed = true;
     c->closed_at = now;
     started = c->started;
@@ -145,6 +123,21 @@ void ConnectionGuard::Close(absl::string_view peer, CloseReason reason) {
   }
   CloseConnection(std::string(peer), reason, started, early_cancels,
                   unauthenticated);
+}
+
+std::shared_ptr<ConnectionGuard::Connection>& ConnectionGuard::RecordLocked(
+    absl::string_view peer, absl::Time now) {
+  std::shared_ptr<Connection>& c = connections_[peer];
+  if (c == nullptr) {
+    c = std::make_shared<Connection>();
+    c->peer = std::string(peer);
+  } else if (c->closed && now - c->closed_at > kNewConnectionAfter) {
+    const int64_t in_progress = c->in_progress;
+    *c = Connection();
+    c->peer = std::string(peer);
+    c->in_progress = in_progress;
+  }
+  return c;
 }
 
 bool ConnectionGuard::Judge(Connection& c, bool overloaded,

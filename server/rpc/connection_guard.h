@@ -105,6 +105,11 @@ class ConnectionGuard {
   int tracked() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // The record of the connection from `peer`: made if there is none, made
+  // afresh if it was closed long enough ago to be a new connection's.
+  std::shared_ptr<Connection>& RecordLocked(absl::string_view peer,
+                                            absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `c` closed and returns true if it crossed a line; what to log.
   bool Judge(Connection& c, bool overloaded, CloseReason& reason) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
