@@ -127,6 +127,19 @@ class BidiCall final : public LoopCall {
     std::function<void(BidiCall*)> start;
   };
 
+  // `request` bound to `service`, the call notified on the loop's queue.
+  template <typename Service, typename Base>
+  static auto Requester(Service* service,
+                        void (Base::*request)(grpc::ServerContext*, Stream*,
+                                              grpc::CompletionQueue*,
+                                              grpc::ServerCompletionQueue*,
+                                              void*)) {
+    return [service, request](grpc::ServerContext* context, Stream* stream,
+                              grpc::ServerCompletionQueue* cq, void* tag) {
+      (service->*request)(context, stream, cq, cq, tag);
+    };
+  }
+
   // Listens for `method`'s calls; `method` must outlive them.
   static void Listen(RpcLoop* loop, const Method* method) {
     new BidiCall(loop, method);  // deletes itself
@@ -246,6 +259,21 @@ class UnaryCall final : public LoopCall, public UnaryFinisher {
         request;
     std::function<void(UnaryCall*)> start;
   };
+
+  // As BidiCall::Requester.
+  template <typename Service, typename Base>
+  static auto Requester(Service* service,
+                        void (Base::*request)(grpc::ServerContext*, Req*,
+                                              Responder*,
+                                              grpc::CompletionQueue*,
+                                              grpc::ServerCompletionQueue*,
+                                              void*)) {
+    return [service, request](grpc::ServerContext* context, Req* req,
+                              Responder* responder,
+                              grpc::ServerCompletionQueue* cq, void* tag) {
+      (service->*request)(context, req, responder, cq, cq, tag);
+    };
+  }
 
   static void Listen(RpcLoop* loop, const Method* method) {
     new UnaryCall(loop, method);  // deletes itself

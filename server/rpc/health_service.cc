@@ -119,12 +119,8 @@ HealthService::~HealthService() = default;
 void HealthService::Listen(RpcLoop* loop) {
   loop_ = loop;
   check_ = std::make_unique<CheckCall::Method>();
-  check_->request =
-      [this](grpc::ServerContext* context, HealthCheckRequest* request,
-             grpc::ServerAsyncResponseWriter<HealthCheckResponse>* responder,
-             grpc::ServerCompletionQueue* cq, void* tag) {
-        RequestCheck(context, request, responder, cq, cq, tag);
-      };
+  check_->request = CheckCall::Requester(
+      this, &grpc::health::v1::Health::AsyncService::RequestCheck);
   check_->start = [this](CheckCall* call) { StartCheck(call); };
   CheckCall::Listen(loop, check_.get());
   Watcher::Listen(this, loop);

@@ -152,10 +152,9 @@ ReflectionService::~ReflectionService() = default;
 
 void ReflectionService::Listen(RpcLoop* loop) {
   method_ = std::make_unique<Call::Method>();
-  method_->request = [this](grpc::ServerContext* context, Call::Stream* stream,
-                            grpc::ServerCompletionQueue* cq, void* tag) {
-    RequestServerReflectionInfo(context, stream, cq, cq, tag);
-  };
+  method_->request =
+      Call::Requester(this, &grpc::reflection::v1alpha::ServerReflection::
+                                AsyncService::RequestServerReflectionInfo);
   method_->start = [this](Call* call) {
     new Reactor(call, services_);  // deletes itself
   };

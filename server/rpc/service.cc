@@ -30,34 +30,31 @@ const Clock* OrWallClock(const Clock* clock) {
   return clock != nullptr ? clock : kWallClock;
 }
 
-// A unary method served on the loop's workers: `serve` (a member of
-// AggregatorService) answers each call, and the call finishes with the
-// status it returns, its response filled when OK.
-template <typename Req, typename Resp>
-std::unique_ptr<typename UnaryCall<Req, Resp>::Method> OnWorkers(
+// Listens for a unary method's calls on `loop`, served on its workers:
+// `serve` answers each call, which finishes with the status it returns,
+// its response filled when OK. `keep` holds the method for the calls'
+// lifetime.
+template <typename Base, typename Req, typename Resp>
+void ListenOnWorkers(
     AggregatorService* service, RpcLoop* loop,
-    void (AsyncAggregator::*request)(grpc::ServerContext*, Req*,
-                                     grpc::ServerAsyncResponseWriter<Resp>*,
-                                     grpc::CompletionQueue*,
-                                     grpc::ServerCompletionQueue*, void*),
-    std::function<absl::Status(const grpc::ServerContextBase&, const Req&,
-                               Resp&)>
-        serve) {
+    void (Base::*request)(grpc::ServerContext*, Req*,
+                          grpc::ServerAsyncResponseWriter<Resp>*,
+                          grpc::CompletionQueue*, grpc::ServerCompletionQueue*,
+                          void*),
+    absl::Status (AggregatorService::*serve)(const grpc::ServerContextBase&,
+                                             const Req&, Resp&),
+    std::vector<std::shared_ptr<void>>& keep) {
   using Call = UnaryCall<Req, Resp>;
-  auto method = std::make_unique<typename Call::Method>();
-  method->request = [service, request](
-                        grpc::ServerContext* context, Req* req,
-                        grpc::ServerAsyncResponseWriter<Resp>* responder,
-                        grpc::ServerCompletionQueue* cq, void* tag) {
-    (service->*request)(context, req, responder, cq, cq, tag);
-  };
-  method->start = [loop, serve = std::move(serve)](Call* call) {
-    loop->Post([call, &serve] {
-      call->Finish(ToGrpcStatus(
-          serve(call->context(), call->request(), *call->response())));
+  auto method = std::make_shared<typename Call::Method>();
+  method->request = Call::Requester(service, request);
+  method->start = [service, loop, serve](Call* call) {
+    loop->Post([service, serve, call] {
+      call->Finish(ToGrpcStatus((service->*serve)(
+          call->context(), call->request(), *call->response())));
     });
   };
-  return method;
+  Call::Listen(loop, method.get());
+  keep.push_back(std::move(method));
 }
 
 }  // namespace
@@ -85,71 +82,46 @@ AggregatorService::AggregatorService(Aggregator* aggregator,
 AggregatorService::~AggregatorService() = default;
 
 void AggregatorService::Listen(RpcLoop* loop) {
+  using ReduceCall = BidiCall<v1::Contribution, v1::RoundResult>;
+  using ReduceOnceCall = UnaryCall<v1::Contribution, v1::RoundResult>;
+  using CheckpointCall = UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>;
   methods_ = std::make_unique<Methods>();
   Methods& m = *methods_;
   m.reduce.request =
-      [this](grpc::ServerContext* context,
-             BidiCall<v1::Contribution, v1::RoundResult>::Stream* stream,
-             grpc::ServerCompletionQueue* cq,
-             void* tag) { RequestReduce(context, stream, cq, cq, tag); };
-  m.reduce.start = [this](BidiCall<v1::Contribution, v1::RoundResult>* call) {
-    StartReduce(call);
-  };
+      ReduceCall::Requester(this, &AsyncAggregator::RequestReduce);
+  m.reduce.start = [this](ReduceCall* call) { StartReduce(call); };
   m.reduce_once.request =
-      [this](grpc::ServerContext* context, v1::Contribution* request,
-             grpc::ServerAsyncResponseWriter<v1::RoundResult>* responder,
-             grpc::ServerCompletionQueue* cq, void* tag) {
-        RequestReduceOnce(context, request, responder, cq, cq, tag);
-      };
-  m.reduce_once.start =
-      [this](UnaryCall<v1::Contribution, v1::RoundResult>* call) {
-        StartReduceOnce(call);
-      };
+      ReduceOnceCall::Requester(this, &AsyncAggregator::RequestReduceOnce);
+  m.reduce_once.start = [this](ReduceOnceCall* call) { StartReduceOnce(call); };
   m.checkpoint.request =
-      [this](grpc::ServerContext* context, v1::CheckpointRequest* request,
-             grpc::ServerAsyncResponseWriter<v1::CheckpointInfo>* responder,
-             grpc::ServerCompletionQueue* cq, void* tag) {
-        RequestCheckpoint(context, request, responder, cq, cq, tag);
-      };
-  m.checkpoint.start =
-      [this](UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>* call) {
-        StartCheckpoint(call);
-      };
-  BidiCall<v1::Contribution, v1::RoundResult>::Listen(loop, &m.reduce);
-  UnaryCall<v1::Contribution, v1::RoundResult>::Listen(loop, &m.reduce_once);
-  UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>::Listen(loop,
-                                                               &m.checkpoint);
+      CheckpointCall::Requester(this, &AsyncAggregator::RequestCheckpoint);
+  m.checkpoint.start = [this](CheckpointCall* call) { StartCheckpoint(call); };
+  ReduceCall::Listen(loop, &m.reduce);
+  ReduceOnceCall::Listen(loop, &m.reduce_once);
+  CheckpointCall::Listen(loop, &m.checkpoint);
   // The others, each by its request and its serving member.
-#define SYNCNORM_ON_WORKERS(Name, Req, Resp)                                \
-  {                                                                         \
-    auto method = OnWorkers<Req, Resp>(                                     \
-        this, loop, &AsyncAggregator::Request##Name,                        \
-        [this](const grpc::ServerContextBase& c, const Req& r, Resp& out) { \
-          return Serve##Name(c, r, out);                                    \
-        });                                                                 \
-    UnaryCall<Req, Resp>::Listen(loop, method.get());                       \
-    m.on_workers.push_back(std::shared_ptr<void>(std::move(method)));       \
-  }
-  SYNCNORM_ON_WORKERS(CreateJob, v1::CreateJobRequest, v1::JobInfo)
-  SYNCNORM_ON_WORKERS(GetJob, v1::GetJobRequest, v1::JobInfo)
-  SYNCNORM_ON_WORKERS(DeleteJob, v1::DeleteJobRequest, v1::DeleteJobResponse)
-  SYNCNORM_ON_WORKERS(GetRunningStats, v1::GetRunningStatsRequest,
-                      v1::RunningStats)
-  SYNCNORM_ON_WORKERS(SetRunningStats, v1::SetRunningStatsRequest,
-                      v1::RunningStats)
-  SYNCNORM_ON_WORKERS(ListJobs, v1::ListJobsRequest, v1::ListJobsResponse)
-  SYNCNORM_ON_WORKERS(ListCheckpoints, v1::ListCheckpointsRequest,
-                      v1::ListCheckpointsResponse)
-  SYNCNORM_ON_WORKERS(RestoreCheckpoint, v1::RestoreCheckpointRequest,
-                      v1::JobInfo)
-  SYNCNORM_ON_WORKERS(UpdateMembership, v1::UpdateMembershipRequest,
-                      v1::JobInfo)
-  SYNCNORM_ON_WORKERS(Backup, v1::BackupRequest, v1::BackupInfo)
-  SYNCNORM_ON_WORKERS(ListBackups, v1::ListBackupsRequest,
-                      v1::ListBackupsResponse)
-  SYNCNORM_ON_WORKERS(RestoreBackup, v1::RestoreBackupRequest,
-                      v1::RestoreBackupResponse)
-#undef SYNCNORM_ON_WORKERS
+  using S = AggregatorService;
+  using A = AsyncAggregator;
+  std::vector<std::shared_ptr<void>>& keep = m.on_workers;
+  ListenOnWorkers(this, loop, &A::RequestCreateJob, &S::ServeCreateJob, keep);
+  ListenOnWorkers(this, loop, &A::RequestGetJob, &S::ServeGetJob, keep);
+  ListenOnWorkers(this, loop, &A::RequestDeleteJob, &S::ServeDeleteJob, keep);
+  ListenOnWorkers(this, loop, &A::RequestGetRunningStats,
+                  &S::ServeGetRunningStats, keep);
+  ListenOnWorkers(this, loop, &A::RequestSetRunningStats,
+                  &S::ServeSetRunningStats, keep);
+  ListenOnWorkers(this, loop, &A::RequestListJobs, &S::ServeListJobs, keep);
+  ListenOnWorkers(this, loop, &A::RequestListCheckpoints,
+                  &S::ServeListCheckpoints, keep);
+  ListenOnWorkers(this, loop, &A::RequestRestoreCheckpoint,
+                  &S::ServeRestoreCheckpoint, keep);
+  ListenOnWorkers(this, loop, &A::RequestUpdateMembership,
+                  &S::ServeUpdateMembership, keep);
+  ListenOnWorkers(this, loop, &A::RequestBackup, &S::ServeBackup, keep);
+  ListenOnWorkers(this, loop, &A::RequestListBackups, &S::ServeListBackups,
+                  keep);
+  ListenOnWorkers(this, loop, &A::RequestRestoreBackup, &S::ServeRestoreBackup,
+                  keep);
 }
 
 absl::Status AggregatorService::AuthorizeJob(
