@@ -17,9 +17,7 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -181,13 +179,6 @@ v1::CreateJobRequest Job(const std::string& id, int world, int layers,
     layer->set_biased_running_var(true);
   }
   return r;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {

@@ -13,7 +13,6 @@
 
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,13 +30,6 @@ namespace syncnorm::testing {
 namespace {
 
 constexpr char kPrometheus[] = "/usr/bin/prometheus";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // A loopback port that was free a moment ago.
 int FreePort() {

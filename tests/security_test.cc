@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -32,6 +31,7 @@ namespace {
 using ::syncnorm::testing::AggregatorProcess;
 using ::syncnorm::testing::CheckHealth;
 using ::syncnorm::testing::MakeScratchDir;
+using ::syncnorm::testing::ReadFile;
 using ::syncnorm::testing::Runfile;
 using ::syncnorm::testing::Subprocess;
 
@@ -39,13 +39,6 @@ constexpr char kAdminToken[] = "admin-0a1b2c3d4e5f6a7b8c9d";
 constexpr char kJobAToken[] = "job-a-9f8e7d6c5b4a3f2e1d0c";
 constexpr char kJobBToken[] = "job-b-00112233445566778899";
 constexpr char kLateToken[] = "late-aabbccddeeff00112233";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 void WriteAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";

@@ -124,6 +124,18 @@ Shards StartShards(const std::string& root) {
   return s;
 }
 
+// Every shard's log (a restarted shard appends to its first life's), for a
+// failure's message: the worker's error alone does not say what the
+// shards saw.
+std::string Logs(const Shards& s) {
+  std::string all;
+  for (const std::string& dir : s.dirs) {
+    absl::StrAppend(&all, "\n==== ", dir, "/aggregator.log\n",
+                    ReadFile(dir + "/aggregator.log"));
+  }
+  return all;
+}
+
 // Reference (one aggregator) and the job's placement, computed once.
 class ShardTest : public ::testing::Test {
  protected:
@@ -295,7 +307,7 @@ TEST_F(ShardTest, AShardKilledMidRunRecoversFromItsDataDir) {
   ASSERT_NE(shards.servers[victim], nullptr);
   workers.join();
   EXPECT_FALSE(ended_early) << "the run ended before the kill; lengthen it";
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got.ok()) << got.status() << Logs(shards);
   EXPECT_TRUE(SameOutputs(*got, *reference_, config.layers()));
   EXPECT_EQ(ServiceStats(client, 2), *reference_stats_)
       << "after the shard's restart the statistics differ";

@@ -3,24 +3,12 @@
 #include <signal.h>
 
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "client/layer_spec.h"
 #include "client/sync_batch_norm_options.h"
 
 namespace syncnorm::testing {
-namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<AggregatorProcess>> AggregatorProcess::Start(
     const std::string& dir, const std::vector<std::string>& flags) {
   const std::string port_file = absl::StrCat(dir, "/aggregator.port");

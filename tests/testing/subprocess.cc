@@ -10,6 +10,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -86,6 +88,13 @@ std::string Runfile(const std::string& path) {
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return absl::StrCat("bazel-bin/", path);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 std::string MakeScratchDir(const std::string& prefix) {

@@ -41,6 +41,9 @@ class Subprocess {
 // through the test's or the binary's runfiles.
 std::string Runfile(const std::string& path);
 
+// What the file at `path` holds; "" when it cannot be read.
+std::string ReadFile(const std::string& path);
+
 // A fresh scratch folder (under TEST_TMPDIR when set).
 std::string MakeScratchDir(const std::string& prefix);
 
