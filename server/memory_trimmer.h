@@ -12,8 +12,11 @@ namespace syncnorm {
 // MiB: every message of a server with a smaller --max_message_bytes) from
 // its per-thread arenas and keeps what is freed there mapped, so without
 // this a server's resident memory stays near its peak long after a burst
-// of large messages, from abusive clients or not, is over. A no-op without
-// glibc. Thread-safe; the destructor stops and joins the thread.
+// of large messages, from abusive clients or not, is over. What it cannot
+// reach: the free space at the top of each thread's arena, which glibc
+// gives back only once it is M_TRIM_THRESHOLD (server/main.cc) or more.
+// A no-op without glibc. Thread-safe; the destructor stops and joins the
+// thread.
 class MemoryTrimmer {
  public:
   // REQUIRES: period > 0.

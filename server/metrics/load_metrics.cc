@@ -81,7 +81,8 @@ std::vector<prometheus::MetricFamily> LoadMetrics::Collect() const {
       "Client connections the server closed for abuse: overload (calls "
       "started while the server held too many), rapid_reset (calls "
       "cancelled as they were sent), unauthenticated (calls without a "
-      "valid token).";
+      "valid token), read_flood (requests arriving faster than the server "
+      "could take them, its memory growing).";
   closed.type = prometheus::MetricType::Counter;
   for (int r = 0; r < kCloseReasons; ++r) {
     prometheus::ClientMetric sample;

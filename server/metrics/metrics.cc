@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "prometheus/text_serializer.h"
+#include "server/metrics/process_metrics.h"
 
 namespace syncnorm {
 
@@ -29,6 +30,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(
 std::string Metrics::Render() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   for (prometheus::MetricFamily& f : load_.Collect()) {
+    families.push_back(std::move(f));
+  }
+  for (prometheus::MetricFamily& f : CollectProcessMetrics()) {
     families.push_back(std::move(f));
   }
   return prometheus::TextSerializer().Serialize(families);

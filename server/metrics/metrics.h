@@ -20,8 +20,9 @@
 
 namespace syncnorm {
 
-// Serves the gRPC metrics (GrpcMetrics), syncnorm's rounds (RoundMetrics)
-// and its load against `limits` (LoadMetrics) over HTTP (MetricsHttpServer).
+// Serves the gRPC metrics (GrpcMetrics), syncnorm's rounds (RoundMetrics),
+// its load against `limits` (LoadMetrics) and the process's memory, CPU and
+// files (CollectProcessMetrics) over HTTP (MetricsHttpServer).
 // The server gives round_observer() to the Aggregator,
 // NewInterceptorFactories() to its ServerBuilder, call_observers() to its
 // service and a load source to SetLoadSource(). Thread-safe; must outlive all

@@ -2,9 +2,12 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,7 @@
 namespace syncnorm {
 namespace {
 
+using ::syncnorm::testing::Sample;
 using ::syncnorm::testing::ScrapeMetrics;
 
 RoundReport Report(Phase phase) {
@@ -143,6 +147,78 @@ TEST(MetricsTest, ServesTheLoadAgainstTheLimitsAndTheBuild) {
   (*metrics)->SetLoadSource({});
   text = ScrapeMetrics((*metrics)->port());
   EXPECT_EQ(text.find("\nsyncnorm_open_streams "), std::string::npos) << text;
+}
+
+// What /proc and the process's own actions say, against the gauges: RSS
+// from /proc/self/status (the gauges read statm), files the test opens,
+// memory it allocates and frees, CPU it spends, and the time it started.
+TEST(MetricsTest, ServesTheProcessMemoryCpuAndFiles) {
+  const double started_before =
+      absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  auto metrics = Metrics::Start("127.0.0.1:0");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  auto scrape = [&](const std::string& series) {
+    std::optional<double> v = Sample(ScrapeMetrics((*metrics)->port()), series);
+    EXPECT_TRUE(v.has_value()) << series;
+    return v.value_or(-1);
+  };
+  constexpr double kMiB = 1 << 20;
+
+  // The kernel's own account of resident memory, in another file.
+  int64_t status_rss_kb = -1;
+  {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) {
+        status_rss_kb = std::stoll(line.substr(6));
+      }
+    }
+  }
+  ASSERT_GT(status_rss_kb, 0);
+  EXPECT_NEAR(scrape("process_resident_memory_bytes") / kMiB,
+              status_rss_kb / 1024.0, 16);
+  EXPECT_GE(scrape("process_virtual_memory_bytes"),
+            scrape("process_resident_memory_bytes"));
+
+  const double fds = scrape("process_open_fds");
+  std::vector<int> opened;
+  for (int i = 0; i < 10; ++i) opened.push_back(::dup(0));
+  EXPECT_EQ(scrape("process_open_fds"), fds + 10);
+  for (int fd : opened) ::close(fd);
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  EXPECT_EQ(scrape("process_max_fds"), static_cast<double>(files.rlim_cur));
+
+  // 64 MiB allocated and touched: counted as allocated while held. Under a
+  // sanitizer, whose allocator serves malloc, there is no glibc heap to
+  // report.
+  const std::string allocated = "syncnorm_heap_bytes{state=\"allocated\"}";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  EXPECT_FALSE(
+      Sample(ScrapeMetrics((*metrics)->port()), allocated).has_value());
+#else
+  const double heap = scrape(allocated);
+  EXPECT_GE(scrape("syncnorm_heap_bytes{state=\"free\"}"), 0);
+  {
+    std::vector<char> block(64 << 20, 1);
+    EXPECT_GE(scrape(allocated) - heap, 64 * kMiB);
+    EXPECT_LE(scrape(allocated) - heap, 72 * kMiB);
+  }
+  EXPECT_LT(scrape(allocated) - heap, 8 * kMiB);
+#endif
+
+  // CPU this thread spends shows in the counter.
+  const double cpu = scrape("process_cpu_seconds_total");
+  const absl::Time busy_until = absl::Now() + absl::Milliseconds(300);
+  volatile uint64_t sink = 0;
+  while (absl::Now() < busy_until) sink = sink + 1;
+  EXPECT_GE(scrape("process_cpu_seconds_total") - cpu, 0.1);
+
+  // Started before this test began (the test binary's own start), and not
+  // in the future.
+  const double start = scrape("process_start_time_seconds");
+  EXPECT_LE(start, started_before + 1);
+  EXPECT_GT(start, started_before - 600);
 }
 
 TEST(MetricsTest, ABusyPortIsUnavailable) {
