@@ -77,4 +77,16 @@ double HandledCalls(const std::string& text, const std::string& method,
   return sum;
 }
 
+std::optional<double> Sample(const std::string& text,
+                             const std::string& series) {
+  const std::string prefix = series + " ";
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    double value = 0;
+    if (absl::ConsumePrefix(&line, prefix) && absl::SimpleAtod(line, &value)) {
+      return value;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace syncnorm::testing

@@ -2,6 +2,7 @@
 #ifndef SYNCNORM_TESTS_TESTING_SCRAPE_H_
 #define SYNCNORM_TESTS_TESTING_SCRAPE_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -26,6 +27,12 @@ std::string ScrapeMetrics(int port);
 // empty. 0 when there is none.
 double HandledCalls(const std::string& text, const std::string& method,
                     const std::string& code = "");
+
+// The value of the sample `series` (a name and its labels as the server
+// writes them, e.g. `syncnorm_heap_bytes{state="allocated"}`) in `text`;
+// nullopt when there is none.
+std::optional<double> Sample(const std::string& text,
+                             const std::string& series);
 
 }  // namespace syncnorm::testing
 
