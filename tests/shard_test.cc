@@ -124,14 +124,19 @@ Shards StartShards(const std::string& root) {
   return s;
 }
 
-// Every shard's log (a restarted shard appends to its first life's), for a
-// failure's message: the worker's error alone does not say what the
-// shards saw.
-std::string Logs(const Shards& s) {
+// Every worker's and every shard's log (a restarted shard appends to its
+// first life's), for a failure's message: the first failing worker's
+// error alone does not say what the others and the shards saw.
+std::string Logs(const Shards& s, const std::string& worker_dir, int workers) {
+  std::vector<std::string> paths;
+  for (int w = 0; w < workers; ++w) {
+    paths.push_back(absl::StrCat(worker_dir, "/worker", w, ".log"));
+  }
+  for (const std::string& dir : s.dirs)
+    paths.push_back(dir + "/aggregator.log");
   std::string all;
-  for (const std::string& dir : s.dirs) {
-    absl::StrAppend(&all, "\n==== ", dir, "/aggregator.log\n",
-                    ReadFile(dir + "/aggregator.log"));
+  for (const std::string& path : paths) {
+    absl::StrAppend(&all, "\n==== ", path, "\n", ReadFile(path));
   }
   return all;
 }
@@ -307,7 +312,8 @@ TEST_F(ShardTest, AShardKilledMidRunRecoversFromItsDataDir) {
   ASSERT_NE(shards.servers[victim], nullptr);
   workers.join();
   EXPECT_FALSE(ended_early) << "the run ended before the kill; lengthen it";
-  ASSERT_TRUE(got.ok()) << got.status() << Logs(shards);
+  ASSERT_TRUE(got.ok()) << got.status()
+                        << Logs(shards, w.dir, config.world_size);
   EXPECT_TRUE(SameOutputs(*got, *reference_, config.layers()));
   EXPECT_EQ(ServiceStats(client, 2), *reference_stats_)
       << "after the shard's restart the statistics differ";
