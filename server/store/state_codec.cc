@@ -425,12 +425,10 @@ absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
     r.fingerprints.push_back(f.present() ? std::optional<uint64_t>(f.value())
                                          : std::nullopt);
   }
-  if (p.fingerprint_kind() >
-      static_cast<uint32_t>(FingerprintKind::kWordLanes)) {
+  if (p.fingerprint_kind() > static_cast<uint32_t>(kFingerprintKind)) {
     return Bad(absl::StrCat("a round with fingerprint kind ",
                             p.fingerprint_kind(), " (this build knows 0..",
-                            static_cast<int>(FingerprintKind::kWordLanes),
-                            ")"));
+                            static_cast<int>(kFingerprintKind), ")"));
   }
   r.fingerprint_kind = static_cast<FingerprintKind>(p.fingerprint_kind());
   if (absl::Status s = CheckMissing(p, ranks); !s.ok()) return s;
@@ -559,8 +557,7 @@ absl::StatusOr<StoredStaleAnswer> DecodeStaleAnswer(absl::string_view value,
   StoredStaleAnswer a;
   a.key = key;
   a.fingerprint = p.fingerprint();
-  if (p.fingerprint_kind() >
-      static_cast<uint32_t>(FingerprintKind::kWordLanes)) {
+  if (p.fingerprint_kind() > static_cast<uint32_t>(kFingerprintKind)) {
     return Bad("a stale answer with an unknown fingerprint kind");
   }
   a.fingerprint_kind = static_cast<FingerprintKind>(p.fingerprint_kind());

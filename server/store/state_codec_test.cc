@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/store/state.pb.h"
 
@@ -118,8 +119,8 @@ StoredRound RandomRound(Draw& d) {
       r.fingerprints.push_back(std::nullopt);
     }
   }
-  r.fingerprint_kind =
-      d.Coin() ? FingerprintKind::kWordLanes : FingerprintKind::kFnv1a;
+  r.fingerprint_kind = static_cast<FingerprintKind>(
+      d.Int(0, static_cast<int>(kFingerprintKind)));
   if (d.Coin()) {
     RunningStats s;
     s.num_batches_tracked = d.Field();
@@ -217,6 +218,34 @@ TEST(StateCodecTest, AForwardRoundReadsBackAsWritten) {
   ASSERT_TRUE(back->stats_after.has_value());
   EXPECT_EQ(back->stats_after->mean, r.stats_after->mean);
   EXPECT_EQ(back->stats_after->var, r.stats_after->var);
+  EXPECT_EQ(back->fingerprint_kind, kFingerprintKind);
+}
+
+// A round whose fingerprints a newer build computed is refused by name, not
+// compared with fingerprints of another kind (a retry would be taken for a
+// conflict, or worse).
+TEST(StateCodecTest, ARoundOfAnUnknownFingerprintKindIsRefused) {
+  JobSpec spec;
+  spec.job_id = "j";
+  spec.world_size = 1;
+  spec.layers.push_back(LayerConfig{});
+  spec.layers.back().channels = 1;
+  StoredRound r;
+  r.phase = Phase::kBackward;
+  r.step = 3;
+  r.outcome.grad_sums.sum_dy = {1.0};
+  r.outcome.grad_sums.sum_dy_xmu = {2.0};
+  r.fingerprints = {uint64_t{7}};
+  r.fingerprint_kind = kFingerprintKind;
+  ASSERT_TRUE(DecodeRound(EncodeRound(r), spec, 0, 0).ok());
+  r.fingerprint_kind =
+      static_cast<FingerprintKind>(static_cast<int>(kFingerprintKind) + 1);
+  absl::StatusOr<StoredRound> back = DecodeRound(EncodeRound(r), spec, 0, 0);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find(absl::StrCat(
+                "fingerprint kind ", static_cast<int>(kFingerprintKind) + 1)),
+            std::string::npos)
+      << back.status();
 }
 
 }  // namespace
