@@ -150,7 +150,7 @@ constexpr HalfChains HalfChainStarts() {
 // `blocks` blocks of kHalfLanes words into the chains, exactly as HalfStep
 // one word at a time, eight chains to a vector: the low and high chains of
 // four lanes take the four words' halves as they lie in memory. Compiled
-// twice, for AVX2 and for any x86-64, below.
+// twice, below: for any CPU, and for x86-64 with AVX2.
 using HalfVector = uint32_t __attribute__((vector_size(32)));
 
 inline __attribute__((always_inline)) void HalfWordBlocksBody(
@@ -169,14 +169,15 @@ inline __attribute__((always_inline)) void HalfWordBlocksBody(
   std::memcpy(chains, lanes, sizeof(lanes));
 }
 
-__attribute__((target("avx2"))) void HalfWordBlocksAvx2(uint32_t* chains,
-                                                        const double* words,
-                                                        size_t blocks) {
+void HalfWordBlocksPortable(uint32_t* chains, const double* words,
+                            size_t blocks) {
   HalfWordBlocksBody(chains, words, blocks);
 }
 
-void HalfWordBlocksPortable(uint32_t* chains, const double* words,
-                            size_t blocks) {
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void HalfWordBlocksAvx2(uint32_t* chains,
+                                                        const double* words,
+                                                        size_t blocks) {
   HalfWordBlocksBody(chains, words, blocks);
 }
 
@@ -190,6 +191,11 @@ void HalfWordBlocks(uint32_t* chains, const double* words, size_t blocks) {
     HalfWordBlocksPortable(chains, words, blocks);
   }
 }
+#else
+void HalfWordBlocks(uint32_t* chains, const double* words, size_t blocks) {
+  HalfWordBlocksPortable(chains, words, blocks);
+}
+#endif
 
 class HalfWordLaneHasher {
  public:
