@@ -192,12 +192,18 @@ TEST(StateCodecTest, EncodeRoundOfADefaultRound) {
   EXPECT_EQ(EncodeRound(r), ThroughProtobuf(r));
 }
 
-TEST(StateCodecTest, AForwardRoundReadsBackAsWritten) {
+// Job "j": `world_size` ranks, one layer of `channels`.
+JobSpec OneLayerJob(int world_size, int channels) {
   JobSpec spec;
   spec.job_id = "j";
-  spec.world_size = 2;
+  spec.world_size = world_size;
   spec.layers.push_back(LayerConfig{});
-  spec.layers.back().channels = 3;
+  spec.layers.back().channels = channels;
+  return spec;
+}
+
+TEST(StateCodecTest, AForwardRoundReadsBackAsWritten) {
+  const JobSpec spec = OneLayerJob(2, 3);
   StoredRound r;
   r.phase = Phase::kForward;
   r.step = 41;
@@ -225,11 +231,7 @@ TEST(StateCodecTest, AForwardRoundReadsBackAsWritten) {
 // compared with fingerprints of another kind (a retry would be taken for a
 // conflict, or worse).
 TEST(StateCodecTest, ARoundOfAnUnknownFingerprintKindIsRefused) {
-  JobSpec spec;
-  spec.job_id = "j";
-  spec.world_size = 1;
-  spec.layers.push_back(LayerConfig{});
-  spec.layers.back().channels = 1;
+  const JobSpec spec = OneLayerJob(1, 1);
   StoredRound r;
   r.phase = Phase::kBackward;
   r.step = 3;
