@@ -1,6 +1,7 @@
 """Shared helpers of the benchmark drivers: locating the built binaries,
 starting servers and workers, percentiles, and RATIO / table output."""
 
+import argparse
 import os
 import socket
 import subprocess
@@ -95,6 +96,20 @@ def run_group(argvs, timeout=600):
             sys.exit("bench: %s failed (%d):\n%s" % (" ".join(a), p.returncode, err[-3000:]))
         outs.append(out)
     return outs
+
+
+def run_micro(binary):
+    """Runs a same-process micro-benchmark (`binary`, a runfile path such as
+    bench/bench-crc32c) with this driver's --reps (2 under --smoke); returns
+    its stdout and the reps."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--reps", type=int, default=15)
+    a = p.parse_args()
+    reps = 2 if a.smoke else a.reps
+    out = subprocess.run([runfile(binary), "--reps=%d" % reps], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return out, reps
 
 
 def parse_lines(outs, tag):

@@ -7,7 +7,6 @@
 #include <nmmintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/best_nanos.h"
 #include "server/store/crc32c.h"
 
 ABSL_FLAG(int, reps, 15, "timed passes per size; the best counts");
@@ -42,17 +42,11 @@ __attribute__((target("sse4.2"))) uint32_t OneLane(uint32_t crc,
 template <typename F>
 double BestNanos(F f, const std::string& buffer, size_t n, int reps) {
   const int calls = static_cast<int>(std::max<size_t>(1, (1 << 20) / n));
-  double best = 1e300;
-  uint32_t sink = 0;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) sink += f(sink, buffer.data(), n);
-    const std::chrono::duration<double, std::nano> dt =
-        std::chrono::steady_clock::now() - t0;
-    best = std::min(best, dt.count() / calls);
-  }
-  if (sink == 1) std::fprintf(stderr, " ");  // keeps the calls
-  return best;
+  return syncnorm::bench::BestNanosPerCall(
+      [&](uint64_t sink) {
+        return f(static_cast<uint32_t>(sink), buffer.data(), n);
+      },
+      calls, reps);
 }
 
 }  // namespace

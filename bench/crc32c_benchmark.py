@@ -3,9 +3,7 @@ RocksDB write, in GB/s, against one register stepping through the same
 bytes with the same SSE4.2 instruction, measured by the same process in the
 same run (bench/crc32c_bench.cc)."""
 
-import argparse
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -14,14 +12,7 @@ import common  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--reps", type=int, default=15)
-    a = p.parse_args()
-    reps = 2 if a.smoke else a.reps
-    out = subprocess.run([common.runfile("bench/bench-crc32c"),
-                          "--reps=%d" % reps], check=True,
-                         stdout=subprocess.PIPE, text=True).stdout
+    out, reps = common.run_micro("bench/bench-crc32c")
     rows = []
     for line in out.splitlines():
         parts = line.split()

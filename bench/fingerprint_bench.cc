@@ -6,7 +6,7 @@
 //   FP <channels> <half-word lanes ns> <word lanes ns>
 // (best of --reps passes, each over enough calls for ~1 ms).
 #include <algorithm>
-#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -14,6 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/best_nanos.h"
 #include "server/domain/contribution.h"
 
 ABSL_FLAG(int, reps, 15, "timed passes per size; the best counts");
@@ -22,20 +23,9 @@ namespace {
 
 double BestNanos(const syncnorm::Payload& payload,
                  syncnorm::FingerprintKind kind, int channels, int reps) {
-  const int calls = std::max(1, (1 << 17) / channels);
-  double best = 1e300;
-  uint64_t sink = 0;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) {
-      sink += syncnorm::PayloadFingerprint(payload, kind);
-    }
-    const std::chrono::duration<double, std::nano> dt =
-        std::chrono::steady_clock::now() - t0;
-    best = std::min(best, dt.count() / calls);
-  }
-  if (sink == 1) std::fprintf(stderr, " ");  // keeps the calls
-  return best;
+  return syncnorm::bench::BestNanosPerCall(
+      [&](uint64_t) { return syncnorm::PayloadFingerprint(payload, kind); },
+      std::max(1, (1 << 17) / channels), reps);
 }
 
 }  // namespace

@@ -5,9 +5,7 @@ before it (word lanes, one 64-bit multiply per word), in ns per payload
 and words per ns, measured by the same process in the same run
 (bench/fingerprint_bench.cc)."""
 
-import argparse
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -16,14 +14,7 @@ import common  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--reps", type=int, default=15)
-    a = p.parse_args()
-    reps = 2 if a.smoke else a.reps
-    out = subprocess.run([common.runfile("bench/bench-fingerprint"),
-                          "--reps=%d" % reps], check=True,
-                         stdout=subprocess.PIPE, text=True).stdout
+    out, reps = common.run_micro("bench/bench-fingerprint")
     rows = []
     for line in out.splitlines():
         parts = line.split()
