@@ -2,25 +2,15 @@
 
 #include <utility>
 
+#include "server/metrics/families.h"
 #include "syncnorm_version.h"
 
 namespace syncnorm {
 namespace {
 
 prometheus::MetricFamily Gauge(std::string name, std::string help) {
-  prometheus::MetricFamily family;
-  family.name = std::move(name);
-  family.help = std::move(help);
-  family.type = prometheus::MetricType::Gauge;
-  return family;
-}
-
-void AddSample(prometheus::MetricFamily& family, double value,
-               std::vector<prometheus::ClientMetric::Label> labels = {}) {
-  prometheus::ClientMetric sample;
-  sample.label = std::move(labels);
-  sample.gauge.value = value;
-  family.metric.push_back(std::move(sample));
+  return NewFamily(std::move(name), std::move(help),
+                   prometheus::MetricType::Gauge);
 }
 
 std::vector<prometheus::MetricFamily> Constant(const Limits& limits) {
@@ -75,20 +65,17 @@ std::vector<prometheus::MetricFamily> LoadMetrics::Collect() const {
     out.push_back(Gauge(kNames[i].first, kNames[i].second));
     AddSample(out.back(), static_cast<double>(values[i]));
   }
-  prometheus::MetricFamily closed;
-  closed.name = "syncnorm_connections_closed_total";
-  closed.help =
+  prometheus::MetricFamily closed = NewFamily(
+      "syncnorm_connections_closed_total",
       "Client connections the server closed for abuse: overload (calls "
       "started while the server held too many), rapid_reset (calls "
       "cancelled as they were sent), unauthenticated (calls without a "
       "valid token), read_flood (requests arriving faster than the server "
-      "could take them, its memory growing).";
-  closed.type = prometheus::MetricType::Counter;
+      "could take them, its memory growing).",
+      prometheus::MetricType::Counter);
   for (int r = 0; r < kCloseReasons; ++r) {
-    prometheus::ClientMetric sample;
-    sample.label = {{"reason", CloseReasonName(static_cast<CloseReason>(r))}};
-    sample.counter.value = static_cast<double>(load.connections_closed[r]);
-    closed.metric.push_back(std::move(sample));
+    AddSample(closed, static_cast<double>(load.connections_closed[r]),
+              {{"reason", CloseReasonName(static_cast<CloseReason>(r))}});
   }
   out.push_back(std::move(closed));
   if (load.durable) {
@@ -104,14 +91,9 @@ std::vector<prometheus::MetricFamily> LoadMetrics::Collect() const {
     const int64_t log_values[] = {load.round_log_bytes,
                                   load.round_log_spilled_bytes};
     for (size_t i = 0; i < 2; ++i) {
-      prometheus::MetricFamily family;
-      family.name = kLog[i].first;
-      family.help = kLog[i].second;
-      family.type = prometheus::MetricType::Counter;
-      prometheus::ClientMetric sample;
-      sample.counter.value = static_cast<double>(log_values[i]);
-      family.metric.push_back(std::move(sample));
-      out.push_back(std::move(family));
+      out.push_back(NewFamily(kLog[i].first, kLog[i].second,
+                              prometheus::MetricType::Counter));
+      AddSample(out.back(), static_cast<double>(log_values[i]));
     }
   }
   return out;

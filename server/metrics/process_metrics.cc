@@ -19,23 +19,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "server/metrics/families.h"
+#include "server/rpc/read_flood.h"
 
 namespace syncnorm {
 namespace {
 
 prometheus::MetricFamily Family(std::string name, std::string help,
                                 prometheus::MetricType type, double value) {
-  prometheus::MetricFamily family;
-  family.name = std::move(name);
-  family.help = std::move(help);
-  family.type = type;
-  prometheus::ClientMetric sample;
-  if (type == prometheus::MetricType::Counter) {
-    sample.counter.value = value;
-  } else {
-    sample.gauge.value = value;
-  }
-  family.metric.push_back(std::move(sample));
+  prometheus::MetricFamily family =
+      NewFamily(std::move(name), std::move(help), type);
+  AddSample(family, value);
   return family;
 }
 
@@ -44,21 +38,6 @@ std::string ReadProcFile(const char* path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// Resident and virtual bytes, from /proc/self/statm.
-std::optional<std::pair<double, double>> Memory() {
-  const std::string statm = ReadProcFile("/proc/self/statm");
-  std::vector<absl::string_view> f =
-      absl::StrSplit(statm, ' ', absl::SkipEmpty());
-  int64_t size = 0;
-  int64_t resident = 0;
-  if (f.size() < 2 || !absl::SimpleAtoi(f[0], &size) ||
-      !absl::SimpleAtoi(f[1], &resident)) {
-    return std::nullopt;
-  }
-  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
-  return std::make_pair(resident * page, size * page);
 }
 
 // Seconds since the epoch at which the process started: its start in clock
@@ -100,13 +79,13 @@ std::optional<double> OpenFds() {
 std::vector<prometheus::MetricFamily> CollectProcessMetrics() {
   using prometheus::MetricType;
   std::vector<prometheus::MetricFamily> out;
-  if (std::optional<std::pair<double, double>> m = Memory()) {
+  if (const ProcessMemory m = ReadProcessMemory(); m.virtual_size > 0) {
     out.push_back(Family("process_resident_memory_bytes",
                          "Resident memory size in bytes.", MetricType::Gauge,
-                         m->first));
+                         static_cast<double>(m.resident)));
     out.push_back(Family("process_virtual_memory_bytes",
                          "Virtual memory size in bytes.", MetricType::Gauge,
-                         m->second));
+                         static_cast<double>(m.virtual_size)));
   }
   timespec cpu{};
   if (::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu) == 0) {
@@ -127,11 +106,13 @@ std::vector<prometheus::MetricFamily> CollectProcessMetrics() {
         Family("process_max_fds", "Maximum number of open file descriptors.",
                MetricType::Gauge, static_cast<double>(files.rlim_cur)));
   }
-  if (std::optional<double> start = StartTime()) {
+  // Read once: it does not change.
+  static const std::optional<double> start_time = StartTime();
+  if (start_time.has_value()) {
     out.push_back(Family("process_start_time_seconds",
                          "Start time of the process since unix epoch in "
                          "seconds.",
-                         MetricType::Gauge, *start));
+                         MetricType::Gauge, *start_time));
   }
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
   // Walks every arena under its lock: about as long as a trim's walk. All
@@ -139,18 +120,16 @@ std::vector<prometheus::MetricFamily> CollectProcessMetrics() {
   // one): then glibc's heap says nothing of the server's.
   const struct mallinfo2 heap = ::mallinfo2();
   if (heap.arena + heap.hblkhd == 0) return out;
-  prometheus::MetricFamily bytes = Family(
+  prometheus::MetricFamily bytes = NewFamily(
       "syncnorm_heap_bytes",
       "The heap: allocated (what the server's objects hold, mmapped blocks "
       "included) and free (what malloc holds for reuse; the server gives "
       "its free pages back to the kernel every 5 s). Resident memory well "
       "above allocated is free memory not yet given back.",
-      MetricType::Gauge, static_cast<double>(heap.uordblks + heap.hblkhd));
-  bytes.metric.back().label = {{"state", "allocated"}};
-  prometheus::ClientMetric free_bytes;
-  free_bytes.label = {{"state", "free"}};
-  free_bytes.gauge.value = static_cast<double>(heap.fordblks);
-  bytes.metric.push_back(std::move(free_bytes));
+      MetricType::Gauge);
+  AddSample(bytes, static_cast<double>(heap.uordblks + heap.hblkhd),
+            {{"state", "allocated"}});
+  AddSample(bytes, static_cast<double>(heap.fordblks), {{"state", "free"}});
   out.push_back(std::move(bytes));
 #endif
   return out;

@@ -1,9 +1,24 @@
 #include "server/rpc/read_flood.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include "server/rpc/connection_guard.h"
 #include "server/rpc/socket_closer.h"
 
 namespace syncnorm {
+
+ProcessMemory ReadProcessMemory() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return {};
+  long long size = 0, resident = 0;
+  const bool read = std::fscanf(f, "%lld %lld", &size, &resident) == 2;
+  std::fclose(f);
+  if (!read) return {};
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  return ProcessMemory{resident * page, size * page};
+}
 
 void ReadFloodBreaker::PassBegan() {
   bytes_at_start_ = sockets_->BytesReceived();

@@ -31,6 +31,14 @@ namespace syncnorm {
 class ConnectionGuard;
 class SocketCloser;
 
+// The process's memory from /proc/self/statm, in bytes; both zero if it
+// cannot be read. Cheap enough for the watchdog's every look.
+struct ProcessMemory {
+  int64_t resident = 0;
+  int64_t virtual_size = 0;
+};
+ProcessMemory ReadProcessMemory();
+
 // Told by RpcLoop's watchdog thread, and only on it, about long passes.
 class PassWatcher {
  public:

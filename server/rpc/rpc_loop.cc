@@ -2,9 +2,7 @@
 
 #include <pthread.h>
 #include <time.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <deque>
 #include <utility>
 
@@ -13,16 +11,6 @@
 namespace syncnorm {
 
 namespace {
-
-// The process's resident memory, in bytes; zero if it cannot be read.
-int64_t ResidentBytes() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long long size = 0, resident = 0;
-  const bool read = std::fscanf(f, "%lld %lld", &size, &resident) == 2;
-  std::fclose(f);
-  return read ? resident * ::sysconf(_SC_PAGESIZE) : 0;
-}
 
 // CPU time `clock` has used; zero if it cannot be read.
 absl::Duration CpuTime(clockid_t clock) {
@@ -119,10 +107,10 @@ void RpcLoop::Watch() {
       in_pass = false;
     } else if (!in_pass) {
       in_pass = true;
-      resident_at_start = ResidentBytes();
+      resident_at_start = ReadProcessMemory().resident;
       watcher_->PassBegan();
     } else {
-      watcher_->PassGoesOn(ResidentBytes() - resident_at_start);
+      watcher_->PassGoesOn(ReadProcessMemory().resident - resident_at_start);
     }
   }
 }
