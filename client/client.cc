@@ -72,6 +72,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& options) {
   // Reconnect quickly after a server restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // gRPC's name for the connect timeout: an attempt gets the larger of it
+  // and the current backoff.
+  args.SetInt(
+      GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.connect_timeout)));
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
   // A large round's message (C = 8192: 128 KiB each way) fits the HTTP/2
   // stream window and a few frames: no window-update round trip per round.

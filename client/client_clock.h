@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "grpcpp/channel.h"
 
 namespace syncnorm {
 
@@ -28,6 +29,13 @@ class ClientClock {
                                  const absl::Condition& condition,
                                  absl::Time deadline) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+
+  // Returns once `channel` is READY or Now() >= deadline, asking it to
+  // connect. Unlike a sleep, the wait polls the channel's connection
+  // attempt, which otherwise only gRPC's backup poller does (every 5 s)
+  // while no call of this process waits on the channel.
+  virtual void AwaitReady(grpc::Channel& channel,
+                          absl::Time deadline) const = 0;
 };
 
 // The wall clock: absl::Now(), absl::SleepFor, absl::Mutex's own deadlines.
@@ -39,6 +47,13 @@ class RealClientClock final : public ClientClock {
                          absl::Time deadline) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return mu.AwaitWithDeadline(condition, deadline);
+  }
+  void AwaitReady(grpc::Channel& channel, absl::Time deadline) const override {
+    grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY &&
+           channel.WaitForStateChange(state, absl::ToChronoTime(deadline))) {
+      state = channel.GetState(/*try_to_connect=*/true);
+    }
   }
 };
 

@@ -34,6 +34,13 @@ struct ClientOptions {
   absl::Duration reconnect_backoff_initial = absl::Milliseconds(20);
   absl::Duration reconnect_backoff_max = absl::Seconds(1);
 
+  // How long one connection attempt (TCP, TLS and the HTTP/2 handshake) may
+  // take before the channel gives up on it and tries again. A server whose
+  // kernel accepts the connection but whose process does not answer (a
+  // restart, a paused process, a stalled middlebox) holds the calls that
+  // wait on it this long; gRPC's own default is 20 s. Default 2 s.
+  absl::Duration connect_timeout = absl::Seconds(2);
+
   // ---- Credentials (see docs/operations.md, "Security") ----
   // TLS: on when `tls` is set or any PEM below is given. tls_root_ca: the
   // CA that signed the server's certificate (PEM text; empty: the system's

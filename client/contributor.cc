@@ -53,7 +53,8 @@ std::string Describe(const v1::Contribution& c) {
 Contributor::Contributor(std::shared_ptr<grpc::Channel> channel,
                          std::string job_id, int rank,
                          const ClientOptions& options, const ClientClock* clock)
-    : stub_(v1::Aggregator::NewStub(std::move(channel))),
+    : channel_(std::move(channel)),
+      stub_(v1::Aggregator::NewStub(channel_)),
       job_id_(std::move(job_id)),
       rank_(rank),
       options_(options),
@@ -248,7 +249,17 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
         break;
       }
     }
-    clock_->SleepFor(std::min(backoff, deadline - clock_->Now()));
+    // While the connection is down, wait on the channel instead of sleeping:
+    // its connection attempt is polled (the streams fail fast, so no call
+    // of ours does that), and the resend goes out once it is up. A server
+    // that refused the round over a working connection gets the whole
+    // backoff.
+    const absl::Time until = std::min(clock_->Now() + backoff, deadline);
+    if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+      clock_->SleepFor(until - clock_->Now());
+    } else {
+      clock_->AwaitReady(*channel_, until);
+    }
     backoff = std::min(backoff * 2, options_.reconnect_backoff_max);
   }
   if (done) return RoundResultStatus(std::move(slot.result));

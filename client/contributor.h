@@ -107,6 +107,7 @@ class Contributor {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Aggregator::Stub> stub_;
   const std::string job_id_;
   const int rank_;

@@ -47,6 +47,11 @@ class FakeClientClock final : public ClientClock {
     return true;
   }
 
+  // Sleeps (as SleepFor) until `deadline`, whatever the channel's state.
+  void AwaitReady(grpc::Channel&, absl::Time deadline) const override {
+    SleepFor(deadline - Now());
+  }
+
   // Moves the clock forward by `d` (which may be zero).
   void Advance(absl::Duration d) {
     absl::MutexLock lock(&mu_);

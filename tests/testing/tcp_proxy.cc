@@ -75,7 +75,21 @@ int TcpProxy::DropAll() {
   absl::MutexLock lock(&mu_);
   // shutdown, not close: the pump owns the fds and closes them itself.
   for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
-  return static_cast<int>(open_.size() / 2);
+  // No pump owns a held connection's fd.
+  for (int fd : silent_) ::close(fd);
+  const int cut = static_cast<int>(open_.size() / 2 + silent_.size());
+  silent_.clear();
+  return cut;
+}
+
+void TcpProxy::HoldNew(bool hold) {
+  absl::MutexLock lock(&mu_);
+  hold_ = hold;
+}
+
+int TcpProxy::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
 }
 
 void TcpProxy::AcceptLoop() {
@@ -84,6 +98,14 @@ void TcpProxy::AcceptLoop() {
     if (client < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;  // shut down
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (hold_ && !stopping_) {
+        silent_.insert(client);
+        ++held_;
+        continue;
+      }
     }
     const int backend = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr = Loopback(backend_port_);

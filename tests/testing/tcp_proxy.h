@@ -30,6 +30,13 @@ class TcpProxy {
   // Cuts every open connection (both sides see a reset or EOF); new ones
   // are accepted as before. Returns how many were cut.
   int DropAll() ABSL_LOCKS_EXCLUDED(mu_);
+  // While held, new connections are accepted and then left silent (not
+  // forwarded, not closed), as by a server whose kernel accepts before the
+  // process answers: restarting, paused, or behind a stalled middlebox.
+  // DropAll cuts them too.
+  void HoldNew(bool hold) ABSL_LOCKS_EXCLUDED(mu_);
+  // Connections accepted while held, so far.
+  int held() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   TcpProxy(int listen_fd, int port, int backend_port)
@@ -41,9 +48,12 @@ class TcpProxy {
   const int port_;
   const int backend_port_;
   std::thread acceptor_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<int> open_ ABSL_GUARDED_BY(mu_);  // both fds of each connection
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  int held_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int> open_ ABSL_GUARDED_BY(mu_);    // both fds of each connection
+  std::set<int> silent_ ABSL_GUARDED_BY(mu_);  // held connections' fds
   // Pump threads (detached) still running.
   int active_ ABSL_GUARDED_BY(mu_) = 0;
 };
