@@ -1131,6 +1131,62 @@ TEST_F(FloodTest, Http2FloodsLoseTheirConnectionAndMemoryStaysBounded) {
       absl::ToDoubleSeconds(absl::Now() - start));
 }
 
+// Floods that keep the server's polling thread busy from one to the next:
+// two side by side, then three back to back with no pause (gRPC is still
+// taking the calls of the one just closed when the next arrives). Each
+// connection is closed, and the server's memory stays within the bound
+// that one flood at a time has. A breaker that closed one connection per
+// pass of the thread let every flood after the first in it run to its end
+// (+580 MB).
+TEST_F(FloodTest, FloodsSideBySideAndBackToBackAreEachClosed) {
+  ASSERT_TRUE(CreateJob(Job("solo", 1, 1, 64, 5000)).ok());
+  ASSERT_EQ(SoloRound("solo", 0, 0, 64), "");
+  const int port =
+      std::stoi(server_->address().substr(server_->address().rfind(':') + 1));
+  const int64_t rss_start = RssKb();
+  v1::GetJobRequest get_job;
+  get_job.set_job_id("normal");
+  auto flood = [&](bool ack) {
+    Http2FloodOptions o;
+    o.port = port;
+    o.path = "/syncnorm.v1.Aggregator/GetJob";
+    o.message = get_job.SerializeAsString();
+    o.requests = 45000;
+    o.reset = true;
+    o.ack_settings = ack;
+    o.timeout = absl::Seconds(30);
+    o.hold_open = absl::Seconds(1);
+    return FloodHttp2(o);
+  };
+  RssSampler sampler(server_->process().pid());
+  std::vector<absl::StatusOr<Http2FloodResult>> results;
+  {
+    std::vector<absl::StatusOr<Http2FloodResult>> side(
+        2, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] { side[i] = flood(i == 1); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (auto& r : side) results.push_back(std::move(r));
+  }
+  for (int i = 0; i < 3; ++i) results.push_back(flood(i != 1));
+  sampler.Stop();
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    const Http2FloodResult& r = *results[i];
+    std::fprintf(stderr, "flood %zu: %d sent, %d answered, closed %d\n", i,
+                 r.sent, r.responses, r.closed);
+    EXPECT_TRUE(r.closed) << "flood " << i << " kept its connection";
+    EXPECT_LT(r.sent, 45000) << "flood " << i << " was let run to its end";
+  }
+  std::fprintf(stderr, "server rss %lld kB at the start, peak %lld kB\n",
+               static_cast<long long>(rss_start),
+               static_cast<long long>(sampler.peak_kb()));
+  EXPECT_LE(sampler.peak_kb() - rss_start, Http2FloodBoundKb());
+  ASSERT_EQ(SoloRound("solo", 0, 1, 64), "");
+}
+
 // ReduceOnce and Checkpoint calls parked waiting (for rounds that lack
 // ranks, for steps not committed) up to --max_waiting_calls: one more of
 // either is refused at once, naming the flag, and nothing of it is kept: a

@@ -275,10 +275,37 @@ TEST_F(ReadFloodBreakerTest, ClosesTheConnectionReadWhileMemoryGrewPastIt) {
   breaker_.PassGoesOn(kMax + 20000);
   EXPECT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
   EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 1);
-  breaker_.PassGoesOn(2 * kMax);
-  EXPECT_EQ(closer_.closed().size(), 1u) << "one connection a pass";
   EXPECT_EQ(std::string(CloseReasonName(CloseReason::kReadFlood)),
             "read_flood");
+}
+
+// The pass goes on after a close (another flood started while gRPC still
+// took the first one's calls): judged afresh from the close, the next
+// flood is closed once the memory has grown by the line again beyond what
+// it sent; the closed connection is not judged again, and growth with
+// nothing read since closes nothing.
+TEST_F(ReadFloodBreakerTest, ClosesEachFloodOfOnePass) {
+  const Loopback::Connection first = loopback_.Connect();
+  const Loopback::Connection second = loopback_.Connect();
+  constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
+  breaker_.PassBegan();
+  Send(first.client, 30000);
+  breaker_.PassGoesOn(kMax + 30000);
+  ASSERT_EQ(closer_.closed(), std::vector<std::string>{first.peer});
+  breaker_.PassGoesOn(kMax + 30000 + kMax);
+  EXPECT_EQ(closer_.closed().size(), 1u) << "nothing read since the close";
+  Send(second.client, 20000);
+  breaker_.PassGoesOn(kMax + 30000 + kMax + 19999);
+  EXPECT_EQ(closer_.closed().size(), 1u)
+      << "the bytes read since the close count as memory";
+  breaker_.PassGoesOn(kMax + 30000 + kMax + 20000);
+  EXPECT_EQ(closer_.closed(),
+            (std::vector<std::string>{first.peer, second.peer}));
+  EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 2);
+  // A new pass judges from its start.
+  breaker_.PassBegan();
+  breaker_.PassGoesOn(kMax - 1);
+  EXPECT_EQ(closer_.closed().size(), 2u);
 }
 
 // A large message: the memory grows by what is read, and nothing closes,

@@ -22,14 +22,17 @@ ProcessMemory ReadProcessMemory() {
 
 void ReadFloodBreaker::PassBegan() {
   bytes_at_start_ = sockets_->BytesReceived();
-  closed_ = false;
+  grown_at_start_ = 0;
+  closed_.clear();
 }
 
 void ReadFloodBreaker::PassGoesOn(int64_t grown) {
-  if (closed_ || grown < kMaxExcess) return;
+  const int64_t excess = grown - grown_at_start_;
+  if (excess < kMaxExcess) return;
   std::string busiest;
   uint64_t most = 0;
   for (const auto& [peer, bytes] : sockets_->BytesReceived()) {
+    if (closed_.contains(peer)) continue;  // its socket may linger a while
     const auto before = bytes_at_start_.find(peer);
     // A peer's count that went down is a new connection's.
     const uint64_t received =
@@ -41,11 +44,15 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
       busiest = peer;
     }
   }
-  if (busiest.empty() || grown - static_cast<int64_t>(most) < kMaxExcess) {
+  if (busiest.empty() || excess - static_cast<int64_t>(most) < kMaxExcess) {
     return;  // the memory holds what was read: a large message
   }
-  closed_ = true;
   guard_->Close(busiest, CloseReason::kReadFlood);
+  closed_.insert(busiest);
+  // The pass may go on with another flood (one that started while gRPC
+  // still took this one's calls, or beside it): judged afresh from here.
+  bytes_at_start_ = sockets_->BytesReceived();
+  grown_at_start_ = grown;
 }
 
 }  // namespace syncnorm

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 
 namespace syncnorm {
 
@@ -54,8 +55,11 @@ class PassWatcher {
 // Closes, for CloseReason::kReadFlood, the connection that received the
 // most bytes in a pass, once the memory grew by kMaxExcess more than those
 // bytes: the connection being read, whose requests gRPC is turning into
-// calls. Its calls end as the connection does, and the pass at the
-// socket's end. Not thread-safe: RpcLoop's watchdog only.
+// calls. Its calls end as the connection does. The pass may go on (gRPC
+// still taking the calls it had read, or another flood beside or after
+// it): from each close on, the breaker judges afresh, and closes the next
+// connection once the memory has grown by kMaxExcess again beyond what
+// that one received meanwhile. Not thread-safe: RpcLoop's watchdog only.
 class ReadFloodBreaker final : public PassWatcher {
  public:
   // About 2,500 of a flood's calls; the server's other memory is bounded
@@ -72,8 +76,10 @@ class ReadFloodBreaker final : public PassWatcher {
  private:
   const SocketCloser* const sockets_;
   ConnectionGuard* const guard_;
+  // Since the pass began, or since the last close in it.
   absl::flat_hash_map<std::string, uint64_t> bytes_at_start_;
-  bool closed_ = false;  // one connection in this pass
+  int64_t grown_at_start_ = 0;
+  absl::flat_hash_set<std::string> closed_;  // in this pass
 };
 
 }  // namespace syncnorm
