@@ -280,32 +280,53 @@ TEST_F(ReadFloodBreakerTest, ClosesTheConnectionReadWhileMemoryGrewPastIt) {
 }
 
 // The pass goes on after a close (another flood started while gRPC still
-// took the first one's calls): judged afresh from the close, the next
-// flood is closed once the memory has grown by the line again beyond what
-// it sent; the closed connection is not judged again, and growth with
-// nothing read since closes nothing.
+// took the first one's calls): judged afresh from the close, with half the
+// allowance each time down to kMinExcess, the next flood is closed once the
+// memory has grown by that much beyond what it sent; the closed connection
+// is not judged again, growth with nothing read since closes nothing, and
+// memory given back lowers the level growth is judged from.
 TEST_F(ReadFloodBreakerTest, ClosesEachFloodOfOnePass) {
-  const Loopback::Connection first = loopback_.Connect();
-  const Loopback::Connection second = loopback_.Connect();
   constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
+  constexpr int64_t kMin = ReadFloodBreaker::kMinExcess;
+  std::vector<Loopback::Connection> floods;
+  for (int i = 0; i < 5; ++i) floods.push_back(loopback_.Connect());
   breaker_.PassBegan();
-  Send(first.client, 30000);
-  breaker_.PassGoesOn(kMax + 30000);
-  ASSERT_EQ(closer_.closed(), std::vector<std::string>{first.peer});
-  breaker_.PassGoesOn(kMax + 30000 + kMax);
+  Send(floods[0].client, 30000);
+  int64_t level = kMax + 30000;
+  breaker_.PassGoesOn(level);
+  ASSERT_EQ(closer_.closed(), std::vector<std::string>{floods[0].peer});
+  breaker_.PassGoesOn(level + kMax);
   EXPECT_EQ(closer_.closed().size(), 1u) << "nothing read since the close";
-  Send(second.client, 20000);
-  breaker_.PassGoesOn(kMax + 30000 + kMax + 19999);
-  EXPECT_EQ(closer_.closed().size(), 1u)
-      << "the bytes read since the close count as memory";
-  breaker_.PassGoesOn(kMax + 30000 + kMax + 20000);
-  EXPECT_EQ(closer_.closed(),
-            (std::vector<std::string>{first.peer, second.peer}));
-  EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 2);
-  // A new pass judges from its start.
+  // Allowances after the first close: kMax / 2, kMax / 4, then kMin.
+  const int64_t allowance[] = {kMax / 2, kMax / 4, kMin, kMin};
+  static_assert(kMax / 8 == kMin);
+  for (int i = 1; i < 5; ++i) {
+    Send(floods[i].client, 20000);
+    breaker_.PassGoesOn(level + allowance[i - 1] + 19999);
+    EXPECT_EQ(closer_.closed().size(), static_cast<size_t>(i))
+        << "flood " << i << ": the bytes read since the close count as memory";
+    level += allowance[i - 1] + 20000;
+    breaker_.PassGoesOn(level);
+    ASSERT_EQ(closer_.closed().size(), static_cast<size_t>(i + 1));
+    EXPECT_EQ(closer_.closed().back(), floods[i].peer);
+  }
+  EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 5);
+  // The trim gives 40 MiB back; growth counts from there.
+  const Loopback::Connection next = loopback_.Connect();
+  level -= int64_t{40} << 20;
+  breaker_.PassGoesOn(level);
+  Send(next.client, 100);
+  breaker_.PassGoesOn(level + kMin + 100);
+  EXPECT_EQ(closer_.closed().back(), next.peer);
+  // A new pass judges from its start, with the whole allowance.
+  const size_t closed = closer_.closed().size();
   breaker_.PassBegan();
+  const Loopback::Connection later = loopback_.Connect();
+  Send(later.client, 100);
   breaker_.PassGoesOn(kMax - 1);
-  EXPECT_EQ(closer_.closed().size(), 2u);
+  EXPECT_EQ(closer_.closed().size(), closed);
+  breaker_.PassGoesOn(kMax + 100);
+  EXPECT_EQ(closer_.closed().back(), later.peer);
 }
 
 // A large message: the memory grows by what is read, and nothing closes,

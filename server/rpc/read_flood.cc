@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "server/rpc/connection_guard.h"
@@ -23,12 +24,15 @@ ProcessMemory ReadProcessMemory() {
 void ReadFloodBreaker::PassBegan() {
   bytes_at_start_ = sockets_->BytesReceived();
   grown_at_start_ = 0;
+  allowance_ = kMaxExcess;
   closed_.clear();
 }
 
 void ReadFloodBreaker::PassGoesOn(int64_t grown) {
+  // Memory the server gave back (its trim) is judged from the lower level.
+  grown_at_start_ = std::min(grown_at_start_, grown);
   const int64_t excess = grown - grown_at_start_;
-  if (excess < kMaxExcess) return;
+  if (excess < allowance_) return;
   std::string busiest;
   uint64_t most = 0;
   for (const auto& [peer, bytes] : sockets_->BytesReceived()) {
@@ -44,15 +48,17 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
       busiest = peer;
     }
   }
-  if (busiest.empty() || excess - static_cast<int64_t>(most) < kMaxExcess) {
+  if (busiest.empty() || excess - static_cast<int64_t>(most) < allowance_) {
     return;  // the memory holds what was read: a large message
   }
   guard_->Close(busiest, CloseReason::kReadFlood);
   closed_.insert(busiest);
   // The pass may go on with another flood (one that started while gRPC
-  // still took this one's calls, or beside it): judged afresh from here.
+  // still took this one's calls, or beside it): judged afresh from here,
+  // on top of what this one left.
   bytes_at_start_ = sockets_->BytesReceived();
   grown_at_start_ = grown;
+  allowance_ = std::max(allowance_ / 2, kMinExcess);
 }
 
 }  // namespace syncnorm

@@ -55,16 +55,23 @@ class PassWatcher {
 // Closes, for CloseReason::kReadFlood, the connection that received the
 // most bytes in a pass, once the memory grew by kMaxExcess more than those
 // bytes: the connection being read, whose requests gRPC is turning into
-// calls. Its calls end as the connection does. The pass may go on (gRPC
-// still taking the calls it had read, or another flood beside or after
-// it): from each close on, the breaker judges afresh, and closes the next
-// connection once the memory has grown by kMaxExcess again beyond what
-// that one received meanwhile. Not thread-safe: RpcLoop's watchdog only.
+// calls. Its calls end as the connection does. The pass may go on: gRPC
+// drains the calls it had read from that connection only as fast as it
+// reads the next flood, one beside it or after it. So from each close on
+// the breaker judges afresh, with half the allowance of the close before
+// (down to kMinExcess): the next connection goes once the memory has grown
+// by that much beyond what it sent since. Floods one after another in a
+// pass then take about 2 x kMaxExcess for the first four, and kMinExcess
+// plus what a flood sends between two of the watchdog's looks (about
+// 6 MB) for each after those, instead of kMaxExcess each. Not thread-safe:
+// RpcLoop's watchdog only.
 class ReadFloodBreaker final : public PassWatcher {
  public:
   // About 2,500 of a flood's calls; the server's other memory is bounded
   // by its limits (docs/operations.md).
   static constexpr int64_t kMaxExcess = int64_t{32} << 20;
+  // The least allowance of a close after others in the same pass.
+  static constexpr int64_t kMinExcess = int64_t{4} << 20;
 
   // Both must outlive the breaker.
   ReadFloodBreaker(const SocketCloser* sockets, ConnectionGuard* guard)
@@ -79,6 +86,7 @@ class ReadFloodBreaker final : public PassWatcher {
   // Since the pass began, or since the last close in it.
   absl::flat_hash_map<std::string, uint64_t> bytes_at_start_;
   int64_t grown_at_start_ = 0;
+  int64_t allowance_ = kMaxExcess;
   absl::flat_hash_set<std::string> closed_;  // in this pass
 };
 
