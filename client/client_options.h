@@ -38,8 +38,11 @@ struct ClientOptions {
   // take before the channel gives up on it and tries again. A server whose
   // kernel accepts the connection but whose process does not answer (a
   // restart, a paused process, a stalled middlebox) holds the calls that
-  // wait on it this long; gRPC's own default is 20 s. Default 2 s.
-  absl::Duration connect_timeout = absl::Seconds(2);
+  // wait on it this long; gRPC's own default is 20 s. Set it above the
+  // slowest handshake the network may see (TLS over a long round trip, a
+  // loaded server): an attempt that needs longer never completes.
+  // Default 5 s.
+  absl::Duration connect_timeout = absl::Seconds(5);
 
   // ---- Credentials (see docs/operations.md, "Security") ----
   // TLS: on when `tls` is set or any PEM below is given. tls_root_ca: the
