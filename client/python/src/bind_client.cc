@@ -175,28 +175,41 @@ void BindNodeGroups(py::module_& m) {
 void BindClientClass(py::module_& m) {
   py::class_<PyClient>(m, "Client",
                        "A connection to one aggregator; thread-safe.")
-      .def(py::init([](const std::string& address, double rpc_timeout_s,
-                       double round_timeout_s, const std::string& token,
-                       bool tls, const std::string& root_ca,
-                       const std::string& client_cert,
-                       const std::string& client_key) {
-             ClientOptions options =
-                 MakeOptions(address, rpc_timeout_s, round_timeout_s);
-             options.token = token;
-             options.tls = tls;
-             options.tls_root_ca = root_ca;
-             options.tls_client_cert = client_cert;
-             options.tls_client_key = client_key;
-             return std::make_unique<PyClient>(options);
-           }),
+      .def(py::init(
+               [](const std::string& address, double rpc_timeout_s,
+                  double round_timeout_s, const std::string& token, bool tls,
+                  const std::string& root_ca, const std::string& client_cert,
+                  const std::string& client_key, double connect_timeout_s) {
+                 ClientOptions options =
+                     MakeOptions(address, rpc_timeout_s, round_timeout_s);
+                 if (!(connect_timeout_s > 0)) {
+                   throw py::value_error(
+                       absl::StrCat("expected a positive connect_timeout, got ",
+                                    connect_timeout_s, " s"));
+                 }
+                 options.connect_timeout = absl::Seconds(connect_timeout_s);
+                 options.token = token;
+                 options.tls = tls;
+                 options.tls_root_ca = root_ca;
+                 options.tls_client_cert = client_cert;
+                 options.tls_client_key = client_key;
+                 return std::make_unique<PyClient>(options);
+               }),
            py::arg("address"), py::arg("rpc_timeout_s") = 30.0,
            py::arg("round_timeout_s") = 60.0, py::arg("token") = "",
            py::arg("tls") = false, py::arg("root_ca") = "",
            py::arg("client_cert") = "", py::arg("client_key") = "",
+           py::arg("connect_timeout_s") = 5.0,
            "token: bearer token sent on every call; tls: TLS (also implied "
-           "by any PEM); root_ca, client_cert, client_key: PEM text.")
+           "by any PEM); root_ca, client_cert, client_key: PEM text; "
+           "connect_timeout_s: how long one connection attempt may take.")
       .def_property_readonly(
           "address", [](PyClient& c) { return c.client.options().address; })
+      .def_property_readonly(
+          "connect_timeout_s",
+          [](PyClient& c) {
+            return absl::ToDoubleSeconds(c.client.options().connect_timeout);
+          })
       .def("create_job_json",
            [](PyClient& c, const std::string& json) {
              auto request = Parse<v1::CreateJobRequest>(json, "CreateJob");

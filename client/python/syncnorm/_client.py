@@ -154,7 +154,11 @@ class Client:
     to become reachable within it). round_timeout: seconds one forward or
     backward sync may take end to end, reconnects included; keep it above
     the job's round_timeout_ms so the server's DEADLINE_EXCEEDED naming the
-    missing ranks arrives first.
+    missing ranks arrives first. connect_timeout: seconds one connection
+    attempt (TCP, TLS, HTTP/2 handshake) may take before it is given up
+    and tried again; a server that accepts connections but does not answer
+    holds rounds this long. Keep it above the slowest handshake the network
+    may see.
 
     Credentials (docs/operations.md, "Security"): token, the bearer token sent on
     every call (rounds included); root_ca, the CA of the server's TLS
@@ -166,18 +170,25 @@ class Client:
 
     def __init__(self, address="127.0.0.1:50051", rpc_timeout=30.0,
                  round_timeout=60.0, *, token=None, root_ca=None,
-                 client_cert=None, client_key=None, tls=False):
+                 client_cert=None, client_key=None, tls=False,
+                 connect_timeout=5.0):
         if (client_cert is None) != (client_key is None):
             raise ValueError("client_cert and client_key go together")
         self.rpc_timeout = float(rpc_timeout)
         self._raw = _syncnorm.Client(
             address, float(rpc_timeout), float(round_timeout),
             token=token or "", tls=bool(tls), root_ca=_pem(root_ca),
-            client_cert=_pem(client_cert), client_key=_pem(client_key))
+            client_cert=_pem(client_cert), client_key=_pem(client_key),
+            connect_timeout_s=float(connect_timeout))
 
     @property
     def address(self):
         return self._raw.address
+
+    @property
+    def connect_timeout(self):
+        """Seconds one connection attempt may take (as the client uses it)."""
+        return self._raw.connect_timeout_s
 
     def create_job(self, job_id, world_size, layers, group_size=0,
                    round_timeout_ms=0, quorum=None, groups=None,

@@ -193,6 +193,14 @@ class ApiTest(unittest.TestCase):
 
     # ---- client, checkpoints, deadlines ------------------------------------
 
+    def test_connect_timeout_reaches_the_client_and_is_checked(self):
+        self.assertEqual(syncnorm.Client("127.0.0.1:1").connect_timeout, 5.0)
+        client = syncnorm.Client("127.0.0.1:1", connect_timeout=1.5)
+        self.assertEqual(client.connect_timeout, 1.5)
+        for bad in (0, -1, float("nan")):
+            with self.assertRaisesRegex(ValueError, "connect_timeout"):
+                syncnorm.Client("127.0.0.1:1", connect_timeout=bad)
+
     def test_client_jobs(self):
         job = job_name("client")
         layers = [syncnorm.layer_spec("a", 3),
