@@ -63,10 +63,6 @@ std::unique_ptr<AggregatorProcess> StartShard(const Shard& s) {
   return a.ok() ? *std::move(a) : nullptr;
 }
 
-int PortOf(const std::string& address) {
-  return std::stoi(address.substr(address.rfind(':') + 1));
-}
-
 // kShards shards, each with its volume and backup volume under `root`;
 // their addresses, comma-separated, in `list`. Empty when one did not
 // start (a test failure then).
@@ -79,7 +75,7 @@ std::vector<Shard> StartShards(const std::string& root, std::string& list) {
     std::filesystem::create_directories(shards[i].volume);
     shards[i].server = StartShard(shards[i]);
     if (shards[i].server == nullptr) return {};
-    shards[i].port = PortOf(shards[i].server->address());
+    shards[i].port = shards[i].server->port();
     addresses.push_back(shards[i].server->address());
   }
   list = absl::StrJoin(addresses, ",");

@@ -78,10 +78,6 @@ std::unique_ptr<AggregatorProcess> Start(const std::string& dir, int port = 0) {
   return a.ok() ? *std::move(a) : nullptr;
 }
 
-int PortOf(const std::string& address) {
-  return std::stoi(address.substr(address.rfind(':') + 1));
-}
-
 TEST(CrashTest, KillNineAtRandomMomentsChangesNothing) {
   const StackConfig config = Config();
   const std::string root = MakeScratchDir("crash");
@@ -135,7 +131,7 @@ TEST(CrashTest, KillNineAtRandomMomentsChangesNothing) {
     ASSERT_TRUE(code.ok()) << code.status();
     EXPECT_EQ(*code, 128 + SIGKILL);
     ++kills;
-    agg = Start(dir, PortOf(address));
+    agg = Start(dir, agg->port());
     ASSERT_NE(agg, nullptr) << "restart " << kills;
   }
   workers.join();
@@ -168,7 +164,7 @@ TEST(CrashTest, KillNineAtRandomMomentsChangesNothing) {
   // And once more from a cold start on the same data_dir.
   agg->process().Signal(SIGKILL);
   ASSERT_TRUE(agg->process().Wait(absl::Seconds(10)).ok());
-  agg = Start(dir, PortOf(address));
+  agg = Start(dir, agg->port());
   ASSERT_NE(agg, nullptr);
   EXPECT_EQ(ServerStats(address, "run", 2), expected_stats);
 }

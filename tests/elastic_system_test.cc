@@ -92,7 +92,7 @@ TEST(ElasticSystemTest, MembersChangeThroughKillsAndStatsEqualAFloat64Replay) {
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<AggregatorProcess> agg = *std::move(started);
   const std::string address = agg->address();
-  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  const int port = agg->port();
   auto stub = v1::Aggregator::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 

@@ -37,10 +37,6 @@ std::unique_ptr<AggregatorProcess> StartAggregator(const std::string& dir,
   return a.ok() ? *std::move(a) : nullptr;
 }
 
-int PortOf(const std::string& address) {
-  return std::stoi(address.substr(address.rfind(':') + 1));
-}
-
 // Waits until `done` or the timeout; false on timeout.
 template <typename F>
 bool WaitFor(F done, absl::Duration timeout) {
@@ -268,7 +264,7 @@ TEST(FaultTest, QuorumCompletesWithThePresentRanksAndNamesTheMissing) {
   // The quorum survives a restart with the job.
   agg->process().Signal(SIGKILL);
   ASSERT_TRUE(agg->process().Wait(absl::Seconds(10)).ok());
-  agg = StartAggregator(dir, PortOf(agg->address()));
+  agg = StartAggregator(dir, agg->port());
   ASSERT_NE(agg, nullptr);
   v1::RoundResult again;
   grpc::Status retried;
@@ -346,7 +342,7 @@ TEST(FaultTest, ServerKilledMidRoundWhileStreamsDropCountsNothingTwice) {
   const std::string dir = MakeScratchDir("server-restart");
   std::unique_ptr<AggregatorProcess> agg = StartAggregator(dir);
   ASSERT_NE(agg, nullptr);
-  const int port = PortOf(agg->address());
+  const int port = agg->port();
   auto proxy = TcpProxy::Start(port);
   ASSERT_TRUE(proxy.ok()) << proxy.status();
   RoundClusterOptions o;

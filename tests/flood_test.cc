@@ -966,8 +966,7 @@ TEST_F(FloodTest, Http2FloodsLoseTheirConnectionAndMemoryStaysBounded) {
   const absl::Time start = absl::Now();
   ASSERT_TRUE(CreateJob(Job("solo", 1, 1, 64, 5000)).ok());
   ASSERT_EQ(SoloRound("solo", 0, 0, 64), "");
-  const int port =
-      std::stoi(server_->address().substr(server_->address().rfind(':') + 1));
+  const int port = server_->port();
   const int64_t rss_start = RssKb();
   const int64_t heap_start = HeapAllocatedKb();
   LegitimateClient legitimate(server_->address());
@@ -1141,8 +1140,7 @@ TEST_F(FloodTest, Http2FloodsLoseTheirConnectionAndMemoryStaysBounded) {
 TEST_F(FloodTest, FloodsSideBySideAndBackToBackAreEachClosed) {
   ASSERT_TRUE(CreateJob(Job("solo", 1, 1, 64, 5000)).ok());
   ASSERT_EQ(SoloRound("solo", 0, 0, 64), "");
-  const int port =
-      std::stoi(server_->address().substr(server_->address().rfind(':') + 1));
+  const int port = server_->port();
   const int64_t rss_start = RssKb();
   v1::GetJobRequest get_job;
   get_job.set_job_id("normal");

@@ -51,10 +51,6 @@ void ExpectOwnMoments(const absl::StatusOr<ForwardReply>& reply, int64_t step) {
   }
 }
 
-int PortOf(const std::string& address) {
-  return std::stoi(address.substr(address.rfind(':') + 1));
-}
-
 // A one-rank job of one 3-channel layer, created through `client`.
 absl::Status CreateJob(Client& client) {
   v1::CreateJobRequest job;
@@ -97,7 +93,7 @@ absl::Duration RoundAcross(Contributor& c, int64_t step, Outage outage) {
 TEST(ReconnectTest, ARoundGoesOnWithinSecondsOfAConnectionThatNobodyAnswers) {
   auto agg = AggregatorProcess::Start(MakeScratchDir("reconnect-held"));
   ASSERT_TRUE(agg.ok()) << agg.status();
-  auto proxy = TcpProxy::Start(PortOf((*agg)->address()));
+  auto proxy = TcpProxy::Start((*agg)->port());
   ASSERT_TRUE(proxy.ok()) << proxy.status();
   ClientOptions options =
       OptionsFor(absl::StrCat("127.0.0.1:", (*proxy)->port()));
@@ -134,8 +130,8 @@ TEST(ReconnectTest, ARoundGoesOnWithinSecondsOfItsServersRestart) {
   const std::string dir = MakeScratchDir("reconnect-restart");
   auto agg = AggregatorProcess::Start(dir);
   ASSERT_TRUE(agg.ok()) << agg.status();
-  const std::string address = (*agg)->address();
-  Client client(OptionsFor(address));
+  const int port = (*agg)->port();
+  Client client(OptionsFor((*agg)->address()));
   ASSERT_TRUE(CreateJob(client).ok());
   std::unique_ptr<Contributor> c = client.NewContributor(kJob, 0);
   ExpectOwnMoments(c->ReduceForward(0, 0, Local(0)), 0);
@@ -145,8 +141,8 @@ TEST(ReconnectTest, ARoundGoesOnWithinSecondsOfItsServersRestart) {
   const absl::Duration took = RoundAcross(*c, 1, [&] {
     // Refused for a while: the client keeps retrying.
     absl::SleepFor(absl::Milliseconds(500));
-    agg = AggregatorProcess::Start(
-        dir, {absl::StrCat("--listen=127.0.0.1:", PortOf(address))});
+    agg = AggregatorProcess::Start(dir,
+                                   {absl::StrCat("--listen=127.0.0.1:", port)});
     EXPECT_TRUE(agg.ok()) << agg.status();
     return absl::Now();  // it listens
   });

@@ -101,10 +101,6 @@ std::unique_ptr<AggregatorProcess> Start(const std::string& dir, int port = 0) {
   return a.ok() ? *std::move(a) : nullptr;
 }
 
-int PortOf(const std::string& address) {
-  return std::stoi(address.substr(address.rfind(':') + 1));
-}
-
 struct Shards {
   std::vector<std::unique_ptr<AggregatorProcess>> servers;
   std::vector<std::string> dirs;
@@ -303,7 +299,7 @@ TEST_F(ShardTest, AShardKilledMidRunRecoversFromItsDataDir) {
       std::max(absl::Milliseconds(200), reference_took_ / 3);
   const bool ended_early = finished.WaitForNotificationWithTimeout(pause);
   const int victim = 1;
-  const int port = PortOf(shards.servers[victim]->address());
+  const int port = shards.servers[victim]->port();
   shards.servers[victim]->process().Signal(SIGKILL);
   auto code = shards.servers[victim]->process().Wait(absl::Seconds(10));
   ASSERT_TRUE(code.ok()) << code.status();

@@ -66,8 +66,7 @@ TEST(SoakTest, ChaosChangesNoResult) {
   const std::string dir = MakeScratchDir("soak");
   std::unique_ptr<AggregatorProcess> agg = StartAggregator(dir);
   ASSERT_NE(agg, nullptr);
-  const int port =
-      std::stoi(agg->address().substr(agg->address().rfind(':') + 1));
+  const int port = agg->port();
   auto proxy = TcpProxy::Start(port);
   ASSERT_TRUE(proxy.ok()) << proxy.status();
   RoundClusterOptions o;

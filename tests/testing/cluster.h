@@ -23,7 +23,8 @@ class AggregatorProcess {
   static absl::StatusOr<std::unique_ptr<AggregatorProcess>> Start(
       const std::string& dir, const std::vector<std::string>& flags = {});
 
-  std::string address() const;
+  std::string address() const;  // 127.0.0.1:<port>
+  int port() const { return port_; }
   Subprocess& process() { return *process_; }
   // SIGTERM, then the exit code.
   absl::StatusOr<int> Stop();
