@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "server/rpc/connection_guard.h"
 #include "server/rpc/socket_closer.h"
@@ -33,9 +34,11 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
   grown_at_start_ = std::min(grown_at_start_, grown);
   const int64_t excess = grown - grown_at_start_;
   if (excess < allowance_) return;
+  absl::flat_hash_map<std::string, uint64_t> bytes_now =
+      sockets_->BytesReceived();
   std::string busiest;
   uint64_t most = 0;
-  for (const auto& [peer, bytes] : sockets_->BytesReceived()) {
+  for (const auto& [peer, bytes] : bytes_now) {
     if (closed_.contains(peer)) continue;  // its socket may linger a while
     const auto before = bytes_at_start_.find(peer);
     // A peer's count that went down is a new connection's.
@@ -56,7 +59,7 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
   // The pass may go on with another flood (one that started while gRPC
   // still took this one's calls, or beside it): judged afresh from here,
   // on top of what this one left.
-  bytes_at_start_ = sockets_->BytesReceived();
+  bytes_at_start_ = std::move(bytes_now);
   grown_at_start_ = grown;
   allowance_ = std::max(allowance_ / 2, kMinExcess);
 }
