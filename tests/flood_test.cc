@@ -87,9 +87,9 @@ constexpr int64_t kEndSlackKb = 16 << 10;
 // back to the kernel at the server's next trim (server/memory_trimmer.h;
 // every 5 s). Until the trim, all of what a flood freed stays resident;
 // the read-flood watchdog, which judges by resident memory, sees a flood
-// that starts on it only once the flood has used it up, and a client that
-// then has its calls answered and never reads the answers can hold them
-// past the bounds here. The test gives the trim time between floods.
+// that starts on it only once the flood has used it up. The test gives
+// the trim time between floods; FloodsSideBySideAndBackToBackAreEachClosed
+// gives none.
 constexpr int64_t kKeptFreeKb = 32 << 10;
 constexpr int64_t kEndRssSlackKb = kEndSlackKb + kKeptFreeKb;
 constexpr absl::Duration kTrimWait = absl::Seconds(8);
