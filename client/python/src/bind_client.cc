@@ -36,16 +36,21 @@ struct PyClient {
 };
 
 ClientOptions MakeOptions(const std::string& address, double rpc_timeout_s,
-                          double round_timeout_s) {
+                          double round_timeout_s, double connect_timeout_s) {
   if (rpc_timeout_s <= 0 || round_timeout_s <= 0) {
     throw py::value_error(absl::StrCat(
         "expected positive timeouts, got rpc_timeout=", rpc_timeout_s,
         " s and round_timeout=", round_timeout_s, " s"));
   }
+  if (!(connect_timeout_s > 0)) {
+    throw py::value_error(absl::StrCat(
+        "expected a positive connect_timeout, got ", connect_timeout_s, " s"));
+  }
   ClientOptions options;
   options.address = address;
   options.rpc_timeout = absl::Seconds(rpc_timeout_s);
   options.round_timeout = absl::Seconds(round_timeout_s);
+  options.connect_timeout = absl::Seconds(connect_timeout_s);
   return options;
 }
 
@@ -181,13 +186,8 @@ void BindClientClass(py::module_& m) {
                   const std::string& root_ca, const std::string& client_cert,
                   const std::string& client_key, double connect_timeout_s) {
                  ClientOptions options =
-                     MakeOptions(address, rpc_timeout_s, round_timeout_s);
-                 if (!(connect_timeout_s > 0)) {
-                   throw py::value_error(
-                       absl::StrCat("expected a positive connect_timeout, got ",
-                                    connect_timeout_s, " s"));
-                 }
-                 options.connect_timeout = absl::Seconds(connect_timeout_s);
+                     MakeOptions(address, rpc_timeout_s, round_timeout_s,
+                                 connect_timeout_s);
                  options.token = token;
                  options.tls = tls;
                  options.tls_root_ca = root_ca;
