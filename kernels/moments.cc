@@ -1,5 +1,6 @@
 #include "kernels/moments.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -113,11 +114,42 @@ RunningStats RunningStats::Initial(int channels) {
 
 void MergeMoments(Moments& acc, const Moments& b) {
   if (b.count == 0) return;
-  const double nb = static_cast<double>(b.count);
   const size_t channels = acc.mean.size();
-  for (size_t c = 0; c < channels; ++c) {
-    double na = static_cast<double>(acc.count);
-    ChanMerge(na, acc.mean[c], acc.m2[c], nb, b.mean[c], b.m2[c]);
+  if (acc.count == 0) {  // ChanMerge keeps the other side as it is
+    std::copy_n(b.mean.begin(), channels, acc.mean.begin());
+    std::copy_n(b.m2.begin(), channels, acc.m2.begin());
+    acc.count = b.count;
+    return;
+  }
+  // ChanMerge for every channel, with what depends only on the two counts
+  // (the same for all channels, a division among them) computed once. Each
+  // channel's arithmetic is ChanMerge's, operation for operation and in
+  // its order, two channels per instruction: the result is the same bit
+  // for bit (moments_test compares it with ChanMerge per channel).
+  const double na = static_cast<double>(acc.count);
+  const double nb = static_cast<double>(b.count);
+  const double wb = nb / (na + nb);
+  double* mean = acc.mean.data();
+  double* m2 = acc.m2.data();
+  const double* mean_b = b.mean.data();
+  const double* m2_b = b.m2.data();
+  size_t c = 0;
+#if defined(__SSE2__)
+  const __m128d na2 = _mm_set1_pd(na);
+  const __m128d wb2 = _mm_set1_pd(wb);
+  for (; c + 2 <= channels; c += 2) {
+    const __m128d mean_a = _mm_loadu_pd(mean + c);
+    const __m128d d = _mm_sub_pd(_mm_loadu_pd(mean_b + c), mean_a);
+    _mm_storeu_pd(mean + c, _mm_add_pd(mean_a, _mm_mul_pd(d, wb2)));
+    const __m128d m2_sum =
+        _mm_add_pd(_mm_loadu_pd(m2 + c), _mm_loadu_pd(m2_b + c));
+    const __m128d shift = _mm_mul_pd(_mm_mul_pd(_mm_mul_pd(d, d), na2), wb2);
+    _mm_storeu_pd(m2 + c, _mm_add_pd(m2_sum, shift));
+  }
+#endif
+  for (; c < channels; ++c) {
+    double n = na;
+    ChanMerge(n, mean[c], m2[c], nb, mean_b[c], m2_b[c]);
   }
   acc.count += b.count;
 }

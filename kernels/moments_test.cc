@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -70,6 +71,52 @@ TEST(MomentsTest, ChanMergeOfUnevenPartsMatchesTwoPassReference) {
   GlobalMoments g = Finalize(acc);
   for (int c = 0; c < channels; ++c) {
     EXPECT_NEAR(g.var[c], ref.m2[c] / ref.count, 1e-9 * g.var[c]);
+  }
+}
+
+// MergeMoments is the pinned formula, ChanMerge, applied to each channel on
+// its own, bit for bit: for any channel count (odd ones leave a channel to
+// the scalar tail), empty sides, and values over the whole exponent range.
+TEST(MomentsTest, MergeMomentsIsChanMergeOfEveryChannelBitForBit) {
+  std::mt19937_64 rng(11);
+  auto value = [&rng]() {
+    const double mantissa =
+        std::uniform_real_distribution<double>(-1.0, 1.0)(rng);
+    return std::ldexp(mantissa, static_cast<int>(rng() % 120) - 60);
+  };
+  const int64_t counts[] = {0, 1, 3, 1000, int64_t{1} << 40};
+  for (int channels = 0; channels <= 9; ++channels) {
+    for (int64_t count_a : counts) {
+      for (int64_t count_b : counts) {
+        Moments a = Moments::Zero(channels), b = Moments::Zero(channels);
+        a.count = count_a;
+        b.count = count_b;
+        for (int c = 0; c < channels; ++c) {
+          a.mean[c] = value();
+          b.mean[c] = value();
+          a.m2[c] = std::fabs(value());
+          b.m2[c] = std::fabs(value());
+        }
+        Moments expected = a;
+        for (int c = 0; c < channels; ++c) {
+          double n = static_cast<double>(count_a);
+          ChanMerge(n, expected.mean[c], expected.m2[c],
+                    static_cast<double>(count_b), b.mean[c], b.m2[c]);
+        }
+        MergeMoments(a, b);
+        const std::string where = absl::StrCat(channels, " channels, counts ",
+                                               count_a, " and ", count_b);
+        EXPECT_EQ(a.count, count_a + count_b) << where;
+        for (int c = 0; c < channels; ++c) {
+          EXPECT_EQ(std::memcmp(&a.mean[c], &expected.mean[c], 8), 0)
+              << where << ": mean[" << c << "] " << a.mean[c] << " vs "
+              << expected.mean[c];
+          EXPECT_EQ(std::memcmp(&a.m2[c], &expected.m2[c], 8), 0)
+              << where << ": m2[" << c << "] " << a.m2[c] << " vs "
+              << expected.m2[c];
+        }
+      }
+    }
   }
 }
 
