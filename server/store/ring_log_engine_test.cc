@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -648,10 +647,9 @@ int64_t HugeMappedKb(const std::string& path) {
   bool in = false;
   int64_t kb = -1;
   while (std::getline(smaps, line)) {
-    // A mapping's first line: "start-end perms offset dev inode [path]".
-    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
-        line.find('-') != std::string::npos &&
-        line.find(':') > line.find(' ')) {
+    // A mapping's first line, "start-end perms offset dev inode [path]",
+    // is the only kind whose first word holds a '-'.
+    if (line.find('-') < line.find(' ')) {
       in = absl::EndsWith(line, " " + path);
       if (in && kb < 0) kb = 0;
     } else if (in && absl::StartsWith(line, "FilePmdMapped:")) {
