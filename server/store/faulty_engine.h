@@ -35,6 +35,15 @@ class FaultyEngine final : public KvEngine {
     }
     return n;
   }
+  // The same for deletes.
+  int64_t deletes(absl::string_view prefix) const {
+    absl::MutexLock lock(&mu_);
+    int64_t n = 0;
+    for (const auto& [key, count] : deletes_) {
+      if (absl::StartsWith(key, prefix)) n += count;
+    }
+    return n;
+  }
 
   std::string Describe() const override { return base_->Describe(); }
   absl::Status Write(const KvBatch& batch) override {
@@ -47,6 +56,7 @@ class FaultyEngine final : public KvEngine {
       absl::MutexLock lock(&mu_);
       for (const KvBatch::Op& op : batch.ops()) {
         if (op.kind == KvBatch::Op::kPut) ++puts_[op.key];
+        if (op.kind == KvBatch::Op::kDelete) ++deletes_[op.key];
       }
     }
     size_t largest = largest_batch_.load();
@@ -76,6 +86,7 @@ class FaultyEngine final : public KvEngine {
   std::atomic<size_t> largest_batch_{0};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, int64_t> puts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> deletes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace syncnorm

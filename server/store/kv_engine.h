@@ -23,7 +23,9 @@ class KvBatch {
     std::string key;    // kDeleteRange: first key
     std::string value;  // kPut: value; kDeleteRange: end key (exclusive)
     // kPut: a value that a later write will soon delete (a round kept for
-    // retries); an engine may keep it from its slower storage until then.
+    // retries), of a key the engine does not hold (never written, or
+    // deleted since); an engine may keep it from its slower storage until
+    // then, and when the delete comes first, leave both out of it.
     bool transient = false;
   };
 

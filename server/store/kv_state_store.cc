@@ -409,7 +409,9 @@ absl::Status KvStateStore::CommitRound(const std::string& job_id,
   batch.Put(LayerKey(job_id, slot.group, slot.layer),
             EncodeLayer(slot.state, stats_in_round));
   // Deleted once it falls out of the retry window: the round log may keep
-  // it from RocksDB until then.
+  // it from RocksDB until then, and then keep both from RocksDB. A round's
+  // key is written once, as PutTransient asks: a step is not run again
+  // unless a restore or a new job of the name deleted its rounds first.
   batch.PutTransient(
       RoundKey(job_id, slot.group, slot.layer, round.phase, round.step),
       EncodeRound(round));

@@ -84,7 +84,9 @@ struct RingLogOptions {
 // carried over to the next flush, its record kept in the ring (the
 // position recorded with the flush is then that of the oldest carried
 // record, and a replay starts there): deleted before it grows old, it
-// costs the engine nothing but the deletion. When the ring is full, a
+// costs the engine nothing, not even the deletion (the key of a transient
+// put is one the engine does not hold), unless a delete of the key was
+// still on its way to the engine when the put came. When the ring is full, a
 // write flushes first, itself; if the engine behind refuses (a full disk),
 // that write fails with the engine's error and nothing of it is applied, so
 // a full disk stops rounds once the ring is full, and loses nothing.
@@ -160,6 +162,10 @@ class RingLogEngine final : public KvEngine {
     int64_t position = 0;
     uint64_t seq = 0;
     bool transient = false;  // a transient put
+    // A transient put of a key the engine behind does not hold: its put
+    // made the entry (no earlier write of the key was pending here), or
+    // followed another such put. A delete then has nothing to delete there.
+    bool forgettable = false;
   };
   using Overlay = absl::flat_hash_map<std::string, Entry>;
 
@@ -197,6 +203,10 @@ class RingLogEngine final : public KvEngine {
   int64_t NextLapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records `value` (nullopt: deleted) as `e`'s, keeping overlay_bytes_.
   void SetValueLocked(Entry& e, std::optional<absl::string_view> value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A delete of `key` whose entry is forgettable: the entry goes, and
+  // nothing is left for a flush to write (returns true). Otherwise false.
+  bool ForgetTransientLocked(absl::string_view key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,18 +92,24 @@ class RingLogEngineTest : public ::testing::Test {
   }
 
   // A random batch of puts and deletes over `keys` keys of up to `max`
-  // bytes each.
-  KvBatch RandomBatch(int keys, int max) {
+  // bytes each, after `held` was written. Half the puts of keys not held
+  // then (KvBatch::Op::transient's contract) are transient.
+  KvBatch RandomBatch(int keys, int max, const Model& held) {
+    std::set<std::string> now;
+    for (const auto& kv : held) now.insert(kv.first);
     KvBatch b;
     const int ops = 1 + static_cast<int>(rng_() % 4);
     for (int i = 0; i < ops; ++i) {
       std::string key = absl::StrCat("k/", rng_() % keys);
       if (rng_() % 4 == 0) {
+        now.erase(key);
         b.Delete(std::move(key));
       } else {
         std::string value(rng_() % max, '\0');
         for (char& c : value) c = static_cast<char>(rng_());
-        if (rng_() % 2 == 0) {
+        const bool transient = rng_() % 2 == 0 && now.count(key) == 0;
+        now.insert(key);
+        if (transient) {
           b.PutTransient(std::move(key), std::move(value));
         } else {
           b.Put(std::move(key), std::move(value));
@@ -112,7 +119,12 @@ class RingLogEngineTest : public ::testing::Test {
     return b;
   }
 
-  int64_t RoundsThenKill(bool transient);
+  // What reached the engine behind of the rounds' records.
+  struct Reached {
+    int64_t puts = -1;
+    int64_t deletes = -1;
+  };
+  Reached RoundsThenKill(bool transient);
 
   const std::string path_ = TempPath("ring");
   MemoryEngine memory_;
@@ -127,7 +139,7 @@ TEST_F(RingLogEngineTest, ReadsSeeEveryWriteBeforeAndAfterAFlush) {
   ASSERT_NE(e, nullptr);
   Model model;
   for (int i = 0; i < 200; ++i) {
-    KvBatch b = RandomBatch(20, 300);
+    KvBatch b = RandomBatch(20, 300, model);
     ASSERT_TRUE(e->Write(b).ok());
     Apply(b, model);
     if (i == 100) {
@@ -186,7 +198,7 @@ TEST_F(RingLogEngineTest, AbandonedAnywhereLosesNoAcknowledgedWrite) {
     ASSERT_EQ(Contents(*e), model) << "after life " << life;
     const int writes = 50 + static_cast<int>(rng_() % 400);
     for (int i = 0; i < writes; ++i) {
-      KvBatch b = RandomBatch(40, 2000);
+      KvBatch b = RandomBatch(40, 2000, model);
       ASSERT_TRUE(e->Write(b).ok());
       Apply(b, model);
       written += 2000;
@@ -213,7 +225,7 @@ TEST_F(RingLogEngineTest, SyncedWritesOverManyLaps) {
     auto e = Open(o);
     ASSERT_NE(e, nullptr);
     for (int i = 0; i < 300; ++i) {
-      KvBatch b = RandomBatch(40, 2000);
+      KvBatch b = RandomBatch(40, 2000, model);
       const absl::Status s = e->Write(b);
       ASSERT_TRUE(s.ok()) << s;
       Apply(b, model);
@@ -291,19 +303,19 @@ TEST_F(RingLogEngineTest, TheReplayWritesEachKeyOnce) {
 
 // Rounds kept for retries, as the state store writes them: each round puts
 // its record and the layer's state, and deletes the record of 8 rounds
-// before; then a kill. Returns the puts that reached the engine behind;
-// after the kill, all of it must be there all the same.
-int64_t RingLogEngineTest::RoundsThenKill(bool transient) {
+// before; then a kill. Returns the puts and deletes of records that reached
+// the engine behind; after the kill, all of it must be there all the same.
+RingLogEngineTest::Reached RingLogEngineTest::RoundsThenKill(bool transient) {
   RingLogOptions o;
   o.ring_bytes = 256 << 10;
   o.flush_bytes = o.ring_bytes / 2;
   o.flush_period = absl::Hours(1);  // by bytes only
   Model model;
-  int64_t puts = -1;
+  Reached reached;
   {
     auto e = Open(o);
     EXPECT_NE(e, nullptr);
-    if (e == nullptr) return -1;
+    if (e == nullptr) return reached;
     // 12 KB a round: a flush every ~11 rounds (128 KB), so most records
     // outlive the flush after them; 8 rounds (96 KB) fit in the newest
     // half of the ring, where a transient put is carried.
@@ -328,7 +340,8 @@ int64_t RingLogEngineTest::RoundsThenKill(bool transient) {
         }
       }
     }
-    puts = faulty_->puts("k/round/");
+    reached.puts = faulty_->puts("k/round/");
+    reached.deletes = faulty_->deletes("k/round/");
     e->AbandonForTest();  // kill -9: carried records only in the ring
   }
   auto e = Open(o);
@@ -336,19 +349,64 @@ int64_t RingLogEngineTest::RoundsThenKill(bool transient) {
   if (e != nullptr) {
     EXPECT_EQ(Contents(*e), model);
   }
-  return puts;
+  return reached;
 }
 
 // A transient put deleted before it leaves the newest half of the ring
-// never reaches the engine behind.
+// never reaches the engine behind, and neither does its delete: there is
+// nothing there to delete (a RocksDB tombstone per round, before).
 TEST_F(RingLogEngineTest, TransientPutsDeletedSoonStayOutOfTheEngineBehind) {
-  EXPECT_EQ(RoundsThenKill(/*transient=*/true), 0);
+  const Reached reached = RoundsThenKill(/*transient=*/true);
+  EXPECT_EQ(reached.puts, 0);
+  // 1,990 of the 1,992 deletes reached it before. One that comes while the
+  // flusher writes a batch holding the put (carried, so not in that batch)
+  // still goes (2% of them here, from the flusher's timing).
+  EXPECT_LT(reached.deletes, 1992 / 4);
+}
+
+// A delete of a key the engine behind holds must reach it, though a
+// transient put of the key (allowed once the key is deleted) came between
+// the delete and the next flush, or the flush that had the delete failed.
+TEST_F(RingLogEngineTest, ADeleteReachesTheEngineBehindPastATransientPut) {
+  RingLogOptions o;
+  o.flush_period = absl::Hours(1);  // flushes only when asked
+  for (const bool failed_flush : {false, true}) {
+    SCOPED_TRACE(failed_flush ? "the delete's flush failed" : "no failure");
+    const std::string key = absl::StrCat("k/round-", failed_flush);
+    auto e = Open(o);
+    ASSERT_NE(e, nullptr);
+    KvBatch put;
+    put.Put(key, "old");
+    ASSERT_TRUE(e->Write(put).ok());
+    ASSERT_TRUE(e->Flush().ok());  // the engine behind holds the key
+    KvBatch del;
+    del.Delete(key);
+    ASSERT_TRUE(e->Write(del).ok());
+    if (failed_flush) {
+      faulty_->fail_writes(true);
+      EXPECT_FALSE(e->Flush().ok());
+      faulty_->fail_writes(false);
+    }
+    KvBatch again;
+    again.PutTransient(key, "new");
+    ASSERT_TRUE(e->Write(again).ok());
+    ASSERT_TRUE(e->Write(del).ok());
+    auto got = e->Get(key);
+    ASSERT_TRUE(got.ok());
+    EXPECT_FALSE(got->has_value());
+    ASSERT_TRUE(e->Flush().ok());
+    auto behind = memory_.Get(key);
+    ASSERT_TRUE(behind.ok());
+    EXPECT_FALSE(behind->has_value()) << **behind;
+  }
 }
 
 // The same rounds with plain puts: every record that a flush finds alive
-// reaches the engine behind (about 40% of them here).
+// reaches the engine behind (about 40% of them here), and so do deletes.
 TEST_F(RingLogEngineTest, PlainPutsReachTheEngineBehind) {
-  EXPECT_GT(RoundsThenKill(/*transient=*/false), 400);
+  const Reached reached = RoundsThenKill(/*transient=*/false);
+  EXPECT_GT(reached.puts, 400);
+  EXPECT_GT(reached.deletes, 400);
 }
 
 // The bytes of the ring's file from `from` on that are not zero.
@@ -489,7 +547,7 @@ TEST_F(RingLogEngineTest, AbandonedAnywhereInShortLapsLosesNothing) {
     ASSERT_EQ(Contents(*e), model) << "after life " << life;
     const int writes = 200 + static_cast<int>(rng_() % 1500);
     for (int i = 0; i < writes; ++i) {
-      KvBatch b = RandomBatch(40, 2000);
+      KvBatch b = RandomBatch(40, 2000, model);
       ASSERT_TRUE(e->Write(b).ok());
       Apply(b, model);
     }
@@ -615,7 +673,7 @@ TEST_F(RingLogEngineTest, ANewRingSizeKeepsWhatTheOldOneHeld) {
     auto e = Open(small);
     ASSERT_NE(e, nullptr);
     for (int i = 0; i < 30; ++i) {
-      KvBatch b = RandomBatch(10, 500);
+      KvBatch b = RandomBatch(10, 500, model);
       ASSERT_TRUE(e->Write(b).ok());
       Apply(b, model);
     }
@@ -630,7 +688,7 @@ TEST_F(RingLogEngineTest, ANewRingSizeKeepsWhatTheOldOneHeld) {
   struct stat st;
   ASSERT_EQ(::stat(path_.c_str(), &st), 0);
   EXPECT_EQ(st.st_size, large.ring_bytes);
-  KvBatch b = RandomBatch(10, 500);
+  KvBatch b = RandomBatch(10, 500, model);
   ASSERT_TRUE(e->Write(b).ok());
   Apply(b, model);
   e->AbandonForTest();
@@ -704,7 +762,7 @@ TEST_F(RingLogEngineTest, TheRingIsMappedInHugePagesWhereTheKernelCan) {
   EXPECT_EQ(HugeMappedKb(path_), o.ring_bytes / 1024);
   Model model;
   for (int i = 0; i < 50; ++i) {
-    KvBatch b = RandomBatch(20, 3000);
+    KvBatch b = RandomBatch(20, 3000, model);
     ASSERT_TRUE(e->Write(b).ok());
     Apply(b, model);
   }
