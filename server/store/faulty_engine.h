@@ -29,20 +29,12 @@ class FaultyEngine final : public KvEngine {
   // batches. REQUIRES: no write runs concurrently.
   int64_t puts(absl::string_view prefix) const {
     absl::MutexLock lock(&mu_);
-    int64_t n = 0;
-    for (const auto& [key, count] : puts_) {
-      if (absl::StartsWith(key, prefix)) n += count;
-    }
-    return n;
+    return Under(puts_, prefix);
   }
   // The same for deletes.
   int64_t deletes(absl::string_view prefix) const {
     absl::MutexLock lock(&mu_);
-    int64_t n = 0;
-    for (const auto& [key, count] : deletes_) {
-      if (absl::StartsWith(key, prefix)) n += count;
-    }
-    return n;
+    return Under(deletes_, prefix);
   }
 
   std::string Describe() const override { return base_->Describe(); }
@@ -80,6 +72,16 @@ class FaultyEngine final : public KvEngine {
   }
 
  private:
+  // The counts of `ops`' keys that start with `prefix`, summed.
+  static int64_t Under(const absl::flat_hash_map<std::string, int64_t>& ops,
+                       absl::string_view prefix) {
+    int64_t n = 0;
+    for (const auto& [key, count] : ops) {
+      if (absl::StartsWith(key, prefix)) n += count;
+    }
+    return n;
+  }
+
   KvEngine* const base_;
   std::atomic<bool> fail_{false};
   std::atomic<int> writes_{0};
