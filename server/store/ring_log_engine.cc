@@ -451,20 +451,30 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
         written_ += size;
         for (size_t i = 0; i < values.size(); ++i) {
           const KvBatch::Op& op = batch.ops()[i];
-          if (op.kind == KvBatch::Op::kDelete &&
-              ForgetTransientLocked(op.key)) {
-            continue;
-          }
           auto [it, made] = overlay_.try_emplace(op.key);
           Entry& e = it->second;
+          if (op.kind == KvBatch::Op::kDelete && !made && e.forgettable &&
+              !FlushHoldsLocked(op.key)) {
+            // A forgettable put is of a key the engine behind does not hold
+            // (KvBatch::Op::transient), and an entry in the overlay has not
+            // been written there: the last flush carried it, or came before
+            // it. So the delete has nothing to delete behind: the entry goes.
+            // Kept as a deletion, the next flush would write it, a RocksDB
+            // tombstone for every round of the retry window. While a flush
+            // is under way, a key it holds stays (Get would read its value
+            // there).
+            SetValueLocked(e, std::nullopt);
+            overlay_.erase(it);
+            continue;
+          }
           e.position = head_ + pad;
           e.seq = next_seq_;
           if (op.kind == KvBatch::Op::kPut) {
             SetValueLocked(e, values[i]);
             // A pending delete of the key, here or in the flush under way,
             // may still have to reach the engine behind.
-            e.forgettable = op.transient && (made ? !flushing_.contains(op.key)
-                                                  : e.forgettable);
+            e.forgettable = op.transient &&
+                            (made ? !FlushHoldsLocked(op.key) : e.forgettable);
             e.transient = op.transient;
             if (op.transient) {
               transient_.logged += static_cast<int64_t>(values[i].size());
@@ -675,22 +685,9 @@ bool RingLogEngine::FlushDueLocked() const {
           head_ - tail_ >= options_.ring_bytes - options_.ring_bytes / 4);
 }
 
-bool RingLogEngine::ForgetTransientLocked(absl::string_view key) {
-  // A forgettable put is of a key the engine behind does not hold
-  // (KvBatch::Op::transient), and an entry in the overlay has not been
-  // written there: the last flush carried it, or came before it. So the
-  // delete has nothing to delete behind. Kept as a deletion, the next flush
-  // would write it: a RocksDB tombstone for every round of the retry
-  // window, and an overlay entry per round until then. While a flush is
-  // under way, a key it holds stays (Get would read its value there).
-  const auto it = overlay_.find(key);
-  if (it == overlay_.end() || !it->second.forgettable ||
-      flushing_.contains(key)) {
-    return false;
-  }
-  SetValueLocked(it->second, std::nullopt);
-  overlay_.erase(it);
-  return true;
+bool RingLogEngine::FlushHoldsLocked(absl::string_view key) const {
+  // Almost always empty: no hashing then.
+  return !flushing_.empty() && flushing_.contains(key);
 }
 
 int64_t RingLogEngine::NextLapLocked() const {

@@ -204,9 +204,8 @@ class RingLogEngine final : public KvEngine {
   // Records `value` (nullopt: deleted) as `e`'s, keeping overlay_bytes_.
   void SetValueLocked(Entry& e, std::optional<absl::string_view> value)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A delete of `key` whose entry is forgettable: the entry goes, and
-  // nothing is left for a flush to write (returns true). Otherwise false.
-  bool ForgetTransientLocked(absl::string_view key)
+  // Whether the flush under way (if any) holds `key`.
+  bool FlushHoldsLocked(absl::string_view key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
