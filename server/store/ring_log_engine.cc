@@ -146,11 +146,32 @@ void FillHeader(char* h, uint32_t kind, uint64_t seq, uint32_t length,
   absl::little_endian::Store32(h + 20, Crc(h, 20, payload_crc));
 }
 
-std::string EncodeMeta(uint64_t last_seq, int64_t position) {
-  char b[16];
-  absl::little_endian::Store64(b, last_seq);
-  absl::little_endian::Store64(b + 8, static_cast<uint64_t>(position));
-  return std::string(b, 16);
+// A record header as Recover reads it.
+struct Header {
+  uint32_t kind = 0;
+  uint64_t seq = 0;
+  uint32_t length = 0;
+};
+
+// Whether a whole, valid record (a batch, or a pad) lies at `offset` of a
+// ring `ring` bytes long whose first `avail` bytes are at `data`; if so,
+// its header is in `h`.
+bool ValidAt(const char* data, int64_t avail, int64_t ring, int64_t offset,
+             Header& h) {
+  if (offset + kHeader > std::min(avail, ring)) return false;
+  const char* p = data + offset;
+  if (absl::little_endian::Load32(p) != kMagic) return false;
+  h.kind = absl::little_endian::Load32(p + 4);
+  h.seq = absl::little_endian::Load64(p + 8);
+  h.length = absl::little_endian::Load32(p + 16);
+  const int64_t room = ring - offset;
+  const uint32_t crc = absl::little_endian::Load32(p + 20);
+  if (h.length > room - kHeader) return false;
+  if (h.kind == kPad) {
+    return h.length == room - kHeader && Crc(p, 20) == crc;
+  }
+  return h.kind == kBatch && offset + kHeader + h.length <= avail &&
+         Crc(p, 20, Crc(p + kHeader, h.length)) == crc;
 }
 
 bool HasRange(const KvBatch& batch) {
@@ -161,6 +182,30 @@ bool HasRange(const KvBatch& batch) {
 }
 
 }  // namespace
+
+std::string RingLogDamage::Describe(const std::string& path) const {
+  if (truncated()) {
+    return absl::StrCat(
+        "round log '", path, "' is ", file_bytes, " bytes but was made ",
+        made_bytes, " bytes: its records past the end, from offset ", offset,
+        " (sequence ", seq, ") on, are lost, how many cannot be told (",
+        records_after, " valid newer records remain)");
+  }
+  return absl::StrCat("round log '", path, "' is damaged at offset ", offset,
+                      ": the record there (sequence ", seq,
+                      ") does not read back, and ", records_after,
+                      " valid newer records follow it: acknowledged writes "
+                      "that a replay stopping there loses");
+}
+
+std::string RingLogEngine::EncodeMeta(uint64_t last_seq, int64_t position,
+                                      int64_t made_bytes) {
+  char b[24];
+  absl::little_endian::Store64(b, last_seq);
+  absl::little_endian::Store64(b + 8, static_cast<uint64_t>(position));
+  absl::little_endian::Store64(b + 16, static_cast<uint64_t>(made_bytes));
+  return std::string(b, 24);
+}
 
 RingLogEngine::RingLogEngine(std::string path, int fd,
                              std::unique_ptr<KvEngine> inner,
@@ -229,20 +274,36 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
   absl::MutexLock lock(&mu_);
   uint64_t last_seq = 0;
   int64_t position = 0;
+  int64_t made = 0;
   absl::StatusOr<std::optional<std::string>> meta = inner_->Get(kMetaKey);
   if (!meta.ok()) return meta.status();
-  if (meta->has_value() && (*meta)->size() == 16) {
+  // 16 bytes before the size was recorded; 24 since.
+  if (meta->has_value() && ((*meta)->size() == 16 || (*meta)->size() == 24)) {
     last_seq = absl::little_endian::Load64((*meta)->data());
     position =
         static_cast<int64_t>(absl::little_endian::Load64((*meta)->data() + 8));
+    if ((*meta)->size() == 24) {
+      made = static_cast<int64_t>(
+          absl::little_endian::Load64((*meta)->data() + 16));
+    }
+  }
+  // Records lie where the ring as it was made put them, whatever the
+  // file's size is now.
+  const int64_t ring = made > 0 ? made : file_bytes & ~int64_t{7};
+  const int64_t avail = std::min(file_bytes, ring);
+  const char* data = nullptr;
+  if (ring >= kMinRing && avail > 0) {
+    void* m = ::mmap(nullptr, static_cast<size_t>(avail), PROT_READ,
+                     MAP_PRIVATE, fd_, 0);
+    if (m == MAP_FAILED) return Error("mmap to read it", errno);
+    data = static_cast<const char*>(m);
   }
   // What the ring holds past `position`, in order, coalesced by key as a
   // flush would: a full ring replays into a batch of its distinct keys.
   Writes replayed;
-  const int64_t ring = file_bytes & ~int64_t{7};
   uint64_t seq = last_seq + 1;
-  if (ring >= kMinRing) {
-    std::string payload;
+  bool torn = false;  // the replay stopped at a record of its sequence
+  if (data != nullptr) {
     const int64_t start = position;
     while (position - start < ring) {
       const int64_t offset = position % ring;
@@ -251,38 +312,67 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
         position += room;
         continue;
       }
-      char h[kHeader];
-      if (::pread(fd_, h, kHeader, offset) != kHeader) break;
-      const uint32_t kind = absl::little_endian::Load32(h + 4);
-      const uint32_t length = absl::little_endian::Load32(h + 16);
-      if (absl::little_endian::Load32(h) != kMagic ||
-          absl::little_endian::Load64(h + 8) != seq ||
-          length > room - kHeader) {
+      Header h;
+      if (!ValidAt(data, avail, ring, offset, h)) {
+        // Where the replay ends cleanly lie zeros, an earlier lap's whole
+        // record, or the middle of one: no magic, nor this sequence number.
+        // Either one on a record that fails is a record cut short or
+        // damaged, the newest one, whichever of its bytes went wrong.
+        torn = offset + kHeader <= avail &&
+               (absl::little_endian::Load32(data + offset) == kMagic ||
+                absl::little_endian::Load64(data + offset + 8) == seq);
         break;
       }
-      if (kind == kPad) {
-        if (Crc(h, 20) != absl::little_endian::Load32(h + 20) ||
-            length != room - kHeader) {
-          break;
-        }
+      if (h.seq != seq) break;  // written in an earlier lap: the end
+      if (h.kind == kPad) {
         position += room;
         continue;
       }
-      if (kind != kBatch) break;
-      payload.resize(length);
-      if (::pread(fd_, payload.data(), length, offset + kHeader) !=
-              static_cast<ssize_t>(length) ||
-          Crc(h, 20, Crc(payload.data(), length)) !=
-              absl::little_endian::Load32(h + 20) ||
-          !DecodeBatch(payload, replayed)) {
+      if (!DecodeBatch(absl::string_view(data + offset + kHeader, h.length),
+                       replayed)) {
+        torn = true;
         break;
       }
       ++recovered_records_;
       ++seq;
-      position += Align8(kHeader + length);
+      position += Align8(kHeader + h.length);
     }
   }
-  const bool resize = ring != options_.ring_bytes;
+  // A kill leaves at most the record it interrupted torn, the newest one:
+  // valid records newer than where the replay stopped say it stopped at
+  // damage. And whatever is replayed, the records written next carry
+  // sequence numbers past every valid record here, so none that this
+  // replay dropped can ever chain on after them.
+  RingLogDamage found;
+  found.offset = ring > 0 ? position % ring : 0;
+  found.seq = seq;
+  found.file_bytes = file_bytes;
+  found.made_bytes = made;
+  uint64_t newest = 0;
+  for (int64_t offset = 0; data != nullptr && offset + kHeader <= avail;) {
+    Header h;
+    if (!ValidAt(data, avail, ring, offset, h)) {
+      offset += 8;
+      continue;
+    }
+    newest = std::max(newest, h.seq);
+    if (h.kind == kBatch && h.seq >= seq) ++found.records_after;
+    offset += Align8(kHeader + h.length);
+  }
+  if (data != nullptr) ::munmap(const_cast<char*>(data), avail);
+  if (found.records_after > 0 || found.truncated()) {
+    if (options_.recovery != RingLogRecovery::kPointInTime) {
+      return absl::DataLossError(found.Describe(path_));
+    }
+    damage_ = found;
+  } else if (torn) {
+    torn_tail_ = found;
+  }
+  seq = std::max(seq, newest + 1);
+  // Made anew when the flag asks for another size, or the file is not the
+  // size it was made (a loss accepted above).
+  const bool resize = file_bytes != options_.ring_bytes ||
+                      (made > 0 && made != options_.ring_bytes);
   if (resize) position = 0;
   next_seq_ = seq;
   head_ = tail_ = flushed_to_ = position;
@@ -300,7 +390,9 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
     }
   }
   replayed.clear();
-  replay.Put(kMetaKey, EncodeMeta(seq - 1, position));
+  // A ring about to be made anew holds nothing needed yet.
+  replay.Put(kMetaKey,
+             EncodeMeta(seq - 1, position, resize ? 0 : options_.ring_bytes));
   if (absl::Status s = inner_->Write(replay); !s.ok()) return s;
   if (!resize) return absl::OkStatus();
   // A new ring, or another size: written through once, so that its blocks
@@ -323,7 +415,10 @@ absl::Status RingLogEngine::Recover(int64_t file_bytes) {
   const int err = errno;
   ::close(dir_fd);
   if (synced != 0) return Error("fsync its folder", err);
-  return absl::OkStatus();
+  // Made: from now on, a file shorter than this has lost records.
+  KvBatch made_now;
+  made_now.Put(kMetaKey, EncodeMeta(seq - 1, position, options_.ring_bytes));
+  return inner_->Write(made_now);
 }
 
 RingLogEngine::~RingLogEngine() {
@@ -335,7 +430,18 @@ RingLogEngine::~RingLogEngine() {
     flush_wanted_.Signal();
   }
   if (flusher_.joinable()) flusher_.join();
-  if (!abandoned) (void)Flush();
+  // map_ is set once Open has recovered the ring: an Open that failed
+  // leaves the engine behind as it found it.
+  if (!abandoned && map_ != nullptr && Flush().ok()) {
+    // Everything is in the engine behind: the ring holds nothing it needs,
+    // and a file lost or cut short from now on loses nothing.
+    KvBatch clean;
+    {
+      absl::MutexLock lock(&mu_);
+      clean.Put(kMetaKey, EncodeMeta(next_seq_ - 1, head_, 0));
+    }
+    (void)inner_->Write(clean);
+  }
   if (map_ != nullptr) {
     ::munmap(map_, static_cast<size_t>(options_.ring_bytes));
   }
@@ -511,7 +617,7 @@ absl::Status RingLogEngine::Write(const KvBatch& batch) {
 
 KvBatch RingLogEngine::WithPosition(
     absl::Span<const Overlay::value_type* const> entries, uint64_t last_seq,
-    int64_t position) {
+    int64_t position) const {
   KvBatch out;
   out.Reserve(entries.size() + 1);
   for (const Overlay::value_type* kv : entries) {
@@ -521,7 +627,7 @@ KvBatch RingLogEngine::WithPosition(
       out.Delete(kv->first);
     }
   }
-  out.Put(kMetaKey, EncodeMeta(last_seq, position));
+  out.Put(kMetaKey, EncodeMeta(last_seq, position, options_.ring_bytes));
   return out;
 }
 

@@ -26,6 +26,41 @@ namespace syncnorm {
 // The ring's file in a data_dir, beside RocksDB's.
 inline constexpr char kRoundLogFile[] = "syncnorm-round-log";
 
+// What Open does with a ring whose records past the position the engine
+// behind holds are damaged (RocksDB's WALRecoveryMode, by another name).
+enum class RingLogRecovery {
+  // A torn last record (a kill or a machine crash in the middle of a write:
+  // never acknowledged) is dropped; any other damage, a record that fails
+  // with valid newer records after it, or a file shorter than it was made,
+  // fails Open with DATA_LOSS and changes nothing. The default.
+  kTolerateTornTail,
+  // Replays up to the first record that fails and drops the rest, newer
+  // valid records included (reported by RingLogEngine::damage()). The
+  // operator's choice to accept a loss that kTolerateTornTail refused.
+  kPointInTime,
+};
+
+// Where a ring was damaged, as Open found it.
+struct RingLogDamage {
+  // The file offset and sequence number of the first record the replay
+  // could not read.
+  int64_t offset = 0;
+  uint64_t seq = 0;
+  // Valid records after it, newer than it: acknowledged writes that a
+  // replay stopping there drops.
+  int64_t records_after = 0;
+  // The file's size, and the size it was made (0: not recorded, or the
+  // ring held nothing past the engine behind's position when it closed).
+  // A file shorter than it was made lost records past its end, how many
+  // cannot be told.
+  int64_t file_bytes = 0;
+  int64_t made_bytes = 0;
+
+  bool truncated() const { return made_bytes > 0 && file_bytes < made_bytes; }
+  // One sentence naming the damage and what it loses.
+  std::string Describe(const std::string& path) const;
+};
+
 struct RingLogOptions {
   // The log file's size, allocated when it is created, and mapped into
   // memory whole. A write of more than a quarter of it goes straight to
@@ -47,6 +82,8 @@ struct RingLogOptions {
   // msync each record before the write returns (a machine crash then
   // loses nothing written), as RocksDB's sync_writes.
   bool sync_writes = false;
+  // What Open does with a damaged ring. Default kTolerateTornTail.
+  RingLogRecovery recovery = RingLogRecovery::kTolerateTornTail;
 };
 
 // Write appends the batch as one record (sequence number, length, CRC32C)
@@ -93,8 +130,15 @@ struct RingLogOptions {
 //
 // Open replays the records past the position the engine behind last
 // recorded, in order, stopping at the first that is not the next sequence
-// number or whose checksum fails (a record torn by a kill was never
-// acknowledged), and writes them to it before anything else happens.
+// number or whose checksum fails, and writes them to it before anything
+// else happens. Where it stops, the rest of the file is searched for valid
+// records newer than the last replayed: a record torn by a kill (never
+// acknowledged) is the last one written, so there are none; if there are,
+// or the file is shorter than it was made (the engine behind records the
+// size with the position), the ring is damaged, and options.recovery says
+// what Open does. Whatever it replays, the sequence numbers written next
+// start past every valid record the file holds, so a record a replay once
+// dropped can never chain onto later writes and come back.
 //
 // Batches with a DeleteRange, Scan and CopyTo flush first and go to the
 // engine behind directly, in order with the logged writes. The destructor
@@ -131,6 +175,10 @@ class RingLogEngine final : public KvEngine {
 
   // The records Open replayed (tests, and the startup log line).
   int64_t recovered_records() const { return recovered_records_; }
+  // With RingLogRecovery::kPointInTime, the damage Open accepted, if any.
+  const std::optional<RingLogDamage>& damage() const { return damage_; }
+  // Where Open found a torn last record (dropped), if it did.
+  const std::optional<RingLogDamage>& torn_tail() const { return torn_tail_; }
 
   // Bytes of transient puts' values since Open: written to the log, and
   // of those, written on to the engine behind because the ring needed the
@@ -173,7 +221,13 @@ class RingLogEngine final : public KvEngine {
                 RingLogOptions options);
 
   // Replays the ring into the engine behind; sets the write position.
+  // DATA_LOSS, changing nothing, for damage options_.recovery refuses.
   absl::Status Recover(int64_t file_bytes);
+  // Records the engine behind holds the log up to: a replay starts at
+  // `position`, after record `last_seq`, in a ring made `made_bytes` long
+  // (0: nothing past `position` is needed, after a clean close).
+  static std::string EncodeMeta(uint64_t last_seq, int64_t position,
+                                int64_t made_bytes);
   // With `carry`, transient puts in the newest half of the ring stay in
   // the overlay (and their records in the ring) instead.
   // `for_room`: the flush makes room in the ring (its transient puts count
@@ -189,9 +243,8 @@ class RingLogEngine final : public KvEngine {
   // The writes of `entries` and, with them, the log position the engine
   // behind then holds: a replay starts at `position`, after record
   // `last_seq`.
-  static KvBatch WithPosition(
-      absl::Span<const Overlay::value_type* const> entries, uint64_t last_seq,
-      int64_t position);
+  KvBatch WithPosition(absl::Span<const Overlay::value_type* const> entries,
+                       uint64_t last_seq, int64_t position) const;
   absl::Status PwriteAll(const char* data, size_t size, int64_t offset) const;
   // With sync_writes, msync the ring's bytes [offset, offset + size).
   absl::Status Sync(int64_t offset, int64_t size) const;
@@ -214,7 +267,9 @@ class RingLogEngine final : public KvEngine {
   const RingLogOptions options_;
   // The ring file, mapped shared (set by Open once recovered).
   char* map_ = nullptr;
-  int64_t recovered_records_ = 0;  // set by Open only
+  int64_t recovered_records_ = 0;           // set by Open only
+  std::optional<RingLogDamage> damage_;     // set by Open only
+  std::optional<RingLogDamage> torn_tail_;  // set by Open only
 
   // Held for a whole flush (and a write-through): one at a time, and in
   // the order of the log. Taken before mu_.
