@@ -38,6 +38,11 @@ const syncnorm::ServerOptions& Defaults() {
 
 int64_t Ms(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
+// The exit code of a start refused because the data_dir's state is
+// damaged (DATA_LOSS): the round log, RocksDB's files, a record that does
+// not decode. Other failed starts exit 1, a bad config 2.
+constexpr int kExitDataLoss = 3;
+
 }  // namespace
 
 ABSL_FLAG(std::string, listen, Defaults().listen,
@@ -57,6 +62,10 @@ ABSL_FLAG(int, round_log_mib, Defaults().round_log_mib,
           "Size of the round log in MiB (1 to 4096), resident in memory: "
           "best 16 steps of the shard's records, about 768 bytes per "
           "channel, so that rounds' retry records never reach RocksDB");
+ABSL_FLAG(std::string, round_log_recovery, "tolerate_torn_tail",
+          "A damaged round log at start: tolerate_torn_tail (drop a torn "
+          "last record, refuse to start on other damage, exit code 3) or "
+          "point_in_time (replay up to the damage, accept losing the rest)");
 ABSL_FLAG(int, keep_checkpoints, Defaults().keep_checkpoints,
           "Untagged checkpoints kept per job (newest); tagged ones are "
           "always kept; 0 keeps all");
@@ -147,6 +156,18 @@ constexpr char kUsage[] =
     "gRPC until\nSIGTERM or SIGINT. See docs/operations.md, "
     "\"The aggregator\".";
 
+// --round_log_recovery names one of two modes.
+absl::Status CheckRecoveryFlag() {
+  const std::string mode = absl::GetFlag(FLAGS_round_log_recovery);
+  if (mode == "tolerate_torn_tail" || mode == "point_in_time") {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--round_log_recovery must be tolerate_torn_tail (the default) or "
+      "point_in_time; got '",
+      mode, "'"));
+}
+
 // The options the flags say: the one place they are read.
 syncnorm::ServerOptions OptionsFromFlags() {
   syncnorm::ServerOptions options;
@@ -158,6 +179,11 @@ syncnorm::ServerOptions OptionsFromFlags() {
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   options.round_log_mib = absl::GetFlag(FLAGS_round_log_mib);
+  // CheckRecoveryFlag has refused any other value.
+  options.round_log_recovery =
+      absl::GetFlag(FLAGS_round_log_recovery) == "point_in_time"
+          ? syncnorm::RingLogRecovery::kPointInTime
+          : syncnorm::RingLogRecovery::kTolerateTornTail;
   options.straggler_threshold =
       absl::Milliseconds(absl::GetFlag(FLAGS_straggler_threshold_ms));
   options.log_interval =
@@ -207,6 +233,7 @@ void PrintConfig(const syncnorm::ServerOptions& options,
   std::printf(
       "syncnorm-aggregator: config ok: listen=%s round_timeout_ms=%lld "
       "data_dir=%s backup_dir=%s sync_writes=%d round_log_mib=%d "
+      "round_log_recovery=%s "
       "keep_checkpoints=%d "
       "straggler_threshold_ms=%lld log_interval_ms=%lld "
       "shutdown_grace_ms=%lld tls=%s tokens_file=%s allow_insecure=%d "
@@ -219,6 +246,9 @@ void PrintConfig(const syncnorm::ServerOptions& options,
       options.data_dir.c_str(),
       options.backup_dir.empty() ? "-" : options.backup_dir.c_str(),
       options.sync_writes ? 1 : 0, options.round_log_mib,
+      options.round_log_recovery == syncnorm::RingLogRecovery::kPointInTime
+          ? "point_in_time"
+          : "tolerate_torn_tail",
       options.keep_checkpoints,
       static_cast<long long>(Ms(options.straggler_threshold)),
       static_cast<long long>(Ms(options.log_interval)),
@@ -321,7 +351,8 @@ int Serve(const syncnorm::ServerOptions& options, sigset_t stop_signals,
   absl::Status started = server->Start();
   if (!started.ok()) {
     LogError("start_failed", started);
-    return 1;
+    // Damaged state: starting again will not help until someone acts.
+    return absl::IsDataLoss(started) ? kExitDataLoss : 1;
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
@@ -369,6 +400,10 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const sigset_t stop_signals = BlockStopSignals();
 
+  if (absl::Status s = CheckRecoveryFlag(); !s.ok()) {
+    LogError("bad_config", s);
+    return 2;
+  }
   const syncnorm::ServerOptions options = OptionsFromFlags();
   const absl::Duration shutdown_grace = absl::Milliseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -49,6 +51,33 @@ AggregatorOptions ToAggregatorOptions(const ServerOptions& options) {
   return out;
 }
 
+// The lines a round log's recovery is worth: what it replayed, and what
+// it dropped.
+void LogRecovery(const RingLogEngine& log, const std::string& path,
+                 const std::string& data_dir) {
+  if (log.recovered_records() > 0) {
+    LogLine("round_log_replayed")
+        .Add("records", log.recovered_records())
+        .Add("data_dir", data_dir);
+  }
+  if (const std::optional<RingLogDamage>& d = log.damage(); d.has_value()) {
+    LogLine("round_log_loss_accepted", LogLevel::kError)
+        .Add("file", path)
+        .Add("offset", d->offset)
+        .Add("records_lost", d->records_after)
+        .Add("truncated", d->truncated() ? "true" : "false")
+        .Add("error", d->Describe(path));
+  }
+  if (const std::optional<RingLogDamage>& t = log.torn_tail(); t.has_value()) {
+    LogLine("round_log_torn_tail", LogLevel::kWarn)
+        .Add("file", path)
+        .Add("offset", t->offset)
+        .Add("note",
+             "the last record was cut short (a crash while it was written, "
+             "never acknowledged) and is dropped");
+  }
+}
+
 // With a data dir, `*round_log` is set to the store's round log.
 absl::StatusOr<std::unique_ptr<StateStore>> OpenStore(
     const ServerOptions& options, RingLogEngine** round_log) {
@@ -64,15 +93,20 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenStore(
   ring.sync_writes = options.sync_writes;
   ring.ring_bytes = int64_t{options.round_log_mib} << 20;
   ring.flush_bytes = ring.ring_bytes / 2;
-  absl::StatusOr<std::unique_ptr<RingLogEngine>> logged = RingLogEngine::Open(
-      options.data_dir + "/" + kRoundLogFile, *std::move(engine), ring);
+  ring.recovery = options.round_log_recovery;
+  const std::string path = options.data_dir + "/" + kRoundLogFile;
+  absl::StatusOr<std::unique_ptr<RingLogEngine>> logged =
+      RingLogEngine::Open(path, *std::move(engine), ring);
+  if (absl::IsDataLoss(logged.status())) {
+    return absl::DataLossError(absl::StrCat(
+        logged.status().message(),
+        "; nothing was changed: restore the data_dir from a backup, or "
+        "start once with --round_log_recovery=point_in_time to accept the "
+        "loss (the state then ends before that record)"));
+  }
   if (!logged.ok()) return logged.status();
   *round_log = logged->get();
-  if ((*logged)->recovered_records() > 0) {
-    LogLine("round_log_replayed")
-        .Add("records", (*logged)->recovered_records())
-        .Add("data_dir", options.data_dir);
-  }
+  LogRecovery(**logged, path, options.data_dir);
   return std::unique_ptr<StateStore>(
       std::make_unique<KvStateStore>(*std::move(logged)));
 }

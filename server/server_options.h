@@ -15,6 +15,7 @@
 #include "server/domain/limits.h"
 #include "server/domain/round_observer.h"
 #include "server/rpc/auth.h"
+#include "server/store/ring_log_engine.h"
 
 namespace syncnorm {
 
@@ -49,6 +50,12 @@ struct ServerOptions {
   // channel summed over the shard's jobs (docs/operations.md, "Sizing
   // it"). The server's resident memory includes it. 1 to 4096. Default 64.
   int round_log_mib = kDefaultRoundLogMib;
+  // What the start does with a damaged round log (RingLogRecovery): by
+  // default a torn last record is dropped and any other damage stops the
+  // start (DATA_LOSS naming the file, the offset and what would be lost);
+  // kPointInTime replays up to the damage and drops the rest, the
+  // operator's acceptance of that loss. Default kTolerateTornTail.
+  RingLogRecovery round_log_recovery = RingLogRecovery::kTolerateTornTail;
   // Untagged checkpoints kept per job, newest first; tagged ones are always
   // kept. 0 keeps all. Default 5.
   int keep_checkpoints = kDefaultKeepCheckpoints;

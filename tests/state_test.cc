@@ -129,10 +129,11 @@ TEST(StateTest, CheckpointGoOnRestoreAndResumeThroughTheLayer) {
             absl::StatusCode::kNotFound);
 }
 
-// Starts the binary on `data_dir` and expects it to refuse: exit code 1
-// (not a signal) and a message that names the folder.
+// Starts the binary on `data_dir` and expects it to refuse: exit code
+// `exit_code` (not a signal; 3 for damaged state, 1 for a folder it cannot
+// use) and a message that names the folder.
 void ExpectRefusal(const std::string& data_dir, const std::string& log,
-                   const std::string& why) {
+                   const std::string& why, int exit_code = 1) {
   auto p = Subprocess::Spawn(
       {Runfile("server/syncnorm-aggregator"), "--listen=127.0.0.1:0",
        absl::StrCat("--data_dir=", data_dir)},
@@ -141,7 +142,7 @@ void ExpectRefusal(const std::string& data_dir, const std::string& log,
   auto code = (*p)->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok()) << why << ": the server did not exit";
   const std::string text = ReadAll(log);
-  EXPECT_EQ(*code, 1) << why << ": " << text;
+  EXPECT_EQ(*code, exit_code) << why << ": " << text;
   EXPECT_TRUE(absl::StrContains(text, data_dir)) << why << ": " << text;
 }
 
@@ -199,7 +200,7 @@ TEST(StateTest, ACorruptOrTruncatedDataDirIsAClearStartupError) {
       }
     }
     ASSERT_GT(damaged, 0) << c.what << ": no " << c.file_kind << " file";
-    ExpectRefusal(copy, absl::StrCat(copy, ".log"), c.what);
+    ExpectRefusal(copy, absl::StrCat(copy, ".log"), c.what, /*exit_code=*/3);
   }
   // The untouched folder still starts and serves its state.
   auto agg = AggregatorProcess::Start(root);
