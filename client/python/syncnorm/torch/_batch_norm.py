@@ -1,9 +1,11 @@
 """SyncBatchNorm: the module."""
 
 import time
+from typing import Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .. import _syncnorm
@@ -78,6 +80,9 @@ class SyncBatchNorm(_BatchNorm):
     running_mean, running_var, num_batches_tracked). In training the module
     must be attached to a job (:func:`attach`); eval() needs no service.
     """
+
+    # Python-only (the service's spec); a scripted module has no use for it.
+    __jit_unused_properties__ = ["momentum_mode"]
 
     def __init__(self, num_features=0, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, process_group=None, device=None,
@@ -379,7 +384,9 @@ class SyncBatchNorm(_BatchNorm):
                             "bfloat16 input, got %s" % input.dtype)
         channels = input.shape[-1] if self.channel_last and input.dim() > 2 \
             else input.shape[1]
-        if self.num_features and channels != self.num_features:
+        # A trace's sizes are tensors: its batch_norm checks the channels.
+        if self.num_features and not torch.jit.is_tracing() and \
+                channels != self.num_features:
             raise ValueError(
                 "SyncBatchNorm expected input with %d channels "
                 "(num_features) in %s, got %d (input shape %s)"
@@ -394,32 +401,88 @@ class SyncBatchNorm(_BatchNorm):
                     "parameters are, got input on %s"
                     % (t.device, input.device))
         if z is not None and (not isinstance(z, torch.Tensor) or
-                              z.shape != input.shape or
+                              (not torch.jit.is_tracing() and
+                               z.shape != input.shape) or
                               z.dtype != input.dtype or
                               z.device != input.device):
             raise ValueError(
                 "SyncBatchNorm expected z with the input's shape %s, dtype "
                 "%s and device %s" % (tuple(input.shape), input.dtype,
                                       input.device))
-        kernel_dtype(input.dtype, input.device)
         return channels
 
-    def forward(self, input, z=None):
+    def forward(self, input, z: Optional[torch.Tensor] = None):
+        if not torch.jit.is_scripting():
+            self._prepare(input, z)
+        if self._normalizes_locally():
+            return self._forward_local(input, z)
+        if torch.jit.is_scripting():
+            raise RuntimeError(
+                "a scripted SyncBatchNorm normalizes with the running "
+                "statistics only (eval, freeze, use_global_stats): training "
+                "syncs through the service, which the eager module does")
+        return self._forward_synced(input, z)
+
+    def _normalizes_locally(self) -> bool:
+        """Whether this forward runs no round: it normalizes with the running
+        statistics (eval, freeze, use_global_stats), or with the local
+        batch's in eval without running statistics (torch's)."""
+        return (self.freeze or self.use_global_stats or not self.training)
+
+    @torch.jit.unused
+    def _prepare(self, input: torch.Tensor,
+                 z: Optional[torch.Tensor]) -> None:
+        """The eager checks of a forward: the input, the channels of an
+        in_channels=0 layer, and the running statistics of a layer that
+        lags (a stale-synchronous job)."""
         channels = self._check_input(input, z)
         if self.num_features == 0:
             self._materialize(int(channels), input)
-        use_running = self.freeze or self.use_global_stats or (
-            not self.training and self.track_running_stats)
-        sync = self.training and not use_running
-        if use_running:
+        if self.track_running_stats and self._normalizes_locally():
             self._sn_catch_up()
-        if sync and self._sn_session is None:
+
+    def _forward_local(self, input: torch.Tensor,
+                       z: Optional[torch.Tensor]) -> torch.Tensor:
+        """torch's batch norm on this rank alone, with torch's ops (so that
+        it traces, scripts and exports, the buffers as buffers): the
+        running statistics when tracked, else the local batch's. float32
+        arithmetic for half types, as the kernels do."""
+        use_running = self.track_running_stats
+        weight, bias = self.weight, self.bias
+        if self.freeze and weight is not None:  # MegEngine: frozen too
+            weight = weight.detach()
+        if self.freeze and bias is not None:
+            bias = bias.detach()
+        x = input
+        if self.channel_last and x.dim() > 2:
+            x = x.movedim(-1, 1)
+        if x.dtype != torch.float32:
+            x = x.float()
+        y = F.batch_norm(
+            x, _as_f32(self.running_mean) if use_running else None,
+            _as_f32(self.running_var) if use_running else None,
+            _as_f32(weight), _as_f32(bias), not use_running, 0.0, self.eps)
+        if self.channel_last and y.dim() > 2:
+            y = y.movedim(1, -1)
+        if z is not None:
+            y = y + (z if z.dtype == torch.float32 else z.float())
+        if self.fuse_relu:
+            y = F.relu(y)
+        if y.dtype != input.dtype:
+            y = y.to(input.dtype)
+        return y
+
+    @torch.jit.unused
+    def _forward_synced(self, input: torch.Tensor,
+                        z: Optional[torch.Tensor]) -> torch.Tensor:
+        """A training forward through the service (SyncBatchNormFunction)."""
+        if self._sn_session is None:
             raise RuntimeError(
                 "this SyncBatchNorm is not attached to a syncnorm job, so it "
                 "cannot train; call syncnorm.torch.attach(model) first (a "
                 "model reloaded or copied is attached again; eval() needs no "
                 "job)")
-        if sync and self.track_running_stats != self._sn_rule[3]:
+        if self.track_running_stats != self._sn_rule[3]:
             raise RuntimeError(
                 "track_running_stats changed to %s after the layer was "
                 "attached; the job keeps %s running statistics, so create "
@@ -430,13 +493,7 @@ class SyncBatchNorm(_BatchNorm):
         kernel = kernel_dtype(dtype, input.device)
         x = dense(input.to(kernel), self.channel_last)
         zk = None if z is None else like(z, x)
-        weight, bias = self.weight, self.bias
-        if self.freeze and weight is not None:  # MegEngine: frozen too
-            weight = weight.detach()
-        if self.freeze and bias is not None:
-            bias = bias.detach()
-        y = SyncBatchNormFunction.apply(x, weight, bias, zk, self, sync,
-                                        use_running)
+        y = SyncBatchNormFunction.apply(x, self.weight, self.bias, zk, self)
         return y.to(dtype)
 
     # ---- one round ---------------------------------------------------------
@@ -531,6 +588,12 @@ class SyncBatchNorm(_BatchNorm):
         self.last_backward_sync = time.perf_counter() - start
         session.sync_seconds += self.last_backward_sync
         return result
+
+
+def _as_f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if t is None or t.dtype == torch.float32:
+        return t
+    return t.float()
 
 
 def _single_value(shape, session, code, reason):

@@ -1,21 +1,21 @@
-"""The autograd Function of SyncBatchNorm: kernels and rounds."""
+"""The autograd Function of SyncBatchNorm's training forward: kernels and
+rounds."""
 
 import torch
 
 from .. import _syncnorm
-from ._tensors import desc, host_f32, host_f64, like, on_device
+from ._tensors import desc, host_f32, like, on_device
 
 
 class SyncBatchNormFunction(torch.autograd.Function):
-    """Forward: local moments -> (sync) -> normalize. Backward: local sums ->
-    (sync) -> grad_input; grad_weight and grad_bias stay local, as in
+    """Forward: local moments -> sync -> normalize. Backward: local sums ->
+    sync -> grad_input; grad_weight and grad_bias stay local, as in
     torch.nn.SyncBatchNorm (the trainer averages gradients)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, z, bn, sync, use_running):
+    def forward(ctx, x, weight, bias, z, bn):
         with on_device(x):
-            return SyncBatchNormFunction._forward(ctx, x, weight, bias, z,
-                                                  bn, sync, use_running)
+            return SyncBatchNormFunction._forward(ctx, x, weight, bias, z, bn)
 
     @staticmethod
     def backward(ctx, dy):
@@ -23,29 +23,19 @@ class SyncBatchNormFunction(torch.autograd.Function):
             return SyncBatchNormFunction._backward(ctx, dy)
 
     @staticmethod
-    def _forward(ctx, x, weight, bias, z, bn, sync, use_running):
+    def _forward(ctx, x, weight, bias, z, bn):
         pool, stream = bn._exec(x)
         cl = bn.channel_last
         xd = desc(x)
-        step, count = -1, 0
-        if use_running:
-            mean = host_f64(bn.running_mean)
-            var = host_f64(bn.running_var)
-        else:
-            count, mean, m2 = _syncnorm.local_moments(xd, cl, pool, stream)
-            if sync:
-                step, count, mean, var = bn._sync_forward(count, mean, m2,
-                                                          x.shape)
-            else:
-                var = m2 / count if count > 0 else m2
+        count, mean, m2 = _syncnorm.local_moments(xd, cl, pool, stream)
+        step, count, mean, var = bn._sync_forward(count, mean, m2, x.shape)
         invstd = _syncnorm.inv_std(var, bn.eps)
         y = torch.empty_like(x)
         _syncnorm.forward(xd, desc(y), desc(z), host_f32(weight),
                           host_f32(bias), mean, invstd, bn.fuse_relu, cl,
                           pool, stream)
         ctx.bn = bn
-        ctx.state = (use_running, sync, step, count, mean, invstd,
-                     z is not None)
+        ctx.state = (step, count, mean, invstd, z is not None)
         ctx.save_for_backward(x, y if bn.fuse_relu else None, weight)
         return y
 
@@ -53,23 +43,17 @@ class SyncBatchNormFunction(torch.autograd.Function):
     def _backward(ctx, dy):
         x, y, weight = ctx.saved_tensors
         bn = ctx.bn
-        use_running, sync, step, count, mean, invstd, had_z = ctx.state
+        step, count, mean, invstd, had_z = ctx.state
         pool, stream = bn._exec(x)
         cl = bn.channel_last
         dy = like(dy, x)
         xd, dyd, yd = desc(x), desc(dy), desc(y)
         sum_dy, sum_dy_xmu, gw, gb = _syncnorm.backward_reduce(
             dyd, xd, yd, mean, invstd, cl, pool, stream)
-        if use_running:  # statistics are constants
-            mean_dy = sum_dy * 0.0
-            mean_dy_xmu = sum_dy_xmu * 0.0
-        else:
-            if sync:
-                sum_dy, sum_dy_xmu = bn._sync_backward(step, sum_dy,
-                                                       sum_dy_xmu)
-            # Global count 0: every batch was empty, nothing to scale.
-            n = float(count) if count > 0 else 1.0
-            mean_dy, mean_dy_xmu = sum_dy / n, sum_dy_xmu / n
+        sum_dy, sum_dy_xmu = bn._sync_backward(step, sum_dy, sum_dy_xmu)
+        # Global count 0: every batch was empty, nothing to scale.
+        n = float(count) if count > 0 else 1.0
+        mean_dy, mean_dy_xmu = sum_dy / n, sum_dy_xmu / n
         grad_input = torch.empty_like(x)
         grad_z = torch.empty_like(x) if had_z else None
         _syncnorm.backward_elementwise(
@@ -82,4 +66,5 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_bias = torch.from_numpy(gb).to(
                 bn.bias.dtype).to(bn.bias.device)
-        return grad_input, grad_weight, grad_bias, grad_z, None, None, None
+        return grad_input, grad_weight, grad_bias, grad_z, None
+
