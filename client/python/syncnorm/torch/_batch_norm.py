@@ -130,6 +130,9 @@ class SyncBatchNorm(_BatchNorm):
         # last known, float64: (num_batches_tracked, mean, var). The
         # buffers equal them cast to their dtype, unless changed since.
         self._sn_stats = None
+        # The buffers' tensors and versions when a frozen layer last found
+        # them equal to the aggregator's statistics (_sn_push_frozen).
+        self._sn_frozen_stamp = None
         self.last_forward_sync = 0.0
         self.last_backward_sync = 0.0
         self.last_missing_ranks = ()
@@ -236,6 +239,25 @@ class SyncBatchNorm(_BatchNorm):
         if self._sn_behind and self._sn_session is not None:
             self._sn_session.sync_running_stats()
 
+    def _sn_push_frozen(self):
+        """A layer that runs no round (freeze, use_global_stats) sends its
+        buffers to the aggregator as soon as they differ from its
+        statistics (a pretrained model's at attach, a load_state_dict
+        later), as no round would carry them: the service's copy of every
+        layer is its buffers. Buffers unchanged since the last look (their
+        tensors and versions) are not compared again."""
+        if not (self.freeze or self.use_global_stats) or \
+                self._sn_session is None or self._sn_stats is None or \
+                not self.track_running_stats:
+            return
+        stamp = _stamp(self.running_mean, self.running_var,
+                       self.num_batches_tracked)
+        if stamp == self._sn_frozen_stamp:
+            return
+        self._sn_session._push_layers([self])
+        self._sn_frozen_stamp = _stamp(self.running_mean, self.running_var,
+                                       self.num_batches_tracked)
+
     def __getstate__(self):
         state = super().__getstate__()
         state = dict(state)
@@ -244,6 +266,7 @@ class SyncBatchNorm(_BatchNorm):
         state["_sn_session"] = None
         state["_sn_stats"] = None
         state["_sn_behind"] = False
+        state["_sn_frozen_stamp"] = None
         return state
 
     def __setstate__(self, state):
@@ -254,6 +277,7 @@ class SyncBatchNorm(_BatchNorm):
         state.setdefault("use_global_stats", False)
         state.setdefault("_sn_stats", None)
         state.setdefault("_sn_behind", False)
+        state.setdefault("_sn_frozen_stamp", None)
         state.setdefault("last_view", ())
         super().__setstate__(state)
 
@@ -308,6 +332,7 @@ class SyncBatchNorm(_BatchNorm):
                          not spec["no_running_stats"])
         self._sn_stats = None
         self._sn_behind = False
+        self._sn_frozen_stamp = None
         self.last_view = ()
 
     def _sn_load(self, entry, spec=None):
@@ -440,6 +465,7 @@ class SyncBatchNorm(_BatchNorm):
             self._materialize(int(channels), input)
         if self.track_running_stats and self._normalizes_locally():
             self._sn_catch_up()
+            self._sn_push_frozen()
 
     def _forward_local(self, input: torch.Tensor,
                        z: Optional[torch.Tensor]) -> torch.Tensor:
@@ -588,6 +614,12 @@ class SyncBatchNorm(_BatchNorm):
         self.last_backward_sync = time.perf_counter() - start
         session.sync_seconds += self.last_backward_sync
         return result
+
+
+def _stamp(*tensors):
+    """Identity and version of each tensor: it changes with every in-place
+    write (copy_, fill_, load_state_dict) and with a new tensor."""
+    return tuple(None if t is None else (id(t), t._version) for t in tensors)
 
 
 def _as_f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
