@@ -10,7 +10,9 @@ from ._tensors import desc, host_f32, like, on_device
 class SyncBatchNormFunction(torch.autograd.Function):
     """Forward: local moments -> sync -> normalize. Backward: local sums ->
     sync -> grad_input; grad_weight and grad_bias stay local, as in
-    torch.nn.SyncBatchNorm (the trainer averages gradients)."""
+    torch.nn.SyncBatchNorm (the trainer averages gradients). The backward
+    runs outside autograd: it has no derivative of its own (see
+    _refuse_double_backward)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, z, bn):
@@ -19,6 +21,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        _refuse_double_backward(ctx.bn)
         with on_device(dy):
             return SyncBatchNormFunction._backward(ctx, dy)
 
@@ -68,3 +71,23 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 bn.bias.dtype).to(bn.bias.device)
         return grad_input, grad_weight, grad_bias, grad_z, None
 
+
+def _refuse_double_backward(bn):
+    """Raises before the round when the backward would have to be
+    differentiated: autograd runs a backward with grad mode on exactly when
+    it was asked to create_graph=True, and this backward's kernels and
+    round are outside autograd, so a derivative through it would be
+    silently wrong (torch.nn.SyncBatchNorm raises too)."""
+    if not torch.is_grad_enabled():
+        return
+    session = bn._sn_session
+    name = session.names[bn._sn_layer] if session is not None else ""
+    raise RuntimeError(
+        "syncnorm's SyncBatchNorm%s has no double backward: its training "
+        "backward ran with create_graph=True (torch.autograd.grad(..., "
+        "create_graph=True) or backward(create_graph=True), as a gradient "
+        "penalty does), and its derivative is not implemented (torch."
+        "nn.SyncBatchNorm: \"derivative for batch_norm_backward_elemt is not "
+        "implemented\"). Layers that normalize with the running statistics "
+        "(eval, freeze, use_global_stats) run torch's batch_norm and have one"
+        % (" '%s'" % name if name else ""))
