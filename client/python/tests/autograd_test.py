@@ -5,7 +5,10 @@ float64 on the concatenated batch:
 * a gradient penalty (torch.autograd.grad(..., create_graph=True)) through
   a training layer raises a clear error before its round, where torch's
   double backward is what an exact one would have to give, and the
-  forward's first-order backward still works after it.
+  forward's first-order backward still works after it;
+* of two backwards through one forward (retain_graph=True), the first is
+  torch's and the second raises a clear error before any round (each
+  backward as its own round needs the wire's round identity to name it).
 
 Relative errors at most 1e-5."""
 
@@ -25,8 +28,8 @@ TOLERANCE = 1e-5
 
 def reference(seeds, penalty=False):
     """torch in float64 on the whole batch: per upstream seed, the input
-    gradient and the parameter gradients of sum(out * dy) (one forward);
-    with `penalty`, those of its gradient penalty instead."""
+    gradient and the parameter gradients of sum(out * dy); with `penalty`,
+    those of the gradient penalty of the first instead."""
     m = ac.model().double()
     x = ac.batch().double().requires_grad_()
     out = m(x)
@@ -104,6 +107,17 @@ class AutogradTest(unittest.TestCase):
         # The failed attempt ran no round: the first-order backward of the
         # same forward is the step's backward round.
         self.check_gradients(records, reference([1])[0])
+
+    def test_second_backward_through_one_forward_raises_a_clear_error(self):
+        """The service syncs one backward round per forward step: the first
+        backward is torch's, a second raises saying so before any round
+        (not the server's ABORTED about a retry), and the job goes on."""
+        records = self.scenario("twice")
+        self.check_gradients([rec["first"] for rec in records],
+                             reference([1])[0])
+        for rank, rec in enumerate(records):
+            self.assertIn("ran a second backward through one training "
+                          "forward (step 0", rec["error"], "rank %d" % rank)
 
 
 if __name__ == "__main__":

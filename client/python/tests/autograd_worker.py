@@ -35,7 +35,28 @@ def penalty(client, job, rank):
     return {"error": error, "dx": x.grad.clone(), "grads": ac.grads(model)}
 
 
-SCENARIOS = {"penalty": penalty}
+def twice(client, job, rank):
+    """Two backwards through one forward (retain_graph): the first is the
+    step's backward round, the second raises before any round; then the
+    next step runs."""
+    model = snt.convert_sync_batchnorm(ac.model())
+    snt.attach(model, client, job, rank, ac.WORLD_SIZE)
+    x = ac.shard(ac.batch(), rank).requires_grad_()
+    out = model(x)
+    (out * ac.shard(ac.upstream(1), rank)).sum().backward(retain_graph=True)
+    first = {"dx": x.grad.clone(), "grads": ac.grads(model)}
+    error = ""
+    try:
+        (out * ac.shard(ac.upstream(2), rank)).sum().backward()
+    except RuntimeError as e:
+        error = str(e)
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    model(x).sum().backward()  # the next step's rounds
+    return {"first": first, "error": error}
+
+
+SCENARIOS = {"penalty": penalty, "twice": twice}
 
 
 def main():

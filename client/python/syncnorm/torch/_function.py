@@ -22,8 +22,11 @@ class SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         _refuse_double_backward(ctx.bn)
+        _refuse_second_backward(ctx)
         with on_device(dy):
-            return SyncBatchNormFunction._backward(ctx, dy)
+            grads = SyncBatchNormFunction._backward(ctx, dy)
+        ctx.synced_backwards += 1
+        return grads
 
     @staticmethod
     def _forward(ctx, x, weight, bias, z, bn):
@@ -38,6 +41,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
                           host_f32(bias), mean, invstd, bn.fuse_relu, cl,
                           pool, stream)
         ctx.bn = bn
+        ctx.synced_backwards = 0
         ctx.state = (step, count, mean, invstd, z is not None)
         ctx.save_for_backward(x, y if bn.fuse_relu else None, weight)
         return y
@@ -72,6 +76,28 @@ class SyncBatchNormFunction(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, grad_z, None
 
 
+def _layer_name(bn):
+    session = bn._sn_session
+    name = session.names[bn._sn_layer] if session is not None else ""
+    return " '%s'" % name if name else ""
+
+
+def _refuse_second_backward(ctx):
+    """Raises before the round when this forward's backward round has run:
+    the service keys a backward round by the forward's step alone, so a
+    second one (retain_graph=True) would collide with the first. A
+    backward whose round failed may be run again (a retry)."""
+    if ctx.synced_backwards == 0:
+        return
+    raise RuntimeError(
+        "syncnorm's SyncBatchNorm%s ran a second backward through one "
+        "training forward (step %d, retain_graph=True): the service syncs "
+        "one backward round per forward step, and the second is not "
+        "supported yet (torch.nn.SyncBatchNorm all-reduces per backward). "
+        "Sum the losses into one backward, or run the forward again for "
+        "each backward" % (_layer_name(ctx.bn), ctx.state[0]))
+
+
 def _refuse_double_backward(bn):
     """Raises before the round when the backward would have to be
     differentiated: autograd runs a backward with grad mode on exactly when
@@ -80,8 +106,6 @@ def _refuse_double_backward(bn):
     silently wrong (torch.nn.SyncBatchNorm raises too)."""
     if not torch.is_grad_enabled():
         return
-    session = bn._sn_session
-    name = session.names[bn._sn_layer] if session is not None else ""
     raise RuntimeError(
         "syncnorm's SyncBatchNorm%s has no double backward: its training "
         "backward ran with create_graph=True (torch.autograd.grad(..., "
@@ -90,4 +114,4 @@ def _refuse_double_backward(bn):
         "nn.SyncBatchNorm: \"derivative for batch_norm_backward_elemt is not "
         "implemented\"). Layers that normalize with the running statistics "
         "(eval, freeze, use_global_stats) run torch's batch_norm and have one"
-        % (" '%s'" % name if name else ""))
+        % _layer_name(bn))
