@@ -79,6 +79,11 @@ class SyncBatchNorm(_BatchNorm):
     and its state_dict keys are torch's BatchNorm's (weight, bias,
     running_mean, running_var, num_batches_tracked). In training the module
     must be attached to a job (:func:`attach`); eval() needs no service.
+    A forward that runs no round (eval, freeze, use_global_stats) is
+    torch's F.batch_norm on the buffers: it differentiates to any order,
+    and torch.jit.trace, torch.jit.script and torch.onnx.export take it
+    with the buffers as buffers. A training backward syncs one round per
+    forward and has no derivative (create_graph=True raises).
     """
 
     # Python-only (the service's spec); a scripted module has no use for it.
@@ -452,7 +457,7 @@ class SyncBatchNorm(_BatchNorm):
         """Whether this forward runs no round: it normalizes with the running
         statistics (eval, freeze, use_global_stats), or with the local
         batch's in eval without running statistics (torch's)."""
-        return (self.freeze or self.use_global_stats or not self.training)
+        return self.freeze or self.use_global_stats or not self.training
 
     @torch.jit.unused
     def _prepare(self, input: torch.Tensor,
