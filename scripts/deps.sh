@@ -36,9 +36,10 @@ fi
 # The Python package (client/python): CPython and pybind11 headers for the
 # extension, pip for `pip install ./client/python`, venv for
 # scripts/wheel_test.sh's fresh environment; its tests use python3-torch and
-# python3-numpy (above).
+# python3-numpy (above), and export_test reads torch.onnx.export's models
+# with python3-onnx.
 if ((!build_only)); then
-  PACKAGES+=(python3-dev pybind11-dev python3-pip python3-venv)
+  PACKAGES+=(python3-dev pybind11-dev python3-pip python3-venv python3-onnx)
 fi
 # The metrics test (tests/metrics_test.cc) scrapes the aggregator with a
 # real Prometheus server and reads the answers from its HTTP API; the

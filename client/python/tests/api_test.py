@@ -313,6 +313,77 @@ class ApiTest(unittest.TestCase):
         self.assertEqual(stats[1]["running_mean"], [0.25] * 3)
         self.assertEqual(session.push_running_stats(), 0)
 
+    def test_frozen_layers_statistics_reach_the_service(self):
+        """Layers that run no round (freeze, use_global_stats) of a
+        pretrained model (num_batches_tracked 3): the aggregator holds
+        their buffers from attach on, after training steps, and after a
+        load_state_dict; a model attached again loads them. A
+        training layer beside them still imports its counter with its
+        first round. Outputs are torch's BatchNorm in float64 on the
+        running statistics."""
+        job = job_name("frozen")
+        torch.manual_seed(9)
+        model = nn.Sequential(
+            snt.SyncBatchNorm(3, freeze=True),
+            snt.SyncBatchNorm(3, use_global_stats=True),
+            snt.SyncBatchNorm(3, momentum=None))
+
+        def pretrain(seed, count):
+            g = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for bn in model:
+                    bn.running_mean.copy_(torch.randn(3, generator=g))
+                    bn.running_var.copy_(torch.rand(3, generator=g) + 0.5)
+                    bn.num_batches_tracked.fill_(count)
+
+        def service():
+            return [(e["num_batches_tracked"], e["running_mean"],
+                     e["running_var"])
+                    for e in self.client.get_running_stats(job)["layers"]]
+
+        def buffers(layers):
+            return [(int(bn.num_batches_tracked),
+                     bn.running_mean.double().tolist(),
+                     bn.running_var.double().tolist()) for bn in layers]
+
+        def check(want):
+            # The training layer's buffers hold the float64 statistics in
+            # float32; the frozen layers' are the very values sent.
+            got = service()
+            self.assertEqual(got[:2], want[:2])
+            self.assertEqual(got[2][0], want[2][0])
+            for a, b in zip(got[2][1:], want[2][1:]):
+                self.assertLess(harness.rel_error(a, b), 1e-6)
+
+        pretrain(1, 3)
+        session = snt.attach(model, self.client, job, 0, 1)
+        self.assertEqual(service()[:2], buffers(model[:2]))
+        x = torch.randn(6, 3) * 2 + 1
+        for _ in range(2):
+            model(x).sum().backward()
+        check(buffers(model))
+        self.assertEqual([s[0] for s in service()], [3, 3, 5])
+        frozen = model[0]
+        want = F.batch_norm(x.double(), frozen.running_mean.double(),
+                            frozen.running_var.double(),
+                            frozen.weight.double(), frozen.bias.double(),
+                            False, 0.0, frozen.eps)
+        self.assertLess(harness.rel_error(frozen(x), want), 1e-6)
+        pretrain(2, 11)  # say, load_state_dict of another checkpoint
+        model[2].num_batches_tracked.fill_(5)  # its round imports the rest
+        model(x).sum().backward()
+        check(buffers(model))
+        self.assertEqual([s[0] for s in service()], [11, 11, 6])
+        # The service's copy restores the model: a fresh one attached again
+        # loads it (a reloaded model resuming its job).
+        saved = buffers(model)
+        again = nn.Sequential(snt.SyncBatchNorm(3, freeze=True),
+                              snt.SyncBatchNorm(3, use_global_stats=True),
+                              snt.SyncBatchNorm(3, momentum=None))
+        snt.attach(again, self.client, job, 0, 1)
+        check(saved)
+        check(buffers(again))
+
     def test_track_running_stats_changed_after_attach_is_refused(self):
         bn = snt.SyncBatchNorm(3)
         snt.attach(nn.Sequential(bn), self.client, job_name("track"), 0, 1)

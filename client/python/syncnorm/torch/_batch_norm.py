@@ -1,9 +1,11 @@
 """SyncBatchNorm: the module."""
 
 import time
+from typing import Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .. import _syncnorm
@@ -77,7 +79,15 @@ class SyncBatchNorm(_BatchNorm):
     and its state_dict keys are torch's BatchNorm's (weight, bias,
     running_mean, running_var, num_batches_tracked). In training the module
     must be attached to a job (:func:`attach`); eval() needs no service.
+    A forward that runs no round (eval, freeze, use_global_stats) is
+    torch's F.batch_norm on the buffers: it differentiates to any order,
+    and torch.jit.trace, torch.jit.script and torch.onnx.export take it
+    with the buffers as buffers. A training backward syncs one round per
+    forward and has no derivative (create_graph=True raises).
     """
+
+    # Python-only (the service's spec); a scripted module has no use for it.
+    __jit_unused_properties__ = ["momentum_mode"]
 
     def __init__(self, num_features=0, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, process_group=None, device=None,
@@ -125,6 +135,9 @@ class SyncBatchNorm(_BatchNorm):
         # last known, float64: (num_batches_tracked, mean, var). The
         # buffers equal them cast to their dtype, unless changed since.
         self._sn_stats = None
+        # The buffers' tensors and versions when a frozen layer last found
+        # them equal to the aggregator's statistics (_sn_push_frozen).
+        self._sn_frozen_stamp = None
         self.last_forward_sync = 0.0
         self.last_backward_sync = 0.0
         self.last_missing_ranks = ()
@@ -231,6 +244,25 @@ class SyncBatchNorm(_BatchNorm):
         if self._sn_behind and self._sn_session is not None:
             self._sn_session.sync_running_stats()
 
+    def _sn_push_frozen(self):
+        """A layer that runs no round (freeze, use_global_stats) sends its
+        buffers to the aggregator as soon as they differ from its
+        statistics (a pretrained model's at attach, a load_state_dict
+        later), as no round would carry them: the service's copy of every
+        layer is its buffers. Buffers unchanged since the last look (their
+        tensors and versions) are not compared again."""
+        if not (self.freeze or self.use_global_stats) or \
+                self._sn_session is None or self._sn_stats is None or \
+                not self.track_running_stats:
+            return
+        stamp = _stamp(self.running_mean, self.running_var,
+                       self.num_batches_tracked)
+        if stamp == self._sn_frozen_stamp:
+            return
+        self._sn_session._push_layers([self])
+        self._sn_frozen_stamp = _stamp(self.running_mean, self.running_var,
+                                       self.num_batches_tracked)
+
     def __getstate__(self):
         state = super().__getstate__()
         state = dict(state)
@@ -239,6 +271,7 @@ class SyncBatchNorm(_BatchNorm):
         state["_sn_session"] = None
         state["_sn_stats"] = None
         state["_sn_behind"] = False
+        state["_sn_frozen_stamp"] = None
         return state
 
     def __setstate__(self, state):
@@ -249,6 +282,7 @@ class SyncBatchNorm(_BatchNorm):
         state.setdefault("use_global_stats", False)
         state.setdefault("_sn_stats", None)
         state.setdefault("_sn_behind", False)
+        state.setdefault("_sn_frozen_stamp", None)
         state.setdefault("last_view", ())
         super().__setstate__(state)
 
@@ -303,6 +337,7 @@ class SyncBatchNorm(_BatchNorm):
                          not spec["no_running_stats"])
         self._sn_stats = None
         self._sn_behind = False
+        self._sn_frozen_stamp = None
         self.last_view = ()
 
     def _sn_load(self, entry, spec=None):
@@ -379,7 +414,9 @@ class SyncBatchNorm(_BatchNorm):
                             "bfloat16 input, got %s" % input.dtype)
         channels = input.shape[-1] if self.channel_last and input.dim() > 2 \
             else input.shape[1]
-        if self.num_features and channels != self.num_features:
+        # A trace's sizes are tensors: its batch_norm checks the channels.
+        if self.num_features and not torch.jit.is_tracing() and \
+                channels != self.num_features:
             raise ValueError(
                 "SyncBatchNorm expected input with %d channels "
                 "(num_features) in %s, got %d (input shape %s)"
@@ -394,32 +431,89 @@ class SyncBatchNorm(_BatchNorm):
                     "parameters are, got input on %s"
                     % (t.device, input.device))
         if z is not None and (not isinstance(z, torch.Tensor) or
-                              z.shape != input.shape or
+                              (not torch.jit.is_tracing() and
+                               z.shape != input.shape) or
                               z.dtype != input.dtype or
                               z.device != input.device):
             raise ValueError(
                 "SyncBatchNorm expected z with the input's shape %s, dtype "
                 "%s and device %s" % (tuple(input.shape), input.dtype,
                                       input.device))
-        kernel_dtype(input.dtype, input.device)
         return channels
 
-    def forward(self, input, z=None):
+    def forward(self, input, z: Optional[torch.Tensor] = None):
+        if not torch.jit.is_scripting():
+            self._prepare(input, z)
+        if self._normalizes_locally():
+            return self._forward_local(input, z)
+        if torch.jit.is_scripting():
+            raise RuntimeError(
+                "a scripted SyncBatchNorm normalizes with the running "
+                "statistics only (eval, freeze, use_global_stats): training "
+                "syncs through the service, which the eager module does")
+        return self._forward_synced(input, z)
+
+    def _normalizes_locally(self) -> bool:
+        """Whether this forward runs no round: it normalizes with the running
+        statistics (eval, freeze, use_global_stats), or with the local
+        batch's in eval without running statistics (torch's)."""
+        return self.freeze or self.use_global_stats or not self.training
+
+    @torch.jit.unused
+    def _prepare(self, input: torch.Tensor,
+                 z: Optional[torch.Tensor]) -> None:
+        """The eager checks of a forward: the input, the channels of an
+        in_channels=0 layer, and the running statistics of a layer that
+        lags (a stale-synchronous job)."""
         channels = self._check_input(input, z)
         if self.num_features == 0:
             self._materialize(int(channels), input)
-        use_running = self.freeze or self.use_global_stats or (
-            not self.training and self.track_running_stats)
-        sync = self.training and not use_running
-        if use_running:
+        if self.track_running_stats and self._normalizes_locally():
             self._sn_catch_up()
-        if sync and self._sn_session is None:
+            self._sn_push_frozen()
+
+    def _forward_local(self, input: torch.Tensor,
+                       z: Optional[torch.Tensor]) -> torch.Tensor:
+        """torch's batch norm on this rank alone, with torch's ops (so that
+        it traces, scripts and exports, the buffers as buffers): the
+        running statistics when tracked, else the local batch's. float32
+        arithmetic for half types, as the kernels do."""
+        use_running = self.track_running_stats
+        weight, bias = self.weight, self.bias
+        if self.freeze and weight is not None:  # MegEngine: frozen too
+            weight = weight.detach()
+        if self.freeze and bias is not None:
+            bias = bias.detach()
+        x = input
+        if self.channel_last and x.dim() > 2:
+            x = x.movedim(-1, 1)
+        if x.dtype != torch.float32:
+            x = x.float()
+        y = F.batch_norm(
+            x, _as_f32(self.running_mean) if use_running else None,
+            _as_f32(self.running_var) if use_running else None,
+            _as_f32(weight), _as_f32(bias), not use_running, 0.0, self.eps)
+        if self.channel_last and y.dim() > 2:
+            y = y.movedim(1, -1)
+        if z is not None:
+            y = y + (z if z.dtype == torch.float32 else z.float())
+        if self.fuse_relu:
+            y = F.relu(y)
+        if y.dtype != input.dtype:
+            y = y.to(input.dtype)
+        return y
+
+    @torch.jit.unused
+    def _forward_synced(self, input: torch.Tensor,
+                        z: Optional[torch.Tensor]) -> torch.Tensor:
+        """A training forward through the service (SyncBatchNormFunction)."""
+        if self._sn_session is None:
             raise RuntimeError(
                 "this SyncBatchNorm is not attached to a syncnorm job, so it "
                 "cannot train; call syncnorm.torch.attach(model) first (a "
                 "model reloaded or copied is attached again; eval() needs no "
                 "job)")
-        if sync and self.track_running_stats != self._sn_rule[3]:
+        if self.track_running_stats != self._sn_rule[3]:
             raise RuntimeError(
                 "track_running_stats changed to %s after the layer was "
                 "attached; the job keeps %s running statistics, so create "
@@ -430,13 +524,7 @@ class SyncBatchNorm(_BatchNorm):
         kernel = kernel_dtype(dtype, input.device)
         x = dense(input.to(kernel), self.channel_last)
         zk = None if z is None else like(z, x)
-        weight, bias = self.weight, self.bias
-        if self.freeze and weight is not None:  # MegEngine: frozen too
-            weight = weight.detach()
-        if self.freeze and bias is not None:
-            bias = bias.detach()
-        y = SyncBatchNormFunction.apply(x, weight, bias, zk, self, sync,
-                                        use_running)
+        y = SyncBatchNormFunction.apply(x, self.weight, self.bias, zk, self)
         return y.to(dtype)
 
     # ---- one round ---------------------------------------------------------
@@ -531,6 +619,18 @@ class SyncBatchNorm(_BatchNorm):
         self.last_backward_sync = time.perf_counter() - start
         session.sync_seconds += self.last_backward_sync
         return result
+
+
+def _stamp(*tensors):
+    """Identity and version of each tensor: it changes with every in-place
+    write (copy_, fill_, load_state_dict) and with a new tensor."""
+    return tuple(None if t is None else (id(t), t._version) for t in tensors)
+
+
+def _as_f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if t is None or t.dtype == torch.float32:
+        return t
+    return t.float()
 
 
 def _single_value(shape, session, code, reason):

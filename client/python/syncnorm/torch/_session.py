@@ -102,8 +102,13 @@ class Session:
         training round (say, before eval or a checkpoint elsewhere). Call it
         on one rank of the group, or on every rank with the same buffers.
         Returns the number of layers sent."""
+        return self._push_layers(self.layers)
+
+    def _push_layers(self, layers):
+        """push_running_stats of `layers` (of this session)."""
         entries, changed = [], []
-        for index, bn in enumerate(self.layers):
+        for bn in layers:
+            index = bn._sn_layer
             if not bn.track_running_stats:
                 continue
             imported = bn._changed_buffers()
@@ -441,4 +446,8 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     for entry in stats.get("layers", []):
         session.layers[entry["layer"]]._sn_load(
             entry, info["layers"][entry["layer"]])
+    # A new job of a pretrained model: its layers that run no round send
+    # their buffers now (the others' go with their first round).
+    for bn in session.layers:
+        bn._sn_push_frozen()
     return session
