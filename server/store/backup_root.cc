@@ -217,6 +217,9 @@ absl::StatusOr<BackupSummary> BackupRoot::Create(std::string name, int shard,
   if (!summary.ok()) {
     fs::remove_all(staging, error);
     fs::remove_all(folder, error);
+    // The name's folder too, unless another shard's backup is in it
+    // (remove takes only an empty folder).
+    fs::remove(parent, error);
     return summary.status();
   }
   summary->path = folder;

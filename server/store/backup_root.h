@@ -55,9 +55,9 @@ class BackupRoot {
   // INVALID_ARGUMENT for a bad name or shard; ALREADY_EXISTS when it
   // exists; NOT_FOUND when the store has no job `job_id`;
   // FAILED_PRECONDITION when the store is in memory; the copy's error
-  // otherwise (nothing is left behind). A job spread over shards whose
-  // part here is another shard's is backed up all the same (and logged):
-  // Read leaves it out.
+  // otherwise. A refused or failed backup leaves nothing in the root. A job
+  // spread over shards whose part here is another shard's is backed up all the
+  // same (and logged): Read leaves it out.
   absl::StatusOr<BackupSummary> Create(std::string name, int shard,
                                        const std::string& job_id)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -5,6 +5,7 @@
 // status and leaves nothing half done.
 #include "server/store/backup_root.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -74,6 +75,16 @@ std::string Dump(KvStateStore& store) {
       out += EncodeCheckpoint(c);
     }
   }
+  return out;
+}
+
+// The names in folder `dir`, sorted.
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    out.push_back(entry.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -287,8 +298,14 @@ TEST_F(BackupRootTest, EveryRefusalIsPreciseAndLeavesNothingBehind) {
             absl::StatusCode::kInvalidArgument);
   auto unknown = root_->Create("nobody", 0, "no-such-job");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_FALSE(fs::exists(dir_ + "/backups/nobody/shard-0"));
-  EXPECT_FALSE(fs::exists(dir_ + "/backups/nobody/.shard-0.partial"));
+  EXPECT_FALSE(fs::exists(dir_ + "/backups/nobody"));
+  // A refusal under a name that another shard's backup holds leaves that
+  // backup, and nothing of its own.
+  ASSERT_TRUE(root_->Create("shared", 1, "").ok());
+  EXPECT_EQ(root_->Create("shared", 0, "no-such-job").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Entries(dir_ + "/backups/shared"),
+            std::vector<std::string>{"shard-1"});
   ASSERT_TRUE(root_->Create("twice", 0, "").ok());
   EXPECT_EQ(root_->Create("twice", 0, "").status().code(),
             absl::StatusCode::kAlreadyExists);
@@ -323,7 +340,10 @@ TEST_F(BackupRootTest, EveryRefusalIsPreciseAndLeavesNothingBehind) {
   ASSERT_TRUE(in_memory.ok());
   auto refused = (*in_memory)->Create("mem", 0, "");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(fs::exists(dir_ + "/backups/mem/shard-0"));
+  EXPECT_FALSE(fs::exists(dir_ + "/backups/mem"));
+  // Of every refusal above, nothing but the backups that were made.
+  EXPECT_EQ(Entries(dir_ + "/backups"),
+            (std::vector<std::string>{"damaged", "retry", "shared", "twice"}));
 
   // A root that cannot be created.
   EXPECT_EQ(
