@@ -243,6 +243,9 @@ absl::StatusOr<BackupSummary> BackupRoot::Write(const std::string& staging,
       RocksDbEngine::Open(staging, /*sync_writes=*/true);
   if (!engine.ok()) return engine.status();
   RocksDbEngine* raw = engine->get();
+  // The copy's tables against the checksums their blocks were written
+  // with: a byte that the copy changed stops the backup here.
+  if (absl::Status s = raw->VerifyChecksums(); !s.ok()) return s;
   auto copy_holder = std::make_unique<KvStateStore>(*std::move(engine));
   KvStateStore& copy = *copy_holder;
   absl::StatusOr<std::vector<StoredJob>> jobs = copy.LoadAll();

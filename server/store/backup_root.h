@@ -36,7 +36,8 @@ struct BackupSummary {
 };
 
 // The backups under `root`: <root>/<name>/shard-<shard>/ holds a copy of
-// the state store's data dir (it opens as a --data_dir) and SYNCNORM_BACKUP,
+// the state store's data dir (every file copied, none linked; it opens as a
+// --data_dir) and SYNCNORM_BACKUP,
 // the manifest, written last; a backup is written under a hidden name and
 // renamed into place once whole, so a folder of that name is always
 // complete. The root may be shared by several shards (their folders

@@ -5,6 +5,8 @@
 // status and leaves nothing half done.
 #include "server/store/backup_root.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -392,6 +394,32 @@ TEST_F(BackupRootTest, RestoreRespectsTheJobLimitWithNothingLoaded) {
       << refused.status();
   EXPECT_TRUE(small.aggregator->ListJobs().empty());
   EXPECT_EQ(Dump(*small.store), "");
+}
+
+// A backup is a copy: no file of it shares its storage with the data dir
+// (a hard link would: damage to either would be damage to both).
+TEST_F(BackupRootTest, ABackupSharesNoFileWithTheDataDir) {
+  auto made = root_->Create("copy", 0, "");
+  ASSERT_TRUE(made.ok()) << made.status();
+  int tables = 0;
+  for (const auto& entry : fs::directory_iterator(made->path)) {
+    struct stat st;
+    ASSERT_EQ(::stat(entry.path().c_str(), &st), 0) << entry.path();
+    EXPECT_EQ(st.st_nlink, 1u) << entry.path();
+    if (entry.path().extension() == ".sst") ++tables;
+  }
+  EXPECT_GT(tables, 0);
+  // Damage to the live tables leaves the backup whole.
+  for (const auto& entry : fs::directory_iterator(dir_ + "/data")) {
+    if (entry.path().extension() != ".sst") continue;
+    std::fstream f(entry.path(),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.put('\xff');
+  }
+  auto images = root_->Read("copy", 0, "", nullptr);
+  ASSERT_TRUE(images.ok()) << images.status();
+  EXPECT_EQ(images->size(), 2u);
 }
 
 }  // namespace
