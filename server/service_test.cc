@@ -15,6 +15,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
@@ -147,6 +149,114 @@ class ServiceTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Aggregator::Stub> stub_;
 };
+
+// A unary call through gRPC's generic stub, the request as raw bytes: what
+// any client sees of the answer, trailers included.
+grpc::Status GenericCall(grpc::Channel* channel, const std::string& method,
+                         const std::string& request) {
+  grpc::GenericStub generic(
+      std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer in(&slice, 1), out;
+  absl::Notification done;
+  grpc::Status status;
+  generic.UnaryCall(&ctx, method, grpc::StubOptions(), &in, &out,
+                    [&](grpc::Status s) {
+                      status = std::move(s);
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  return status;
+}
+
+// Whether `s` carries, as grpc-status-details-bin, a google.rpc.Status of
+// its own code and message: read by protobuf's own wire parser (field 1
+// the code, field 2 the message), not by the server's encoder.
+::testing::AssertionResult HasStatusDetails(const grpc::Status& s) {
+  if (s.error_details().empty()) {
+    return ::testing::AssertionFailure()
+           << "no grpc-status-details-bin on " << s.error_code() << " "
+           << s.error_message();
+  }
+  google::protobuf::UnknownFieldSet fields;
+  if (!fields.ParseFromString(s.error_details())) {
+    return ::testing::AssertionFailure() << "details do not parse";
+  }
+  int64_t code = -1;
+  std::string message;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    const google::protobuf::UnknownField& f = fields.field(i);
+    if (f.number() == 1 &&
+        f.type() == google::protobuf::UnknownField::TYPE_VARINT) {
+      code = static_cast<int64_t>(f.varint());
+    } else if (f.number() == 2 &&
+               f.type() ==
+                   google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
+      message = f.length_delimited();
+    }
+  }
+  if (code != s.error_code() || message != s.error_message()) {
+    return ::testing::AssertionFailure()
+           << "details say " << code << " '" << message << "', the status "
+           << s.error_code() << " '" << s.error_message() << "'";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Every error the server answers carries its status as details, health's
+// included; the one error of these that gRPC makes itself, UNIMPLEMENTED
+// for a method the server does not have, carries none.
+TEST_F(ServiceTest, EveryErrorOfTheServerCarriesItsStatusAsDetails) {
+  // grpc.health.v1.HealthCheckRequest { service = 1 } and
+  // syncnorm.v1.GetJobRequest { job_id = 1 }, encoded by hand.
+  auto field1 = [](const std::string& text) {
+    return std::string(1, '\x0a') + static_cast<char>(text.size()) + text;
+  };
+  grpc::Status health =
+      GenericCall(channel_.get(), "/grpc.health.v1.Health/Check",
+                  field1("no.such.Service"));
+  EXPECT_EQ(health.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(health.error_message(), HasSubstr("no.such.Service"));
+  EXPECT_TRUE(HasStatusDetails(health));
+  grpc::Status job = GenericCall(
+      channel_.get(), "/syncnorm.v1.Aggregator/GetJob", field1("absent"));
+  EXPECT_EQ(job.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(HasStatusDetails(job));
+  grpc::Status unknown =
+      GenericCall(channel_.get(), "/syncnorm.v1.Aggregator/NoSuchMethod", "");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_TRUE(unknown.error_details().empty());
+}
+
+// A health Watch that the server's shutdown ends gets UNAVAILABLE with
+// details: the server's answer, not a connection gRPC lost.
+TEST(ServerTest, AWatchEndedByShutdownCarriesItsStatusAsDetails) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = "";
+  Server server(options);
+  ASSERT_TRUE(server.Start().ok());
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(server.bound_port()),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  auto watch = health->Watch(&ctx, grpc::health::v1::HealthCheckRequest());
+  grpc::health::v1::HealthCheckResponse response;
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  std::thread stop([&] { server.Shutdown(absl::Seconds(5)); });
+  while (watch->Read(&response)) {
+  }
+  grpc::Status ended = watch->Finish();
+  stop.join();
+  server.Wait();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << ended.error_message();
+  EXPECT_TRUE(HasStatusDetails(ended));
+}
 
 TEST_F(ServiceTest, CreateJobIsIdempotentAndReportsDefaults) {
   v1::CreateJobRequest r = JobRequest("idem", 2, 3);
