@@ -956,5 +956,90 @@ TEST(ServerTest, BackupCallsRefuseWhatTheyCannotDoAndSayWhy) {
   }
 }
 
+// A damaged backup through gRPC: a MANIFEST or CURRENT deleted is
+// DATA_LOSS (a generic client does not retry it), with details, naming the
+// backup; the job that the restore would have replaced is untouched.
+TEST(ServerTest, RestoreOfADamagedBackupIsDataLossAndChangesNothing) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/service_test_damaged";
+  fs::remove_all(dir);
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = dir + "/data";
+  options.backup_dir = dir + "/backups";
+  Server server(options);
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = v1::Aggregator::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(server.bound_port()),
+                          grpc::InsecureChannelCredentials()));
+  auto round = [&](int64_t step, double mean) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::RoundResult result;
+    return stub->ReduceOnce(
+        &ctx, Fwd("kept", 0, step, 0, 4, {mean, -mean}, {3, 5}), &result);
+  };
+  auto stats = [&] {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::GetRunningStatsRequest r;
+    r.set_job_id("kept");
+    v1::RunningStats s;
+    EXPECT_TRUE(stub->GetRunningStats(&ctx, r, &s).ok());
+    return s.SerializeAsString();
+  };
+  auto restore = [&](const std::string& name) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::RestoreBackupRequest r;
+    r.set_name(name);
+    r.set_replace(true);
+    v1::RestoreBackupResponse response;
+    return stub->RestoreBackup(&ctx, r, &response);
+  };
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::JobInfo info;
+    ASSERT_TRUE(stub->CreateJob(&ctx, JobRequest("kept", 1, 2), &info).ok());
+  }
+  ASSERT_TRUE(round(0, 1.5).ok());
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::BackupRequest r;
+    r.set_name("b");
+    v1::BackupInfo info;
+    ASSERT_TRUE(stub->Backup(&ctx, r, &info).ok());
+  }
+  ASSERT_TRUE(round(1, -2.5).ok());
+  const std::string live = stats();
+  for (const std::string prefix : {"MANIFEST-", "CURRENT"}) {
+    const std::string name = "without-" + prefix.substr(0, 7);
+    fs::create_directories(dir + "/backups/" + name);
+    fs::copy(dir + "/backups/b/shard-0", dir + "/backups/" + name + "/shard-0",
+             fs::copy_options::recursive);
+    int removed = 0;
+    for (const auto& e :
+         fs::directory_iterator(dir + "/backups/" + name + "/shard-0")) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) {
+        removed += fs::remove(e.path());
+      }
+    }
+    ASSERT_EQ(removed, 1) << prefix;
+    grpc::Status s = restore(name);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS)
+        << prefix << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(name));
+    EXPECT_TRUE(HasStatusDetails(s));
+    EXPECT_EQ(stats(), live) << prefix;
+  }
+  // The whole backup does restore, and moves the job back.
+  ASSERT_TRUE(restore("b").ok());
+  EXPECT_NE(stats(), live);
+  server.Shutdown(absl::Seconds(1));
+  server.Wait();
+}
+
 }  // namespace
 }  // namespace syncnorm
