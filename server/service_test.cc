@@ -228,6 +228,13 @@ TEST_F(ServiceTest, EveryErrorOfTheServerCarriesItsStatusAsDetails) {
       GenericCall(channel_.get(), "/syncnorm.v1.Aggregator/NoSuchMethod", "");
   EXPECT_EQ(unknown.error_code(), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_TRUE(unknown.error_details().empty());
+  // Bytes that are not a GetJobRequest (a field 1 longer than the message)
+  // are refused by gRPC's C++ library before the server sees the call.
+  grpc::Status garbled =
+      GenericCall(channel_.get(), "/syncnorm.v1.Aggregator/GetJob", "\x0a\x7f");
+  EXPECT_EQ(garbled.error_code(), grpc::StatusCode::INTERNAL)
+      << garbled.error_message();
+  EXPECT_TRUE(garbled.error_details().empty());
 }
 
 // A health Watch that the server's shutdown ends gets UNAVAILABLE with
