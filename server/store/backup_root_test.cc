@@ -26,6 +26,7 @@
 #include "server/store/kv_state_store.h"
 #include "server/store/memory_engine.h"
 #include "server/store/rocksdb_engine.h"
+#include "server/store/state.pb.h"
 #include "server/store/state_codec.h"
 
 namespace syncnorm {
@@ -497,6 +498,37 @@ TEST_F(BackupRootTest, EveryDamageToABackupIsDataLossNamingTheFile) {
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->size(), 2u);
   EXPECT_EQ(Dump(*source_->store), live);
+}
+
+// A backup written before files were listed (a manifest without files or
+// checksum) still reads, and its damage is still DATA_LOSS, found as
+// RocksDB opens it.
+TEST_F(BackupRootTest, ABackupWithoutAFileListReadsAndItsDamageIsDataLoss) {
+  ASSERT_TRUE(root_->Create("old", 0, "").ok());
+  const std::string folder = dir_ + "/backups/old/shard-0";
+  storage::BackupManifest manifest;
+  {
+    std::ifstream in(folder + "/SYNCNORM_BACKUP", std::ios::binary);
+    ASSERT_TRUE(manifest.ParseFromIstream(&in));
+  }
+  ASSERT_GT(manifest.files_size(), 0);
+  manifest.clear_files();
+  manifest.clear_crc32c();
+  {
+    std::ofstream out(folder + "/SYNCNORM_BACKUP",
+                      std::ios::binary | std::ios::trunc);
+    ASSERT_TRUE(manifest.SerializeToOstream(&out));
+  }
+  auto read = root_->Read("old", 0, "", nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 2u);
+  for (const std::string& file : DataFiles(folder)) {
+    if (absl::StartsWith(file, "MANIFEST-")) fs::remove(folder + "/" + file);
+  }
+  read = root_->Read("old", 0, "", nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_TRUE(absl::StrContains(read.status().message(), "old/shard-0"))
+      << read.status();
 }
 
 }  // namespace
