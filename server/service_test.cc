@@ -15,6 +15,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
@@ -147,6 +149,121 @@ class ServiceTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Aggregator::Stub> stub_;
 };
+
+// A unary call through gRPC's generic stub, the request as raw bytes: what
+// any client sees of the answer, trailers included.
+grpc::Status GenericCall(grpc::Channel* channel, const std::string& method,
+                         const std::string& request) {
+  grpc::GenericStub generic(
+      std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer in(&slice, 1), out;
+  absl::Notification done;
+  grpc::Status status;
+  generic.UnaryCall(&ctx, method, grpc::StubOptions(), &in, &out,
+                    [&](grpc::Status s) {
+                      status = std::move(s);
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  return status;
+}
+
+// Whether `s` carries, as grpc-status-details-bin, a google.rpc.Status of
+// its own code and message: read by protobuf's own wire parser (field 1
+// the code, field 2 the message), not by the server's encoder.
+::testing::AssertionResult HasStatusDetails(const grpc::Status& s) {
+  if (s.error_details().empty()) {
+    return ::testing::AssertionFailure()
+           << "no grpc-status-details-bin on " << s.error_code() << " "
+           << s.error_message();
+  }
+  google::protobuf::UnknownFieldSet fields;
+  if (!fields.ParseFromString(s.error_details())) {
+    return ::testing::AssertionFailure() << "details do not parse";
+  }
+  int64_t code = -1;
+  std::string message;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    const google::protobuf::UnknownField& f = fields.field(i);
+    if (f.number() == 1 &&
+        f.type() == google::protobuf::UnknownField::TYPE_VARINT) {
+      code = static_cast<int64_t>(f.varint());
+    } else if (f.number() == 2 &&
+               f.type() ==
+                   google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
+      message = f.length_delimited();
+    }
+  }
+  if (code != s.error_code() || message != s.error_message()) {
+    return ::testing::AssertionFailure()
+           << "details say " << code << " '" << message << "', the status "
+           << s.error_code() << " '" << s.error_message() << "'";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Every error the server answers carries its status as details, health's
+// included; the one error of these that gRPC makes itself, UNIMPLEMENTED
+// for a method the server does not have, carries none.
+TEST_F(ServiceTest, EveryErrorOfTheServerCarriesItsStatusAsDetails) {
+  // grpc.health.v1.HealthCheckRequest { service = 1 } and
+  // syncnorm.v1.GetJobRequest { job_id = 1 }, encoded by hand.
+  auto field1 = [](const std::string& text) {
+    return std::string(1, '\x0a') + static_cast<char>(text.size()) + text;
+  };
+  grpc::Status health =
+      GenericCall(channel_.get(), "/grpc.health.v1.Health/Check",
+                  field1("no.such.Service"));
+  EXPECT_EQ(health.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(health.error_message(), HasSubstr("no.such.Service"));
+  EXPECT_TRUE(HasStatusDetails(health));
+  grpc::Status job = GenericCall(
+      channel_.get(), "/syncnorm.v1.Aggregator/GetJob", field1("absent"));
+  EXPECT_EQ(job.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(HasStatusDetails(job));
+  grpc::Status unknown =
+      GenericCall(channel_.get(), "/syncnorm.v1.Aggregator/NoSuchMethod", "");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_TRUE(unknown.error_details().empty());
+  // Bytes that are not a GetJobRequest (a field 1 longer than the message)
+  // are refused by gRPC's C++ library before the server sees the call.
+  grpc::Status garbled =
+      GenericCall(channel_.get(), "/syncnorm.v1.Aggregator/GetJob", "\x0a\x7f");
+  EXPECT_EQ(garbled.error_code(), grpc::StatusCode::INTERNAL)
+      << garbled.error_message();
+  EXPECT_TRUE(garbled.error_details().empty());
+}
+
+// A health Watch that the server's shutdown ends gets UNAVAILABLE with
+// details: the server's answer, not a connection gRPC lost.
+TEST(ServerTest, AWatchEndedByShutdownCarriesItsStatusAsDetails) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = "";
+  Server server(options);
+  ASSERT_TRUE(server.Start().ok());
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(server.bound_port()),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  auto watch = health->Watch(&ctx, grpc::health::v1::HealthCheckRequest());
+  grpc::health::v1::HealthCheckResponse response;
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  std::thread stop([&] { server.Shutdown(absl::Seconds(5)); });
+  while (watch->Read(&response)) {
+  }
+  grpc::Status ended = watch->Finish();
+  stop.join();
+  server.Wait();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << ended.error_message();
+  EXPECT_TRUE(HasStatusDetails(ended));
+}
 
 TEST_F(ServiceTest, CreateJobIsIdempotentAndReportsDefaults) {
   v1::CreateJobRequest r = JobRequest("idem", 2, 3);
@@ -844,6 +961,91 @@ TEST(ServerTest, BackupCallsRefuseWhatTheyCannotDoAndSayWhy) {
     server.Shutdown(absl::Seconds(1));
     server.Wait();
   }
+}
+
+// A damaged backup through gRPC: a MANIFEST or CURRENT deleted is
+// DATA_LOSS (a generic client does not retry it), with details, naming the
+// backup; the job that the restore would have replaced is untouched.
+TEST(ServerTest, RestoreOfADamagedBackupIsDataLossAndChangesNothing) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/service_test_damaged";
+  fs::remove_all(dir);
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = dir + "/data";
+  options.backup_dir = dir + "/backups";
+  Server server(options);
+  ASSERT_TRUE(server.Start().ok());
+  auto stub = v1::Aggregator::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(server.bound_port()),
+                          grpc::InsecureChannelCredentials()));
+  auto round = [&](int64_t step, double mean) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::RoundResult result;
+    return stub->ReduceOnce(
+        &ctx, Fwd("kept", 0, step, 0, 4, {mean, -mean}, {3, 5}), &result);
+  };
+  auto stats = [&] {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::GetRunningStatsRequest r;
+    r.set_job_id("kept");
+    v1::RunningStats s;
+    EXPECT_TRUE(stub->GetRunningStats(&ctx, r, &s).ok());
+    return s.SerializeAsString();
+  };
+  auto restore = [&](const std::string& name) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::RestoreBackupRequest r;
+    r.set_name(name);
+    r.set_replace(true);
+    v1::RestoreBackupResponse response;
+    return stub->RestoreBackup(&ctx, r, &response);
+  };
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::JobInfo info;
+    ASSERT_TRUE(stub->CreateJob(&ctx, JobRequest("kept", 1, 2), &info).ok());
+  }
+  ASSERT_TRUE(round(0, 1.5).ok());
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::BackupRequest r;
+    r.set_name("b");
+    v1::BackupInfo info;
+    ASSERT_TRUE(stub->Backup(&ctx, r, &info).ok());
+  }
+  ASSERT_TRUE(round(1, -2.5).ok());
+  const std::string live = stats();
+  for (const std::string prefix : {"MANIFEST-", "CURRENT"}) {
+    const std::string name = "without-" + prefix.substr(0, 7);
+    fs::create_directories(dir + "/backups/" + name);
+    fs::copy(dir + "/backups/b/shard-0", dir + "/backups/" + name + "/shard-0",
+             fs::copy_options::recursive);
+    int removed = 0;
+    for (const auto& e :
+         fs::directory_iterator(dir + "/backups/" + name + "/shard-0")) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) {
+        removed += fs::remove(e.path());
+      }
+    }
+    ASSERT_EQ(removed, 1) << prefix;
+    grpc::Status s = restore(name);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS)
+        << prefix << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(name));
+    EXPECT_TRUE(HasStatusDetails(s));
+    EXPECT_EQ(stats(), live) << prefix;
+  }
+  // The whole backup does restore, and moves the job back.
+  ASSERT_TRUE(restore("b").ok());
+  EXPECT_NE(stats(), live);
+  server.Shutdown(absl::Seconds(1));
+  server.Wait();
 }
 
 }  // namespace

@@ -2,6 +2,11 @@
 
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/domain/bounded_text.h"
+#include "server/rpc/grpc_status.h"
+
 namespace syncnorm {
 
 using grpc::health::v1::HealthCheckRequest;
@@ -87,10 +92,11 @@ class HealthService::Watcher final : public LoopCall {
     if (finished_) return;
     finished_ = true;
     StartOp(/*finish=*/true);
-    writer_.Finish(over_ || broken_
-                       ? grpc::Status::CANCELLED
-                       : grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                      "the server is shutting down"),
+    // A call that is over, or whose write failed, has nobody to read
+    // its status.
+    writer_.Finish(over_ || broken_ ? grpc::Status::CANCELLED
+                                    : ToGrpcStatus(absl::UnavailableError(
+                                          "the server is shutting down")),
                    tag(kFinish));
   }
 
@@ -141,9 +147,9 @@ void HealthService::StartCheck(CheckCall* call) {
     status = StatusLocked(call->request().service());
   }
   if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
-    call->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                              "unknown service '" + call->request().service() +
-                                  "'; ask for '' (the whole server)"));
+    call->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+        "unknown service '", BoundedText(call->request().service()),
+        "'; ask for '' (the whole server)"))));
     return;
   }
   call->response()->set_status(status);

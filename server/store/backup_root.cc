@@ -1,6 +1,5 @@
 #include "server/store/backup_root.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <tuple>
 #include <utility>
 
@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "server/domain/bounded_text.h"
 #include "server/domain/log.h"
+#include "server/store/crc32c.h"
+#include "server/store/file_copy.h"
 #include "server/store/kv_state_store.h"
 #include "server/store/rocksdb_engine.h"
 #include "server/store/state.pb.h"
@@ -47,16 +49,63 @@ absl::Status CheckShard(int shard) {
       absl::StrCat("shard is ", shard, "; shard ordinals start at 0"));
 }
 
-// fsync of a file or folder, so that a rename or a write survives a crash.
-absl::Status Sync(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    if (fd >= 0) ::close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("cannot sync '", path, "': ", why));
+// The tag of BackupManifest.crc32c (field 9, fixed32), the first of the
+// manifest's last 5 bytes.
+constexpr char kCrcTag = (9 << 3) | 5;
+constexpr size_t kCrcBytes = 5;
+
+// `bytes` with BackupManifest.crc32c, their CRC32C, appended.
+std::string Sealed(std::string bytes) {
+  const uint32_t crc = Crc32c(0, bytes.data(), bytes.size());
+  bytes.push_back(kCrcTag);
+  for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>(crc >> 8 * i));
+  return bytes;
+}
+
+// Whether `bytes` end with the CRC32C of what comes before it.
+bool SealHolds(const std::string& bytes) {
+  if (bytes.size() < kCrcBytes || bytes[bytes.size() - kCrcBytes] != kCrcTag) {
+    return false;
   }
-  ::close(fd);
+  const size_t body = bytes.size() - kCrcBytes;
+  uint32_t stored = 0;
+  for (int i = 0; i < 4; ++i) {
+    stored |=
+        static_cast<uint32_t>(static_cast<unsigned char>(bytes[body + 1 + i]))
+        << 8 * i;
+  }
+  return stored == Crc32c(0, bytes.data(), body);
+}
+
+// Files of a backup's folder that are not its data: RocksDB's info logs,
+// which a read-only open rewrites, its LOCK, and the manifest.
+bool IsListed(const std::string& name) {
+  return !absl::StartsWith(name, "LOG") && name != "LOCK" &&
+         !absl::StartsWith(name, kManifest);
+}
+
+// Every listed file of `folder`, in name order, with its size and CRC32C.
+absl::Status ListFiles(const std::string& folder,
+                       storage::BackupManifest& manifest) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(folder, error)) {
+    const std::string name = entry.path().filename().string();
+    if (IsListed(name)) names.push_back(name);
+  }
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot list '", folder, "': ", error.message()));
+  }
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    absl::StatusOr<FileSum> sum = SumFile(absl::StrCat(folder, "/", name));
+    if (!sum.ok()) return sum.status();
+    storage::BackupFile* file = manifest.add_files();
+    file->set_name(name);
+    file->set_size(sum->size);
+    file->set_crc32c(sum->crc32c);
+  }
   return absl::OkStatus();
 }
 
@@ -64,21 +113,15 @@ absl::Status WriteManifest(const std::string& folder,
                            const storage::BackupManifest& manifest) {
   const std::string path = absl::StrCat(folder, "/", kManifest);
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    manifest.SerializeToOstream(&out);
-    out.close();
-    if (!out) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot write '", tmp, "': ", std::strerror(errno)));
-    }
+  if (absl::Status s = WriteNewFile(tmp, Sealed(manifest.SerializeAsString()));
+      !s.ok()) {
+    return s;
   }
-  if (absl::Status s = Sync(tmp); !s.ok()) return s;
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot rename '", tmp, "': ", std::strerror(errno)));
   }
-  return Sync(folder);
+  return SyncPath(folder);
 }
 
 int64_t FolderBytes(const std::string& folder) {
@@ -92,19 +135,34 @@ int64_t FolderBytes(const std::string& folder) {
   return bytes;
 }
 
-// The manifest of the backup in `folder` as a summary; NOT_FOUND without
-// one, DATA_LOSS when it does not read.
-absl::StatusOr<BackupSummary> ReadManifest(const std::string& folder) {
+// DATA_LOSS: the backup in `folder` is damaged, and how.
+absl::Status Damaged(const std::string& folder, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("the backup in '", folder,
+                                          "' is damaged: ", what,
+                                          "; restore from another backup"));
+}
+
+// The manifest of the backup in `folder` as a summary, its record in
+// *proto when not null; DATA_LOSS when it is missing or does not read.
+absl::StatusOr<BackupSummary> ReadManifest(
+    const std::string& folder, storage::BackupManifest* proto = nullptr) {
   const std::string path = absl::StrCat(folder, "/", kManifest);
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat("'", folder, "' has no ", kManifest,
-                                            ": it is not a backup"));
+    return Damaged(folder, absl::StrCat("its manifest ", kManifest,
+                                        " is missing or unreadable"));
   }
+  const std::string bytes((std::istreambuf_iterator<char>(in)),
+                          std::istreambuf_iterator<char>());
   storage::BackupManifest m;
-  if (!m.ParseFromIstream(&in)) {
-    return absl::DataLossError(
-        absl::StrCat("'", path, "' does not parse; the backup is damaged"));
+  if (!m.ParseFromString(bytes)) {
+    return Damaged(folder,
+                   absl::StrCat("its manifest ", kManifest, " does not parse"));
+  }
+  // A manifest that lists files carries its checksum (older ones neither).
+  if ((m.files_size() > 0 || m.crc32c() != 0) && !SealHolds(bytes)) {
+    return Damaged(folder, absl::StrCat("its manifest ", kManifest,
+                                        " does not match its checksum"));
   }
   if (m.format() == 0 || m.format() > kStateFormat) {
     return absl::DataLossError(
@@ -132,7 +190,38 @@ absl::StatusOr<BackupSummary> ReadManifest(const std::string& folder) {
   }
   s.path = folder;
   s.bytes = FolderBytes(folder);
+  if (proto != nullptr) *proto = std::move(m);
   return s;
+}
+
+// Every file that the manifest of the backup in `folder` lists, as
+// written: DATA_LOSS naming the first that is missing, of another size, or
+// of other bytes.
+absl::Status CheckFiles(const std::string& folder,
+                        const storage::BackupManifest& manifest) {
+  for (const storage::BackupFile& file : manifest.files()) {
+    absl::StatusOr<FileSum> sum =
+        SumFile(absl::StrCat(folder, "/", file.name()));
+    if (absl::IsNotFound(sum.status())) {
+      return Damaged(folder,
+                     absl::StrCat("its file ", file.name(), " is missing"));
+    }
+    if (!sum.ok()) {
+      return Damaged(folder,
+                     absl::StrCat("its file ", file.name(),
+                                  " does not read: ", sum.status().message()));
+    }
+    if (sum->size != file.size()) {
+      return Damaged(
+          folder, absl::StrCat("its file ", file.name(), " has ", sum->size,
+                               " bytes, and the backup wrote ", file.size()));
+    }
+    if (sum->crc32c != file.crc32c()) {
+      return Damaged(folder, absl::StrCat("its file ", file.name(),
+                                          " does not match its checksum"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // FAILED_PRECONDITION when `spec` is a job spread over shards whose part
@@ -154,6 +243,19 @@ int64_t CommittedStepOf(const StoredJob& stored, StateStore* store) {
   Job job(stored.spec, JobOptions{}, store, &clock);
   job.Load(stored);
   return job.ReportedCommittedStep();
+}
+
+// Every job image of the backup in `folder`. The folder exists and its
+// manifest read, so whatever fails to open or read in it is damage
+// (a backup written before files were listed has no other check): DATA_LOSS.
+absl::StatusOr<std::vector<JobImage>> LoadBackup(const std::string& folder) {
+  absl::StatusOr<std::unique_ptr<RocksDbEngine>> engine =
+      RocksDbEngine::OpenReadOnly(folder);
+  if (!engine.ok()) return Damaged(folder, engine.status().message());
+  KvStateStore backup(*std::move(engine));
+  absl::StatusOr<std::vector<JobImage>> images = backup.LoadImages();
+  if (!images.ok()) return Damaged(folder, images.status().message());
+  return images;
 }
 
 }  // namespace
@@ -212,11 +314,14 @@ absl::StatusOr<BackupSummary> BackupRoot::Create(std::string name, int shard,
                                                   "': ", std::strerror(errno)));
   }
   if (summary.ok()) {
-    if (absl::Status s = Sync(parent); !s.ok()) summary = s;
+    if (absl::Status s = SyncPath(parent); !s.ok()) summary = s;
   }
   if (!summary.ok()) {
     fs::remove_all(staging, error);
     fs::remove_all(folder, error);
+    // The name's folder too, unless another shard's backup is in it
+    // (remove takes only an empty folder).
+    fs::remove(parent, error);
     return summary.status();
   }
   summary->path = folder;
@@ -240,6 +345,9 @@ absl::StatusOr<BackupSummary> BackupRoot::Write(const std::string& staging,
       RocksDbEngine::Open(staging, /*sync_writes=*/true);
   if (!engine.ok()) return engine.status();
   RocksDbEngine* raw = engine->get();
+  // The copy's tables against the checksums their blocks were written
+  // with: a byte that the copy changed stops the backup here.
+  if (absl::Status s = raw->VerifyChecksums(); !s.ok()) return s;
   auto copy_holder = std::make_unique<KvStateStore>(*std::move(engine));
   KvStateStore& copy = *copy_holder;
   absl::StatusOr<std::vector<StoredJob>> jobs = copy.LoadAll();
@@ -278,15 +386,17 @@ absl::StatusOr<BackupSummary> BackupRoot::Write(const std::string& staging,
     j->set_job_record(EncodeJob(job.spec));
     j->set_committed_step(CommittedStepOf(job, &copy));
   }
+  copy_holder.reset();
   if (!job_id.empty()) {
     // The store's MANIFEST keeps the key ranges of the files it dropped
     // (the other jobs' ids); opening it again writes a new one from the
     // files that are left.
-    copy_holder.reset();
     absl::StatusOr<std::unique_ptr<RocksDbEngine>> reopened =
         RocksDbEngine::Open(staging, /*sync_writes=*/true);
     if (!reopened.ok()) return reopened.status();
   }
+  // Closed: the files are final.
+  if (absl::Status s = ListFiles(staging, manifest); !s.ok()) return s;
   if (absl::Status s = WriteManifest(staging, manifest); !s.ok()) return s;
   return ReadManifest(staging);
 }
@@ -326,13 +436,11 @@ absl::StatusOr<std::vector<JobImage>> BackupRoot::Read(
         "no backup '", name, "' of shard ", shard, " in backup_dir '", root_,
         "'; ListBackups shows the backups there"));
   }
-  absl::StatusOr<BackupSummary> manifest = ReadManifest(folder);
+  storage::BackupManifest proto;
+  absl::StatusOr<BackupSummary> manifest = ReadManifest(folder, &proto);
   if (!manifest.ok()) return manifest.status();
-  absl::StatusOr<std::unique_ptr<RocksDbEngine>> engine =
-      RocksDbEngine::OpenReadOnly(folder);
-  if (!engine.ok()) return engine.status();
-  KvStateStore backup(*std::move(engine));
-  absl::StatusOr<std::vector<JobImage>> images = backup.LoadImages();
+  if (absl::Status s = CheckFiles(folder, proto); !s.ok()) return s;
+  absl::StatusOr<std::vector<JobImage>> images = LoadBackup(folder);
   if (!images.ok()) return images.status();
   std::vector<JobImage> out;
   for (JobImage& image : *images) {

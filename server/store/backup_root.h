@@ -36,11 +36,12 @@ struct BackupSummary {
 };
 
 // The backups under `root`: <root>/<name>/shard-<shard>/ holds a copy of
-// the state store's data dir (it opens as a --data_dir) and SYNCNORM_BACKUP,
-// the manifest, written last; a backup is written under a hidden name and
-// renamed into place once whole, so a folder of that name is always
-// complete. The root may be shared by several shards (their folders
-// differ). Thread-safe; backups are written one at a time.
+// the state store's data dir (every file copied, none linked; it opens as
+// a --data_dir) and SYNCNORM_BACKUP, the manifest, written last, which
+// lists every file with its size and CRC32C; a backup is written under a
+// hidden name and renamed into place once whole, so a folder of that name
+// is always complete. The root may be shared by several shards (their
+// folders differ). Thread-safe; backups are written one at a time.
 class BackupRoot {
  public:
   // Creates `root` (and its parents) if missing. FAILED_PRECONDITION naming
@@ -55,9 +56,9 @@ class BackupRoot {
   // INVALID_ARGUMENT for a bad name or shard; ALREADY_EXISTS when it
   // exists; NOT_FOUND when the store has no job `job_id`;
   // FAILED_PRECONDITION when the store is in memory; the copy's error
-  // otherwise (nothing is left behind). A job spread over shards whose
-  // part here is another shard's is backed up all the same (and logged):
-  // Read leaves it out.
+  // otherwise. A refused or failed backup leaves nothing in the root. A job
+  // spread over shards whose part here is another shard's is backed up all the
+  // same (and logged): Read leaves it out.
   absl::StatusOr<BackupSummary> Create(std::string name, int shard,
                                        const std::string& job_id)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -71,8 +72,11 @@ class BackupRoot {
   // summary in *summary (when not null). A job spread over shards whose
   // part in the backup is another shard's is left out, and why goes to
   // *left_out (when not null); FAILED_PRECONDITION when it is `job_id`.
-  // NOT_FOUND without that backup or job in it; DATA_LOSS naming the
-  // record of a damaged backup.
+  // NOT_FOUND when there is no folder of that backup, or no such job in
+  // it; DATA_LOSS naming the backup's folder and what is wrong when it is
+  // damaged in any way: its manifest or a file it lists missing, cut short
+  // or changed (each checked against the manifest's size and CRC32C before
+  // any is read), or a record that does not check out.
   absl::StatusOr<std::vector<JobImage>> Read(
       const std::string& name, int shard, const std::string& job_id,
       BackupSummary* summary,

@@ -5,10 +5,14 @@
 // status and leaves nothing half done.
 #include "server/store/backup_root.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,6 +26,7 @@
 #include "server/store/kv_state_store.h"
 #include "server/store/memory_engine.h"
 #include "server/store/rocksdb_engine.h"
+#include "server/store/state.pb.h"
 #include "server/store/state_codec.h"
 
 namespace syncnorm {
@@ -73,6 +78,27 @@ std::string Dump(KvStateStore& store) {
     for (const CheckpointData& c : image.checkpoints) {
       out += EncodeCheckpoint(c);
     }
+  }
+  return out;
+}
+
+// The names in folder `dir`, sorted.
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    out.push_back(entry.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The files of a backup that damage can reach: all but RocksDB's info
+// logs (LOG, LOG.old.*), which hold no data and which opening the folder
+// rewrites, and its LOCK, an empty file that no reader needs.
+std::vector<std::string> DataFiles(const std::string& folder) {
+  std::vector<std::string> out;
+  for (const std::string& name : Entries(folder)) {
+    if (!absl::StartsWith(name, "LOG") && name != "LOCK") out.push_back(name);
   }
   return out;
 }
@@ -287,8 +313,14 @@ TEST_F(BackupRootTest, EveryRefusalIsPreciseAndLeavesNothingBehind) {
             absl::StatusCode::kInvalidArgument);
   auto unknown = root_->Create("nobody", 0, "no-such-job");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_FALSE(fs::exists(dir_ + "/backups/nobody/shard-0"));
-  EXPECT_FALSE(fs::exists(dir_ + "/backups/nobody/.shard-0.partial"));
+  EXPECT_FALSE(fs::exists(dir_ + "/backups/nobody"));
+  // A refusal under a name that another shard's backup holds leaves that
+  // backup, and nothing of its own.
+  ASSERT_TRUE(root_->Create("shared", 1, "").ok());
+  EXPECT_EQ(root_->Create("shared", 0, "no-such-job").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Entries(dir_ + "/backups/shared"),
+            std::vector<std::string>{"shard-1"});
   ASSERT_TRUE(root_->Create("twice", 0, "").ok());
   EXPECT_EQ(root_->Create("twice", 0, "").status().code(),
             absl::StatusCode::kAlreadyExists);
@@ -323,7 +355,10 @@ TEST_F(BackupRootTest, EveryRefusalIsPreciseAndLeavesNothingBehind) {
   ASSERT_TRUE(in_memory.ok());
   auto refused = (*in_memory)->Create("mem", 0, "");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(fs::exists(dir_ + "/backups/mem/shard-0"));
+  EXPECT_FALSE(fs::exists(dir_ + "/backups/mem"));
+  // Of every refusal above, nothing but the backups that were made.
+  EXPECT_EQ(Entries(dir_ + "/backups"),
+            (std::vector<std::string>{"damaged", "retry", "shared", "twice"}));
 
   // A root that cannot be created.
   EXPECT_EQ(
@@ -372,6 +407,128 @@ TEST_F(BackupRootTest, RestoreRespectsTheJobLimitWithNothingLoaded) {
       << refused.status();
   EXPECT_TRUE(small.aggregator->ListJobs().empty());
   EXPECT_EQ(Dump(*small.store), "");
+}
+
+// A backup is a copy: no file of it shares its storage with the data dir
+// (a hard link would: damage to either would be damage to both).
+TEST_F(BackupRootTest, ABackupSharesNoFileWithTheDataDir) {
+  auto made = root_->Create("copy", 0, "");
+  ASSERT_TRUE(made.ok()) << made.status();
+  int tables = 0;
+  for (const auto& entry : fs::directory_iterator(made->path)) {
+    struct stat st;
+    ASSERT_EQ(::stat(entry.path().c_str(), &st), 0) << entry.path();
+    EXPECT_EQ(st.st_nlink, 1u) << entry.path();
+    if (entry.path().extension() == ".sst") ++tables;
+  }
+  EXPECT_GT(tables, 0);
+  // Damage to the live tables leaves the backup whole.
+  for (const auto& entry : fs::directory_iterator(dir_ + "/data")) {
+    if (entry.path().extension() != ".sst") continue;
+    std::fstream f(entry.path(),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.put('\xff');
+  }
+  auto images = root_->Read("copy", 0, "", nullptr);
+  ASSERT_TRUE(images.ok()) << images.status();
+  EXPECT_EQ(images->size(), 2u);
+}
+
+// Every way a backup's files can be damaged (one deleted, cut short, a
+// byte flipped at random) is DATA_LOSS naming the backup and the file,
+// never UNAVAILABLE or NOT_FOUND, and reads nothing; the live store is
+// untouched. The flips are drawn from a fixed seed, bounded in number.
+TEST_F(BackupRootTest, EveryDamageToABackupIsDataLossNamingTheFile) {
+  ASSERT_TRUE(root_->Create("pristine", 0, "").ok());
+  const std::string pristine = dir_ + "/backups/pristine/shard-0";
+  const std::vector<std::string> files = DataFiles(pristine);
+  for (const char* kind :
+       {"MANIFEST-", "CURRENT", "OPTIONS-", ".sst", "SYNCNORM_BACKUP"}) {
+    EXPECT_TRUE(std::any_of(
+        files.begin(), files.end(),
+        [&](const std::string& f) { return absl::StrContains(f, kind); }))
+        << "no " << kind << " file in the backup to damage";
+  }
+  const std::string live = Dump(*source_->store);
+  std::mt19937 random(20261206);
+  constexpr int kFlipsPerFile = 4;
+  int trial = 0;
+  for (const std::string& file : files) {
+    const uintmax_t size = fs::file_size(pristine + "/" + file);
+    std::vector<std::string> damages = {"deleted"};
+    if (size > 0) damages.push_back("cut short");
+    for (int i = 0; size > 0 && i < kFlipsPerFile; ++i) {
+      damages.push_back("flipped");
+    }
+    for (const std::string& damage : damages) {
+      const std::string name = absl::StrCat("damaged-", trial++);
+      const std::string folder = absl::StrCat(dir_, "/backups/", name);
+      fs::create_directories(folder);
+      fs::copy(pristine, folder + "/shard-0", fs::copy_options::recursive);
+      const std::string path = folder + "/shard-0/" + file;
+      std::string what = damage;
+      if (damage == "deleted") {
+        fs::remove(path);
+      } else if (damage == "cut short") {
+        fs::resize_file(path, size / 2);
+      } else {
+        const uintmax_t at =
+            std::uniform_int_distribution<uintmax_t>(0, size - 1)(random);
+        const int bit = std::uniform_int_distribution<int>(0, 7)(random);
+        std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(at);
+        const char c = static_cast<char>(f.get() ^ (1 << bit));
+        f.seekp(at);
+        f.put(c);
+        what = absl::StrCat("bit ", bit, " of byte ", at, " flipped");
+      }
+      auto read = root_->Read(name, 0, "", nullptr);
+      EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss)
+          << file << " " << what << ": " << read.status();
+      EXPECT_TRUE(absl::StrContains(read.status().message(), name))
+          << read.status();
+      EXPECT_TRUE(absl::StrContains(read.status().message(), file))
+          << file << " " << what << ": " << read.status();
+      fs::remove_all(folder);
+    }
+  }
+  // The undamaged backup still reads, and the live store never moved.
+  auto read = root_->Read("pristine", 0, "", nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 2u);
+  EXPECT_EQ(Dump(*source_->store), live);
+}
+
+// A backup written before files were listed (a manifest without files or
+// checksum) still reads, and its damage is still DATA_LOSS, found as
+// RocksDB opens it.
+TEST_F(BackupRootTest, ABackupWithoutAFileListReadsAndItsDamageIsDataLoss) {
+  ASSERT_TRUE(root_->Create("old", 0, "").ok());
+  const std::string folder = dir_ + "/backups/old/shard-0";
+  storage::BackupManifest manifest;
+  {
+    std::ifstream in(folder + "/SYNCNORM_BACKUP", std::ios::binary);
+    ASSERT_TRUE(manifest.ParseFromIstream(&in));
+  }
+  ASSERT_GT(manifest.files_size(), 0);
+  manifest.clear_files();
+  manifest.clear_crc32c();
+  {
+    std::ofstream out(folder + "/SYNCNORM_BACKUP",
+                      std::ios::binary | std::ios::trunc);
+    ASSERT_TRUE(manifest.SerializeToOstream(&out));
+  }
+  auto read = root_->Read("old", 0, "", nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 2u);
+  for (const std::string& file : DataFiles(folder)) {
+    if (absl::StartsWith(file, "MANIFEST-")) fs::remove(folder + "/" + file);
+  }
+  read = root_->Read("old", 0, "", nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_TRUE(absl::StrContains(read.status().message(), "old/shard-0"))
+      << read.status();
 }
 
 }  // namespace

@@ -8,14 +8,16 @@
 #include <cstring>
 #include <fstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "rocksdb/db.h"
 #include "rocksdb/iterator.h"
+#include "rocksdb/metadata.h"
 #include "rocksdb/options.h"
-#include "rocksdb/utilities/checkpoint.h"
 #include "rocksdb/write_batch.h"
+#include "server/store/file_copy.h"
 
 namespace syncnorm {
 namespace {
@@ -103,6 +105,27 @@ absl::Status CheckGuard(const std::string& dir, uint64_t sequence) {
       seen, " but now ends at update ", sequence,
       "; its MANIFEST or write-ahead log was truncated or replaced. Restore "
       "the folder from a backup, or move it away to start empty"));
+}
+
+// Copies one file of a live copy into `dir`: CURRENT as RocksDB saw it,
+// every other file up to the size it had then (a log may have grown
+// since); a table or a MANIFEST of another size than listed is refused.
+absl::Status CopyLiveFile(const rocksdb::LiveFileStorageInfo& file,
+                          const std::string& dir) {
+  const std::string to = absl::StrCat(dir, "/", file.relative_filename);
+  if (!file.replacement_contents.empty()) {
+    return WriteNewFile(to, file.replacement_contents);
+  }
+  const std::string from =
+      absl::StrCat(file.directory, "/", file.relative_filename);
+  struct stat st;
+  if (!file.trim_to_size && (::stat(from.c_str(), &st) != 0 ||
+                             static_cast<uint64_t>(st.st_size) != file.size)) {
+    return absl::DataLossError(absl::StrCat("'", from, "' is not the ",
+                                            file.size, " bytes RocksDB lists"));
+  }
+  absl::StatusOr<FileSum> sum = CopyFilePrefix(from, to, file.size);
+  return sum.status();
 }
 
 }  // namespace
@@ -309,21 +332,36 @@ absl::Status RocksDbEngine::Scan(
 }
 
 absl::Status RocksDbEngine::CopyTo(const std::string& dir) {
-  rocksdb::Checkpoint* raw = nullptr;
-  rocksdb::Status s = rocksdb::Checkpoint::Create(db_.get(), &raw);
-  if (!s.ok()) return FromRocks(s, dir_, "cannot start a copy");
-  std::unique_ptr<rocksdb::Checkpoint> copier(raw);
-  s = copier->CreateCheckpoint(dir);
-  if (s.ok()) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat("cannot copy the state of data_dir '", dir_, "' to '", dir,
-                   "': ", s.ToString());
-  if (s.IsNoSpace()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(message, "; free space there, then retry"));
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create '", dir, "': ", std::strerror(errno)));
   }
-  if (s.IsIOError()) return absl::UnavailableError(message);
-  return absl::InternalError(message);
+  // Until EnableFileDeletions, no file on the list goes away under the copy
+  // (a compaction's inputs stay until then).
+  rocksdb::Status s = db_->DisableFileDeletions();
+  if (!s.ok()) return FromRocks(s, dir_, "cannot start a copy");
+  std::vector<rocksdb::LiveFileStorageInfo> files;
+  // The default flushes the memtable first: every acknowledged write is in
+  // the files listed.
+  s = db_->GetLiveFilesStorageInfo(rocksdb::LiveFilesStorageInfoOptions(),
+                                   &files);
+  absl::Status copied =
+      s.ok() ? absl::OkStatus() : FromRocks(s, dir_, "cannot list its files");
+  for (size_t i = 0; copied.ok() && i < files.size(); ++i) {
+    copied = CopyLiveFile(files[i], dir);
+  }
+  db_->EnableFileDeletions(/*force=*/false).PermitUncheckedError();
+  if (copied.ok()) copied = SyncPath(dir);
+  if (copied.ok()) return copied;
+  return absl::Status(copied.code(),
+                      absl::StrCat("cannot copy the state of data_dir '", dir_,
+                                   "' to '", dir, "': ", copied.message()));
+}
+
+absl::Status RocksDbEngine::VerifyChecksums() {
+  rocksdb::Status s = db_->VerifyChecksum();
+  if (!s.ok()) return FromRocks(s, dir_, "a table file does not check out");
+  return absl::OkStatus();
 }
 
 absl::Status RocksDbEngine::Compact() {
