@@ -83,7 +83,8 @@ class LayerRendezvous {
 
   // Stale-synchronous rounds (spec.staleness tau > 0): a FORWARD of
   // (rank r, step s) is answered once every member of the group (at s)
-  // has sent a FORWARD of a step >= s - tau, with the rank-order merge of
+  // has sent a FORWARD of a step >= s - tau (one that has sent none has
+  // not, also while s - tau < 0), with the rank-order merge of
   // each member's latest FORWARD of a step within [s - tau, s] (the view,
   // RoundOutcome::view). A BACKWARD of (r, s) is answered with the
   // rank-order sum of the BACKWARDs of the (rank, step)s of the view of

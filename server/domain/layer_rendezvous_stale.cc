@@ -114,12 +114,15 @@ std::optional<RoundOutcome> LayerRendezvous::StaleForward(
   const std::vector<int> ranks = layout_.Ranks(group);
   const int64_t oldest = step - spec_.staleness;
   // The clock condition: every member waited for has sent a step within
-  // the bound (a rank removed later is waited for by no one).
+  // the bound (a rank removed later is waited for by no one). A member
+  // that has sent nothing has not, even while s - tau is below step 0: an
+  // answer is never one rank's batch because the others are yet to start.
+  const int64_t needed = std::max<int64_t>(oldest, 0);
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (!members.IsMember(ranks[i], step) || members.Excused(ranks[i], step)) {
       continue;
     }
-    if (stale.latest[0][i] < oldest) return std::nullopt;
+    if (stale.latest[0][i] < needed) return std::nullopt;
   }
   RoundOutcome o;
   Moments acc = Moments::Zero(config_.channels);
@@ -330,7 +333,8 @@ void LayerRendezvous::ExpireStale(absl::Time now, Deliveries& out) {
           std::vector<int> behind;
           const std::vector<int> ranks = layout_.Ranks(static_cast<int>(g));
           for (size_t i = 0; i < ranks.size(); ++i) {
-            if (stale.latest[p][i] < step - spec_.staleness) {
+            if (stale.latest[p][i] <
+                std::max<int64_t>(step - spec_.staleness, 0)) {
               behind.push_back(ranks[i]);
             }
           }
