@@ -284,8 +284,12 @@ class LayerRendezvous {
   // sent (a retry is a new contribution), unless an answer names them.
   void ExpireStale(absl::Time now, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ExpireStale for the entries of (group, phase index p, position pos).
-  void ExpireStaleOf(int group, int p, int pos, absl::Time now, Deliveries& out)
+  // For the entries of (group, phase index p, position pos): fails the
+  // waiters of the unanswered ones past their deadline; withdraws those
+  // no answer names.
+  void FailLateStale(int group, int p, int pos, absl::Time now, Deliveries& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WithdrawLateStale(int group, int p, int pos, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The DEADLINE_EXCEEDED of the entry of (group, p, pos, step).
   absl::Status StaleLate(int group, int p, int pos, int64_t step) const

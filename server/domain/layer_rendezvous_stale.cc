@@ -334,36 +334,48 @@ void LayerRendezvous::PruneStale(int group, const Membership& members) {
 
 void LayerRendezvous::ExpireStale(absl::Time now, Deliveries& out) {
   for (size_t g = 0; g < groups_.size(); ++g) {
+    const int group = static_cast<int>(g);
+    const int size = static_cast<int>(groups_[g].stale.entries[0].size());
+    // Every failure is said before anything is withdrawn, so that each
+    // names the ranks as they stood while it waited.
     for (int p = 0; p < 2; ++p) {
-      for (size_t pos = 0; pos < groups_[g].stale.entries[p].size(); ++pos) {
-        ExpireStaleOf(static_cast<int>(g), p, static_cast<int>(pos), now, out);
+      for (int pos = 0; pos < size; ++pos) {
+        FailLateStale(group, p, pos, now, out);
       }
+    }
+    for (int p = 0; p < 2; ++p) {
+      for (int pos = 0; pos < size; ++pos)
+        WithdrawLateStale(group, p, pos, now);
     }
   }
 }
 
-void LayerRendezvous::ExpireStaleOf(int group, int p, int pos, absl::Time now,
+void LayerRendezvous::FailLateStale(int group, int p, int pos, absl::Time now,
                                     Deliveries& out) {
+  for (auto& [step, entry] : groups_[group].stale.entries[p][pos]) {
+    if (entry.answer != nullptr || entry.waiters.empty() ||
+        entry.deadline > now) {
+      continue;
+    }
+    const absl::Status late = StaleLate(group, p, pos, step);
+    for (RoundCallback& done : entry.waiters) {
+      out.push_back(Failure(std::move(done), late));
+    }
+    entry.waiters.clear();
+  }
+}
+
+void LayerRendezvous::WithdrawLateStale(int group, int p, int pos,
+                                        absl::Time now) {
   StaleState& stale = groups_[group].stale;
   auto& by_step = stale.entries[p][pos];
   bool withdrew = false;
   for (auto it = by_step.begin(); it != by_step.end();) {
-    StaleEntry& entry = it->second;
-    if (entry.answer != nullptr || entry.deadline > now) {
-      ++it;
-      continue;
-    }
-    if (!entry.waiters.empty()) {
-      const absl::Status late = StaleLate(group, p, pos, it->first);
-      for (RoundCallback& done : entry.waiters) {
-        out.push_back(Failure(std::move(done), late));
-      }
-      entry.waiters.clear();
-    }
     // Its callers were told it failed: unless an answer merged it, it is
     // withdrawn, so that what a rank far ahead sends and gives up on is
     // not kept until the slowest catches up.
-    if (entry.named) {
+    const StaleEntry& entry = it->second;
+    if (entry.answer != nullptr || entry.deadline > now || entry.named) {
       ++it;
       continue;
     }
