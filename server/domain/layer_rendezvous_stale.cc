@@ -408,7 +408,7 @@ absl::Status LayerRendezvous::StaleLate(int group, int p, int pos,
       absl::ToInt64Milliseconds(spec_.round_timeout),
       " ms deadline waiting for ranks [", absl::StrJoin(behind, ", "),
       "] to come within ", spec_.staleness,
-      " steps; it is withdrawn and a retry waits again"));
+      " steps; a retry waits again unless a later step of the rank is kept"));
 }
 
 void LayerRendezvous::DropStaleNonMembers(const Membership& members,
