@@ -36,6 +36,7 @@ LayerRendezvous::LayerRendezvous(const JobSpec& spec, const GroupLayout& groups,
       for (int p = 0; p < 2; ++p) {
         groups_.back().stale.entries[p].resize(n);
         groups_.back().stale.latest[p].assign(n, -1);
+        groups_.back().stale.released[p].assign(n, -1);
       }
     }
   }
@@ -650,6 +651,8 @@ std::vector<RoundCallback> LayerRendezvous::Reset(
     for (int p = 0; p < 2; ++p) {
       for (auto& by_step : stale.entries[p]) by_step.clear();
       std::fill(stale.latest[p].begin(), stale.latest[p].end(),
+                per_group[g].last_applied);
+      std::fill(stale.released[p].begin(), stale.released[p].end(),
                 per_group[g].last_applied);
     }
     stale.persisted.clear();

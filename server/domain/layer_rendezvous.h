@@ -83,7 +83,8 @@ class LayerRendezvous {
 
   // Stale-synchronous rounds (spec.staleness tau > 0): a FORWARD of
   // (rank r, step s) is answered once every member of the group (at s)
-  // has sent a FORWARD of a step >= s - tau, with the rank-order merge of
+  // has sent a FORWARD of a step >= s - tau (one that has sent none has
+  // not, also while s - tau < 0), with the rank-order merge of
   // each member's latest FORWARD of a step within [s - tau, s] (the view,
   // RoundOutcome::view). A BACKWARD of (r, s) is answered with the
   // rank-order sum of the BACKWARDs of the (rank, step)s of the view of
@@ -94,6 +95,10 @@ class LayerRendezvous {
   // A rank's steps must increase per phase; its contributions are kept
   // for the steps after the slowest member's latest minus 2 tau minus the
   // recent rounds (older retries and backwards are FAILED_PRECONDITION).
+  // A contribution still unanswered at its deadline fails with
+  // DEADLINE_EXCEEDED and, unless an answer given merged it, is withdrawn:
+  // it counts in no later answer, and its rank's latest step falls back to
+  // the highest it still has kept, so that a retry is a new contribution.
   //
   // Adds `c` to its round; `done` is answered exactly once: when the round
   // completes or fails, at once for a retry of a finished round, or at once
@@ -189,12 +194,20 @@ class LayerRendezvous {
     // Not answered when it arrived: it waited for the clock condition (or,
     // BACKWARD, for the contributions of its view).
     bool waited = false;
+    // Named in the view of an answer given: kept until the window passes
+    // it, even when its own waiters time out, so that every answer stays
+    // the merge of the contributions it names.
+    bool named = false;
   };
   struct StaleState {
     // [phase][position in the group]: the entries by step.
     std::array<std::vector<std::map<int64_t, StaleEntry>>, 2> entries;
-    // [phase][position]: the highest step received; -1 before any.
+    // [phase][position]: the highest step received and not withdrawn (see
+    // ExpireStale); -1 before any.
     std::array<std::vector<int64_t>, 2> latest;
+    // [phase][position]: the highest step whose entry the window passed
+    // (PruneStale); latest never goes below it. -1 before any.
+    std::array<std::vector<int64_t>, 2> released;
     // The answers in the store, in the order they were stored.
     std::deque<StaleKey> persisted;
   };
@@ -261,12 +274,26 @@ class LayerRendezvous {
   // rank still in `members` bounds it.
   int64_t StaleHorizon(int group, const Membership& members) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Forgets the answered entries of `group` older than its horizon.
+  // Forgets the entries of `group` older than its horizon (no answer reads
+  // them any more) that no one waits for: answered ones, and unanswered
+  // ones whose callers were failed.
   void PruneStale(int group, const Membership& members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails the waiters of stale entries past their deadline.
+  // Fails the waiters of unanswered stale entries past their deadline with
+  // DEADLINE_EXCEEDED and withdraws those entries: forgotten as if never
+  // sent (a retry is a new contribution), unless an answer names them.
   void ExpireStale(absl::Time now, Deliveries& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For the entries of (group, phase index p, position pos): fails the
+  // waiters of the unanswered ones past their deadline; withdraws those
+  // no answer names.
+  void FailLateStale(int group, int p, int pos, absl::Time now, Deliveries& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WithdrawLateStale(int group, int p, int pos, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The DEADLINE_EXCEEDED of the entry of (group, p, pos, step).
+  absl::Status StaleLate(int group, int p, int pos, int64_t step) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Moves out the callbacks of every unanswered stale entry.
   std::vector<std::vector<RoundCallback>> TakeStaleWaiters()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

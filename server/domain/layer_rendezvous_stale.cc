@@ -114,12 +114,15 @@ std::optional<RoundOutcome> LayerRendezvous::StaleForward(
   const std::vector<int> ranks = layout_.Ranks(group);
   const int64_t oldest = step - spec_.staleness;
   // The clock condition: every member waited for has sent a step within
-  // the bound (a rank removed later is waited for by no one).
+  // the bound (a rank removed later is waited for by no one). A member
+  // that has sent nothing has not, even while s - tau is below step 0: an
+  // answer is never one rank's batch because the others are yet to start.
+  const int64_t needed = std::max<int64_t>(oldest, 0);
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (!members.IsMember(ranks[i], step) || members.Excused(ranks[i], step)) {
       continue;
     }
-    if (stale.latest[0][i] < oldest) return std::nullopt;
+    if (stale.latest[0][i] < needed) return std::nullopt;
   }
   RoundOutcome o;
   Moments acc = Moments::Zero(config_.channels);
@@ -292,6 +295,14 @@ void LayerRendezvous::GiveStaleAnswer(int group, Phase phase, int pos,
     r.latency = now - entry.arrival;
     stale_reports_.push_back(r);
   }
+  // The contributions an acknowledged answer merged are never withdrawn.
+  for (const ViewEntry& v : answer.view) {
+    auto& theirs =
+        stale.entries[PhaseIndex(phase)][layout_.IndexInGroup(v.rank)];
+    if (auto it = theirs.find(v.step); it != theirs.end()) {
+      it->second.named = true;
+    }
+  }
   entry.answer = std::make_shared<const RoundOutcome>(std::move(answer));
   for (RoundCallback& done : entry.waiters) {
     out.push_back(Delivery{std::move(done), entry.answer});
@@ -300,16 +311,21 @@ void LayerRendezvous::GiveStaleAnswer(int group, Phase phase, int pos,
 }
 
 void LayerRendezvous::PruneStale(int group, const Membership& members) {
-  // Answered entries older than the horizon are no longer read.
+  // Below the horizon no later answer reads an entry: the answered ones
+  // served their retries, and an unanswered one that no one waits for
+  // (its callers timed out) would only be answered for no one.
   const int64_t horizon = StaleHorizon(group, members);
-  for (auto& phase_entries : groups_[group].stale.entries) {
-    for (auto& by_step : phase_entries) {
+  StaleState& stale = groups_[group].stale;
+  for (int p = 0; p < 2; ++p) {
+    for (size_t pos = 0; pos < stale.entries[p].size(); ++pos) {
+      auto& by_step = stale.entries[p][pos];
       for (auto it = by_step.begin();
            it != by_step.end() && it->first < horizon;) {
-        if (it->second.answer == nullptr) {
+        if (it->second.answer == nullptr && !it->second.waiters.empty()) {
           ++it;
           continue;
         }
+        stale.released[p][pos] = std::max(stale.released[p][pos], it->first);
         it = by_step.erase(it);
       }
     }
@@ -318,37 +334,81 @@ void LayerRendezvous::PruneStale(int group, const Membership& members) {
 
 void LayerRendezvous::ExpireStale(absl::Time now, Deliveries& out) {
   for (size_t g = 0; g < groups_.size(); ++g) {
-    StaleState& stale = groups_[g].stale;
+    const int group = static_cast<int>(g);
+    const int size = static_cast<int>(groups_[g].stale.entries[0].size());
+    // Every failure is said before anything is withdrawn, so that each
+    // names the ranks as they stood while it waited.
     for (int p = 0; p < 2; ++p) {
-      for (size_t pos = 0; pos < stale.entries[p].size(); ++pos) {
-        for (auto& [step, entry] : stale.entries[p][pos]) {
-          if (entry.answer != nullptr || entry.waiters.empty() ||
-              entry.deadline > now) {
-            continue;
-          }
-          const Phase phase = p == 0 ? Phase::kForward : Phase::kBackward;
-          std::vector<int> behind;
-          const std::vector<int> ranks = layout_.Ranks(static_cast<int>(g));
-          for (size_t i = 0; i < ranks.size(); ++i) {
-            if (stale.latest[p][i] < step - spec_.staleness) {
-              behind.push_back(ranks[i]);
-            }
-          }
-          const absl::Status late = absl::DeadlineExceededError(absl::StrCat(
-              RoundLabel(RoundKey(static_cast<int>(g), step, phase)), ": rank ",
-              ranks[pos], "'s contribution missed its ",
-              absl::ToInt64Milliseconds(spec_.round_timeout),
-              " ms deadline waiting for ranks [", absl::StrJoin(behind, ", "),
-              "] to come within ", spec_.staleness,
-              " steps; a retry waits again"));
-          for (RoundCallback& done : entry.waiters) {
-            out.push_back(Failure(std::move(done), late));
-          }
-          entry.waiters.clear();
-        }
+      for (int pos = 0; pos < size; ++pos) {
+        FailLateStale(group, p, pos, now, out);
       }
     }
+    for (int p = 0; p < 2; ++p) {
+      for (int pos = 0; pos < size; ++pos)
+        WithdrawLateStale(group, p, pos, now);
+    }
   }
+}
+
+void LayerRendezvous::FailLateStale(int group, int p, int pos, absl::Time now,
+                                    Deliveries& out) {
+  for (auto& [step, entry] : groups_[group].stale.entries[p][pos]) {
+    if (entry.answer != nullptr || entry.waiters.empty() ||
+        entry.deadline > now) {
+      continue;
+    }
+    const absl::Status late = StaleLate(group, p, pos, step);
+    for (RoundCallback& done : entry.waiters) {
+      out.push_back(Failure(std::move(done), late));
+    }
+    entry.waiters.clear();
+  }
+}
+
+void LayerRendezvous::WithdrawLateStale(int group, int p, int pos,
+                                        absl::Time now) {
+  StaleState& stale = groups_[group].stale;
+  auto& by_step = stale.entries[p][pos];
+  bool withdrew = false;
+  for (auto it = by_step.begin(); it != by_step.end();) {
+    // Its callers were told it failed: unless an answer merged it, it is
+    // withdrawn, so that what a rank far ahead sends and gives up on is
+    // not kept until the slowest catches up.
+    const StaleEntry& entry = it->second;
+    if (entry.answer != nullptr || entry.deadline > now || entry.named) {
+      ++it;
+      continue;
+    }
+    it = by_step.erase(it);
+    withdrew = true;
+  }
+  if (withdrew) {
+    // The rank has sent what it still has here (a retry of a withdrawn
+    // step beyond it is a new contribution), and never less than what the
+    // window passed.
+    stale.latest[p][pos] =
+        std::max(stale.released[p][pos],
+                 by_step.empty() ? int64_t{-1} : by_step.rbegin()->first);
+  }
+}
+
+absl::Status LayerRendezvous::StaleLate(int group, int p, int pos,
+                                        int64_t step) const {
+  const StaleState& stale = groups_[group].stale;
+  const Phase phase = p == 0 ? Phase::kForward : Phase::kBackward;
+  const int64_t needed = std::max<int64_t>(step - spec_.staleness, 0);
+  const std::vector<int> ranks = layout_.Ranks(group);
+  std::vector<int> behind;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (stale.latest[p][i] < needed) behind.push_back(ranks[i]);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      RoundLabel(RoundKey(group, step, phase)), ": rank ", ranks[pos],
+      "'s contribution missed its ",
+      absl::ToInt64Milliseconds(spec_.round_timeout),
+      " ms deadline waiting for ranks [", absl::StrJoin(behind, ", "),
+      "] to come within ", spec_.staleness,
+      " steps; a retry waits again unless a later step of the rank is kept"));
 }
 
 void LayerRendezvous::DropStaleNonMembers(const Membership& members,
