@@ -386,6 +386,7 @@ TEST_F(ElasticTest, AWideChangeLogsABoundedLineAndStoresWhatItChanges) {
     record_bytes = (*record)->size();
   }
   EXPECT_LE(record_bytes, 2048u);
+  RecordProperty("membership_record_bytes", static_cast<int>(record_bytes));
 
   // Rank 0 alone is the job now.
   OutcomeRecorder out(1);
