@@ -23,6 +23,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "kernels/formulas.h"
+#include "server/rpc/grpc_status.h"
 #include "server/rpc/stream_set.h"
 #include "server/server.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
@@ -518,6 +519,42 @@ TEST_F(ServiceTest, ReduceOnceAnswersAndReturnsFailuresAsStatus) {
   EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_THAT(late.error_message(),
               HasSubstr("missed its 200 ms deadline waiting for ranks [0, 2]"));
+}
+
+// Job W=1024, rank 0 alone: the round's deadline error names 1,023
+// missing ranks. Its message and details (metadata, base64 on the wire)
+// stay small, so that a client with gRPC's default 8 KiB metadata limit
+// gets the deadline and not RESOURCE_EXHAUSTED; the stream's answer lists
+// every missing rank in its field.
+TEST_F(ServiceTest, AWideRoundsDeadlineErrorStaysSmall) {
+  constexpr int kWorld = 1024;
+  ASSERT_TRUE(CreateJob(JobRequest("wide", kWorld, 1, 1, 200)).ok());
+  std::vector<int> others;  // every rank but 0
+  for (int r = 1; r < kWorld; ++r) others.push_back(r);
+
+  const grpc::Status once = ReduceOnce(Fwd("wide", 0, 0, 0, 2, {1}, {1}));
+  EXPECT_EQ(once.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << once.error_message().size()
+      << " bytes: " << once.error_message().substr(0, 200);
+  EXPECT_LE(once.error_message().size(), kMaxStatusMessageBytes);
+  EXPECT_LE(once.error_details().size(), kMaxStatusMessageBytes + 16);
+  EXPECT_THAT(once.error_message(), HasSubstr("waiting for ranks [1-1023]"));
+
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  auto stream = stub_->Reduce(&ctx);
+  v1::RoundResult r;
+  ASSERT_TRUE(stream->Write(Fwd("wide", 0, 1, 0, 2, {1}, {1})));
+  ASSERT_TRUE(stream->Read(&r));
+  ASSERT_TRUE(r.has_error()) << r.ShortDebugString().substr(0, 200);
+  EXPECT_EQ(r.error().code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LE(r.error().message().size(), kMaxStatusMessageBytes);
+  EXPECT_THAT(r.error().message(), HasSubstr("waiting for ranks [1-1023]"));
+  EXPECT_EQ(std::vector<int>(r.error().missing_ranks().begin(),
+                             r.error().missing_ranks().end()),
+            others);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 // A held read is released while the stream's answer comes and its next

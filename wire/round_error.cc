@@ -5,16 +5,15 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "wire/rank_list.h"
 
 namespace syncnorm {
 
 absl::Status WithMissingRanks(const absl::Status& status,
                               absl::Span<const int> missing_ranks) {
   if (status.ok() || missing_ranks.empty()) return status;
-  const std::string ranks =
-      absl::StrCat("[", absl::StrJoin(missing_ranks, ", "), "]");
+  const std::string ranks = RankList(missing_ranks);
   // The aggregator's deadline error says "waiting for ranks [1, 2]" itself.
   if (absl::StrContains(status.message(), ranks)) return status;
   absl::Status named(

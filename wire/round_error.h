@@ -16,13 +16,15 @@ inline constexpr char kRoundErrorReasonUrl[] = "syncnorm.v1.RoundError.reason";
 
 // `status` with a message that names `missing_ranks`: as it is when there
 // are none, when it is OK, or when its message already lists them as
-// "[1, 2]"; otherwise with " (missing ranks [1, 2])" appended. The code and
-// the payloads are kept.
+// RankList does ("[1, 2]"); otherwise with " (missing ranks [1, 2])"
+// appended. The list is bounded (rank_list.h) whatever the number of
+// ranks: the complete list is RoundError.missing_ranks. The code and the
+// payloads are kept.
 absl::Status WithMissingRanks(const absl::Status& status,
                               absl::Span<const int> missing_ranks);
 
 // The RoundError of a failed round: the status's code and message as they
-// are, the ranks missing at its deadline and the cause a client may act
+// are, every rank missing at its deadline and the cause a client may act
 // on. REQUIRES: !status.ok().
 void RoundErrorToProto(const absl::Status& status,
                        absl::Span<const int> missing_ranks,

@@ -29,6 +29,18 @@ TEST(WithMissingRanksTest, KeepsAMessageThatListsThemAlready) {
             absl::StrCat(deadline.message(), " (missing ranks [2])"));
 }
 
+TEST(WithMissingRanksTest, ManyRanksAreNamedInABoundedForm) {
+  std::vector<int> ranks;  // 1..1023 and every other rank up to 4096
+  for (int r = 1; r < 1024; ++r) ranks.push_back(r);
+  for (int r = 1026; r < 4096; r += 2) ranks.push_back(r);
+  const absl::Status s =
+      WithMissingRanks(absl::DeadlineExceededError("late"), ranks);
+  EXPECT_EQ(s.message(),
+            "late (missing ranks [1-1023, 1026, 1028, 1030, 1032, 1034, 1036, "
+            "1038, 1040, 1042, 1044, 1046, 1048, 1050, 1052, 1054, and 1520 "
+            "more])");
+}
+
 TEST(WithMissingRanksTest, NoRanksOrOkIsAsItIs) {
   const absl::Status aborted = absl::AbortedError("the job was deleted");
   EXPECT_EQ(WithMissingRanks(aborted, {}), aborted);

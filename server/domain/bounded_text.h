@@ -22,6 +22,9 @@ inline constexpr size_t kBoundedTextBytes = 128;
 // they would `text`.
 std::string BoundedText(absl::string_view text);
 
+// As BoundedText, with `max_bytes` for kBoundedTextBytes.
+std::string BoundedText(absl::string_view text, size_t max_bytes);
+
 }  // namespace syncnorm
 
 #endif  // SYNCNORM_SERVER_DOMAIN_BOUNDED_TEXT_H_

@@ -39,5 +39,10 @@ TEST(BoundedTextTest, DoesNotCutAUtf8SequenceInTwo) {
             "... (136 bytes)");
 }
 
+TEST(BoundedTextTest, AnyBound) {
+  EXPECT_EQ(BoundedText("abcdef", 6), "abcdef");
+  EXPECT_EQ(BoundedText("abcdefg", 4), "abcd... (7 bytes)");
+}
+
 }  // namespace
 }  // namespace syncnorm

@@ -5,10 +5,13 @@
 // ranks counted.
 #include <cmath>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -337,6 +340,66 @@ TEST_F(ElasticTest, AGroupWhoseRanksAllLeftHoldsNothingBack) {
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->layers[0].stats.mean, before->layers[0].stats.mean);
   EXPECT_EQ(after->layers[0].stats.num_batches_tracked, 1);
+}
+
+// Job W=65536: 61 changes, alternately every rank but 0 leaving and
+// joining back (issue 32). Each change logs a line of the same small size,
+// stores a membership record that grows by a few bytes per change and not
+// by the ranks it names, and leaves the members an independent model
+// holds; the history reads back as it was after a restart.
+TEST_F(ElasticTest, AWideChangeLogsABoundedLineAndStoresWhatItChanges) {
+  constexpr int kWorld = 65536;
+  constexpr int kChanges = 61;  // 62 versions: below Membership::kMaxHistory
+  auto engine = std::make_unique<MemoryEngine>();
+  MemoryEngine& kv = *engine;
+  KvStateStore store(std::move(engine));
+  Aggregator agg(AggregatorOptions(), &clock_, &store);
+  ASSERT_TRUE(agg.CreateJob(Spec("wide", kWorld, {})).ok());
+  std::vector<int> others;  // 1..65535
+  for (int r = 1; r < kWorld; ++r) others.push_back(r);
+  std::vector<bool> model(kWorld, true);
+  size_t record_bytes = 0;
+  for (int i = 0; i < kChanges; ++i) {
+    const bool leave = i % 2 == 0;
+    for (int r : others) model[r] = !leave;
+    ::testing::internal::CaptureStderr();
+    auto job = agg.UpdateMembership(
+        "wide", leave ? Change(0, {}, others) : Change(0, others));
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(job.ok()) << job.status();
+
+    std::vector<int> expected;
+    for (int r = 0; r < kWorld; ++r) {
+      if (model[r]) expected.push_back(r);
+    }
+    ASSERT_EQ(job->membership.back().members, expected) << "change " << i;
+    ASSERT_EQ(job->membership.back().version, i + 1);
+
+    ASSERT_TRUE(absl::StrContains(log, "event=membership_changed")) << log;
+    EXPECT_LE(log.size(), 512u) << log.substr(0, 300);
+    EXPECT_THAT(log, HasSubstr(leave ? "left=[1-65535]" : "joined=[1-65535]"));
+
+    absl::StatusOr<std::optional<std::string>> record = kv.Get("e/wide");
+    ASSERT_TRUE(record.ok() && record->has_value());
+    // What a change adds to the record: its version, step and runs.
+    EXPECT_LE((*record)->size(), record_bytes + 32) << "change " << i;
+    record_bytes = (*record)->size();
+  }
+  EXPECT_LE(record_bytes, 2048u);
+  RecordProperty("membership_record_bytes", static_cast<int>(record_bytes));
+
+  // Rank 0 alone is the job now.
+  OutcomeRecorder out(1);
+  agg.Contribute(Forward("wide", 0, 0), out.Slot(0));
+  ASSERT_EQ(out.calls(0), 1);
+  ExpectMergeOf(out.get(0), {0}, 0);
+
+  Aggregator again(AggregatorOptions(), &clock_, &store);
+  ASSERT_TRUE(again.Load().ok());
+  auto before = agg.GetJob("wide");
+  auto after = again.GetJob("wide");
+  ASSERT_TRUE(before.ok() && after.ok());
+  EXPECT_EQ(after->membership, before->membership);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/domain/bounded_text.h"
 #include "server/domain/log.h"
+#include "wire/rank_list.h"
 
 namespace syncnorm {
 namespace {

@@ -5,8 +5,8 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "server/domain/bounded_text.h"
+#include "wire/rank_list.h"
 
 namespace syncnorm {
 
@@ -548,11 +548,10 @@ bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
       if (it == rounds_.end()) continue;
       RoundOutcome outcome;
       outcome.missing_ranks = it->second.MissingRanks();
-      outcome.status = absl::DeadlineExceededError(
-          absl::StrCat(RoundLabel(key), " missed its ",
-                       absl::ToInt64Milliseconds(spec_.round_timeout),
-                       " ms deadline waiting for ranks [",
-                       absl::StrJoin(outcome.missing_ranks, ", "), "]"));
+      outcome.status = absl::DeadlineExceededError(absl::StrCat(
+          RoundLabel(key), " missed its ",
+          absl::ToInt64Milliseconds(spec_.round_timeout),
+          " ms deadline waiting for ranks ", RankList(outcome.missing_ranks)));
       Report(key, it->second, outcome, now);
       Finish(key, std::move(outcome), nullptr, it->second.TakeFingerprints(),
              out);

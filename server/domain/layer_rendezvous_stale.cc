@@ -3,9 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "server/domain/bounded_text.h"
 #include "server/domain/layer_rendezvous.h"
+#include "wire/rank_list.h"
 
 namespace syncnorm {
 
@@ -406,8 +406,8 @@ absl::Status LayerRendezvous::StaleLate(int group, int p, int pos,
       RoundLabel(RoundKey(group, step, phase)), ": rank ", ranks[pos],
       "'s contribution missed its ",
       absl::ToInt64Milliseconds(spec_.round_timeout),
-      " ms deadline waiting for ranks [", absl::StrJoin(behind, ", "),
-      "] to come within ", spec_.staleness,
+      " ms deadline waiting for ranks ", RankList(behind),
+      " to come within ", spec_.staleness,
       " steps; a retry waits again unless a later step of the rank is kept"));
 }
 

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "server/domain/bounded_text.h"
 #include "server/domain/job_spec.h"
 
@@ -15,10 +14,6 @@ bool operator==(const MembershipChange& a, const MembershipChange& b) {
   return a.version == b.version && a.step == b.step && a.members == b.members &&
          a.joined == b.joined && a.left == b.left && a.removed == b.removed &&
          a.restored == b.restored;
-}
-
-std::string RankList(absl::Span<const int> ranks) {
-  return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");
 }
 
 Membership::Membership(int world_size, absl::Span<const int> members)

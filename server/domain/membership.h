@@ -102,9 +102,6 @@ class Membership {
   bool everyone_ = false;
 };
 
-// "[0, 1, 3]"
-std::string RankList(absl::Span<const int> ranks);
-
 }  // namespace syncnorm
 
 #endif  // SYNCNORM_SERVER_DOMAIN_MEMBERSHIP_H_

@@ -27,11 +27,11 @@ class OneLine final : public LogSink {
   std::string line_;
 };
 
-std::string RankList(const std::vector<int>& ranks) {
-  return absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
-}
-
-std::string RankList(const std::set<int>& ranks) {
+// `ranks` (ascending) in the summaries' own compact form: the first
+// kMaxRanksShown, then "+Nmore", so that a round of a job with thousands of
+// ranks writes a line of the same size as one of a job with a few.
+template <typename Ranks>
+std::string ShownRanks(const Ranks& ranks) {
   std::vector<int> shown;
   for (int r : ranks) {
     if (shown.size() == kMaxRanksShown) break;
@@ -58,9 +58,9 @@ void LoggingRoundObserver::Write(LogSink& sink, const char* event,
       .Add("phase", PhaseName(r.phase))
       .Add("latency_ms", absl::ToInt64Milliseconds(r.latency))
       .Add("last_arrival_ms", absl::ToInt64Milliseconds(r.last_arrival))
-      .Add("contributors", RankList(r.contributors))
-      .Add("stragglers", RankList(r.stragglers))
-      .Add("missing", RankList(r.missing_ranks));
+      .Add("contributors", ShownRanks(r.contributors))
+      .Add("stragglers", ShownRanks(r.stragglers))
+      .Add("missing", ShownRanks(r.missing_ranks));
   if (!r.status.ok()) {
     line.Add("status", absl::StatusCodeToString(r.status.code()));
   }
@@ -129,7 +129,7 @@ void LoggingRoundObserver::WriteSummary(const WindowKey& key, const Window& w) {
       .Add("layers", w.layers.size())
       .Add("first_step", w.first_step)
       .Add("last_step", w.last_step)
-      .Add(quorum ? "missing" : "stragglers", RankList(w.ranks))
+      .Add(quorum ? "missing" : "stragglers", ShownRanks(w.ranks))
       .Add("max_latency_ms", absl::ToInt64Milliseconds(w.max_latency));
 }
 

@@ -176,5 +176,23 @@ TEST_F(LoggingRoundObserverTest, ASummaryNamesBoundedRanks) {
                         "110,111,112,113,114,115,+24more] "));
 }
 
+// A failed round of a job of 1,024 ranks, rank 0 alone: its line names at
+// most 16 ranks of each list, as a summary does.
+TEST_F(LoggingRoundObserverTest, AWideRoundsLineNamesBoundedRanks) {
+  LoggingRoundObserver observer(Options(absl::Seconds(10)));
+  RoundReport r = Quorum("wide", 0, 7, absl::ZeroDuration());
+  r.quorum = false;
+  r.status = absl::DeadlineExceededError("late");
+  r.contributors = {0};
+  r.missing_ranks.clear();
+  for (int rank = 1; rank < 1024; ++rank) r.missing_ranks.push_back(rank);
+  observer.OnDeadline(r);
+  const std::vector<std::string> lines = lines_.TakeAll();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr(" missing=[1,2,3,4,5,6,7,8,9,10,11,12,13,"
+                                  "14,15,16,+1007more] "));
+  EXPECT_LE(lines[0].size(), 512u) << lines[0];
+}
+
 }  // namespace
 }  // namespace syncnorm

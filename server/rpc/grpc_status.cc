@@ -5,6 +5,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "server/domain/bounded_text.h"
 
 namespace syncnorm {
 namespace {
@@ -32,7 +33,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
       code > 0 && code <= grpc::StatusCode::UNAUTHENTICATED
           ? static_cast<grpc::StatusCode>(code)
           : grpc::StatusCode::UNKNOWN;
-  std::string message(status.message());
+  // The domain keeps its messages short (rank lists and client-chosen
+  // names are bounded where they are written); this is the last guard.
+  std::string message = BoundedText(status.message(), kMaxStatusMessageBytes);
   std::string details = RpcStatusBytes(grpc_code, message);
   return grpc::Status(grpc_code, std::move(message), std::move(details));
 }

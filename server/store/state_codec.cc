@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,48 @@ absl::Status CheckRanks(const std::vector<int>& ranks, const JobSpec& spec,
       return Bad(absl::StrCat(what, " are not ascending ranks of 0..",
                               spec.world_size - 1));
     }
+  }
+  return absl::OkStatus();
+}
+
+// `ranks` (ascending, distinct) as runs of consecutive ranks, each a
+// (first, last) pair.
+void ToRuns(const std::vector<int>& ranks,
+            google::protobuf::RepeatedField<int32_t>* runs) {
+  for (size_t i = 0; i < ranks.size();) {
+    size_t end = i + 1;
+    while (end < ranks.size() && ranks[end] == ranks[end - 1] + 1) ++end;
+    runs->Add(ranks[i]);
+    runs->Add(ranks[end - 1]);
+    i = end;
+  }
+}
+
+// `ranks` from a rank list (format 2) or its runs (format 3), at most one
+// of them set. The runs are checked before they are expanded, so that a
+// damaged record cannot claim billions of ranks.
+absl::Status RanksFromProto(
+    const google::protobuf::RepeatedField<int32_t>& list,
+    const google::protobuf::RepeatedField<int32_t>& runs, const JobSpec& spec,
+    absl::string_view what, std::vector<int>& ranks) {
+  if (runs.empty()) {
+    ranks.assign(list.begin(), list.end());
+    return CheckRanks(ranks, spec, what);
+  }
+  if (!list.empty() || runs.size() % 2 != 0) {
+    return Bad(absl::StrCat(what, " has both ranks and runs, or half a run"));
+  }
+  int64_t next = 0;  // the lowest rank the next run may start at
+  for (int i = 0; i < runs.size(); i += 2) {
+    if (runs[i] < next || runs[i + 1] < runs[i] ||
+        runs[i + 1] >= spec.world_size) {
+      return Bad(absl::StrCat(what,
+                              " has runs that are not ascending ranks "
+                              "of 0..",
+                              spec.world_size - 1));
+    }
+    for (int r = runs[i]; r <= runs[i + 1]; ++r) ranks.push_back(r);
+    next = int64_t{runs[i + 1]} + 1;
   }
   return absl::OkStatus();
 }
@@ -504,15 +548,15 @@ absl::StatusOr<CheckpointData> DecodeCheckpoint(absl::string_view value,
 
 std::string EncodeMembership(const std::vector<MembershipChange>& changes) {
   pb::MembershipRecord p;
-  p.set_format(kMembershipFormat);
+  p.set_format(kMembershipRunsFormat);
   for (const MembershipChange& c : changes) {
     pb::MembershipChange* out = p.add_changes();
     out->set_version(c.version);
     out->set_step(c.step);
-    out->mutable_members()->Assign(c.members.begin(), c.members.end());
-    out->mutable_joined()->Assign(c.joined.begin(), c.joined.end());
-    out->mutable_left()->Assign(c.left.begin(), c.left.end());
-    out->mutable_removed()->Assign(c.removed.begin(), c.removed.end());
+    ToRuns(c.members, out->mutable_member_runs());
+    ToRuns(c.joined, out->mutable_joined_runs());
+    ToRuns(c.left, out->mutable_left_runs());
+    ToRuns(c.removed, out->mutable_removed_runs());
     out->set_restored(c.restored);
   }
   return p.SerializeAsString();
@@ -618,15 +662,17 @@ absl::StatusOr<std::vector<MembershipChange>> DecodeMembership(
     MembershipChange c;
     c.version = m.version();
     c.step = m.step();
-    c.members.assign(m.members().begin(), m.members().end());
-    c.joined.assign(m.joined().begin(), m.joined().end());
-    c.left.assign(m.left().begin(), m.left().end());
-    c.removed.assign(m.removed().begin(), m.removed().end());
     c.restored = m.restored();
     const std::string what = absl::StrCat("membership version ", c.version);
-    for (const std::vector<int>* ranks :
-         {&c.members, &c.joined, &c.left, &c.removed}) {
-      if (absl::Status s = CheckRanks(*ranks, spec, what); !s.ok()) return s;
+    for (auto [list, runs, ranks] :
+         {std::make_tuple(&m.members(), &m.member_runs(), &c.members),
+          std::make_tuple(&m.joined(), &m.joined_runs(), &c.joined),
+          std::make_tuple(&m.left(), &m.left_runs(), &c.left),
+          std::make_tuple(&m.removed(), &m.removed_runs(), &c.removed)}) {
+      if (absl::Status s = RanksFromProto(*list, *runs, spec, what, *ranks);
+          !s.ok()) {
+        return s;
+      }
     }
     if (c.members.empty() || c.step < 0 || c.version < 0 ||
         (!out.empty() &&

@@ -18,7 +18,11 @@ inline constexpr uint32_t kStateFormat = 1;
 // membership): builds before it refuse them instead of waiting for every
 // rank. This build reads formats 1..kNewestStateFormat.
 inline constexpr uint32_t kMembershipFormat = 2;
-inline constexpr uint32_t kNewestStateFormat = kMembershipFormat;
+// The format of membership records whose rank sets are runs of
+// consecutive ranks (MembershipChange.member_runs): builds before it
+// refuse them instead of reading no members.
+inline constexpr uint32_t kMembershipRunsFormat = 3;
+inline constexpr uint32_t kNewestStateFormat = kMembershipRunsFormat;
 
 std::string EncodeJob(const JobSpec& spec);
 // With `stats_in_round`, state.stats are left out: the caller writes them in

@@ -250,5 +250,96 @@ TEST(StateCodecTest, ARoundOfAnUnknownFingerprintKindIsRefused) {
       << back.status();
 }
 
+JobSpec MembershipSpec(int world) {
+  JobSpec spec;
+  spec.job_id = "m";
+  spec.world_size = world;
+  return spec;
+}
+
+// A random ascending subset of 0..world-1 (runs and single ranks).
+std::vector<int> RandomRanks(std::mt19937_64& rng, int world) {
+  std::vector<int> ranks;
+  const int density = static_cast<int>(rng() % 4);
+  for (int r = 0; r < world; ++r) {
+    if (static_cast<int>(rng() % 4) < density) ranks.push_back(r);
+  }
+  return ranks;
+}
+
+TEST(StateCodecTest, AMembershipReadsBackAsWritten) {
+  std::mt19937_64 rng(32);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<MembershipChange> history;
+    for (int v = 0; v < 5; ++v) {
+      MembershipChange c{v,
+                         3 * v,
+                         RandomRanks(rng, 300),
+                         RandomRanks(rng, 300),
+                         RandomRanks(rng, 300),
+                         RandomRanks(rng, 300),
+                         v % 2 == 1};
+      if (c.members.empty()) c.members = {7};
+      history.push_back(std::move(c));
+    }
+    const std::string bytes = EncodeMembership(history);
+    absl::StatusOr<std::vector<MembershipChange>> back =
+        DecodeMembership(bytes, MembershipSpec(300));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, history) << "trial " << trial;
+  }
+}
+
+TEST(StateCodecTest, AMembershipOfRankListsStillReads) {
+  // Format 2, as builds before runs wrote it.
+  pb::MembershipRecord p;
+  p.set_format(kMembershipFormat);
+  pb::MembershipChange* first = p.add_changes();
+  for (int r : {0, 1, 2, 3}) first->add_members(r);
+  pb::MembershipChange* second = p.add_changes();
+  second->set_version(1);
+  second->set_step(4);
+  for (int r : {0, 2}) second->add_members(r);
+  for (int r : {1, 3}) second->add_left(r);
+  absl::StatusOr<std::vector<MembershipChange>> back =
+      DecodeMembership(p.SerializeAsString(), MembershipSpec(4));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const std::vector<MembershipChange> expected = {
+      MembershipChange{0, 0, {0, 1, 2, 3}, {}, {}, {}, false},
+      MembershipChange{1, 4, {0, 2}, {}, {1, 3}, {}, false}};
+  EXPECT_EQ(*back, expected);
+}
+
+TEST(StateCodecTest, BadMembershipRunsAreDataLoss) {
+  const std::vector<std::vector<int>> bad = {
+      {0},           // half a run
+      {3, 1},        // last before first
+      {0, 2, 2, 3},  // overlapping runs
+      {5, 6, 0, 1},  // descending runs
+      {0, 1 << 30},  // beyond the world: never expanded
+      {-1, 2},
+  };
+  for (const std::vector<int>& runs : bad) {
+    pb::MembershipRecord p;
+    p.set_format(kMembershipRunsFormat);
+    pb::MembershipChange* c = p.add_changes();
+    for (int r : runs) c->add_member_runs(r);
+    EXPECT_EQ(DecodeMembership(p.SerializeAsString(), MembershipSpec(8))
+                  .status()
+                  .code(),
+              absl::StatusCode::kDataLoss)
+        << runs[0];
+  }
+  pb::MembershipRecord both;
+  both.set_format(kMembershipRunsFormat);
+  both.add_changes()->add_members(1);
+  both.mutable_changes(0)->add_member_runs(2);
+  both.mutable_changes(0)->add_member_runs(3);
+  EXPECT_EQ(DecodeMembership(both.SerializeAsString(), MembershipSpec(8))
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace syncnorm
