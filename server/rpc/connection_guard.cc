@@ -40,6 +40,7 @@ struct ConnectionGuard::Connection {
   int64_t in_progress = 0;
   int64_t early_cancels = 0;       // cancelled by the client before their end
   int64_t unauthenticated = 0;     // refused UNAUTHENTICATED
+  int64_t answered = 0;            // ended with the service's status
   int64_t started_overloaded = 0;  // in the current overload
   absl::Time last_seen;
   bool closed = false;
@@ -96,7 +97,12 @@ void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code,
     if (code == absl::StatusCode::kCancelled && lifetime < kEarlyCancel) {
       ++c.early_cancels;
     }
-    if (code == absl::StatusCode::kUnauthenticated) ++c.unauthenticated;
+    if (code == absl::StatusCode::kUnauthenticated) {
+      ++c.unauthenticated;
+    } else if (code != absl::StatusCode::kCancelled &&
+               code != absl::StatusCode::kDeadlineExceeded) {
+      ++c.answered;  // not cut short (CallOutcome)
+    }
     close = Judge(c, /*overloaded=*/false, reason);
     started = c.started;
     early_cancels = c.early_cancels;
@@ -185,6 +191,17 @@ void ConnectionGuard::PruneLocked(absl::Time now) {
     }
     it = next;
   }
+}
+
+absl::flat_hash_set<std::string> ConnectionGuard::PeersGivingBack() const {
+  absl::flat_hash_set<std::string> peers;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [peer, c] : connections_) {
+    if (!c->closed && c->answered > c->unauthenticated + c->early_cancels) {
+      peers.insert(peer);
+    }
+  }
+  return peers;
 }
 
 int ConnectionGuard::tracked() const {

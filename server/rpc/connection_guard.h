@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -103,6 +104,15 @@ class ConnectionGuard {
   }
   // Connections with a record now.
   int tracked() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The peers of the connections that give back what they cost: each has
+  // had calls answered (ended with a status the service sent, other than
+  // UNAUTHENTICATED or DEADLINE_EXCEEDED), more of them than its calls refused
+  // UNAUTHENTICATED and cancelled early together, and is not closed. A
+  // connection without a record (no call yet, or none for a minute) is not
+  // among them.
+  absl::flat_hash_set<std::string> PeersGivingBack() const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The record of the connection from `peer`: made if there is none, made

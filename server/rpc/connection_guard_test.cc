@@ -242,8 +242,19 @@ TEST(SocketCloserTest, CountsTheBytesEachConnectionReceived) {
   Send(a.client, 3000);
   Send(b.client, 100);
   auto after = sockets.BytesReceived();
-  EXPECT_EQ(after[a.peer] - before.at(a.peer), 3000u);
-  EXPECT_EQ(after[b.peer] - before.at(b.peer), 100u);
+  EXPECT_EQ(after[a.peer].received - before.at(a.peer).received, 3000u);
+  EXPECT_EQ(after[b.peer].received - before.at(b.peer).received, 100u);
+  EXPECT_EQ(after[a.peer].unread, 3000u);
+  char buffer[1000];
+  ASSERT_EQ(::recv(a.accepted, buffer, sizeof(buffer), 0), 1000);
+  EXPECT_EQ(sockets.BytesReceived()[a.peer].unread, 2000u);
+}
+
+// Reads what `fd` holds, as gRPC (or the closer's discard) does.
+void Drain(int fd) {
+  char buffer[64 << 10];
+  while (::recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT) > 0) {
+  }
 }
 
 class ReadFloodBreakerTest : public ::testing::Test {
@@ -258,21 +269,24 @@ class ReadFloodBreakerTest : public ::testing::Test {
   ReadFloodBreaker breaker_{&sockets_, &guard_};
 };
 
-// A pass in which the memory grew by far more than the bytes read: the
-// connection that sent the most is closed, once, for read_flood.
+constexpr int64_t kPer = ReadFloodBreaker::kPerConnection;
+
+// A pass in which the memory grew by far more than the bytes read and
+// kPerConnection for each connection that sent any: the connection that
+// cost the most is closed, once, for read_flood.
 TEST_F(ReadFloodBreakerTest, ClosesTheConnectionReadWhileMemoryGrewPastIt) {
   const Loopback::Connection quiet = loopback_.Connect();
   const Loopback::Connection flood = loopback_.Connect();
-  Send(quiet.client, 500);  // before the pass: not counted
+  Send(quiet.client, 500);  // before the pass: its cost, not memory
   breaker_.PassBegan();
   Send(flood.client, 20000);
   Send(quiet.client, 200);
   constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
   breaker_.PassGoesOn(kMax - 1);
   EXPECT_TRUE(closer_.closed().empty()) << "grew by less than the line";
-  breaker_.PassGoesOn(kMax + 19999);
+  breaker_.PassGoesOn(kMax + 2 * kPer + 20199);
   EXPECT_TRUE(closer_.closed().empty()) << "the bytes read count as memory";
-  breaker_.PassGoesOn(kMax + 20000);
+  breaker_.PassGoesOn(kMax + 2 * kPer + 20200);
   EXPECT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
   EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 1);
   EXPECT_EQ(std::string(CloseReasonName(CloseReason::kReadFlood)),
@@ -292,7 +306,7 @@ TEST_F(ReadFloodBreakerTest, ClosesEachFloodOfOnePass) {
   for (int i = 0; i < 5; ++i) floods.push_back(loopback_.Connect());
   breaker_.PassBegan();
   Send(floods[0].client, 30000);
-  int64_t level = kMax + 30000;
+  int64_t level = kMax + 30000 + kPer;
   breaker_.PassGoesOn(level);
   ASSERT_EQ(closer_.closed(), std::vector<std::string>{floods[0].peer});
   breaker_.PassGoesOn(level + kMax);
@@ -302,10 +316,10 @@ TEST_F(ReadFloodBreakerTest, ClosesEachFloodOfOnePass) {
   static_assert(kMax / 8 == kMin);
   for (int i = 1; i < 5; ++i) {
     Send(floods[i].client, 20000);
-    breaker_.PassGoesOn(level + allowance[i - 1] + 19999);
+    breaker_.PassGoesOn(level + allowance[i - 1] + kPer + 19999);
     EXPECT_EQ(closer_.closed().size(), static_cast<size_t>(i))
         << "flood " << i << ": the bytes read since the close count as memory";
-    level += allowance[i - 1] + 20000;
+    level += allowance[i - 1] + kPer + 20000;
     breaker_.PassGoesOn(level);
     ASSERT_EQ(closer_.closed().size(), static_cast<size_t>(i + 1));
     EXPECT_EQ(closer_.closed().back(), floods[i].peer);
@@ -316,16 +330,19 @@ TEST_F(ReadFloodBreakerTest, ClosesEachFloodOfOnePass) {
   level -= int64_t{40} << 20;
   breaker_.PassGoesOn(level);
   Send(next.client, 100);
-  breaker_.PassGoesOn(level + kMin + 100);
+  breaker_.PassGoesOn(level + kMin + kPer + 100);
   EXPECT_EQ(closer_.closed().back(), next.peer);
-  // A new pass judges from its start, with the whole allowance.
+  // A new pass judges from its start, with the whole allowance. (The
+  // closer discards what the closed connections sent.)
+  for (const Loopback::Connection& f : floods) Drain(f.accepted);
+  Drain(next.accepted);
   const size_t closed = closer_.closed().size();
   breaker_.PassBegan();
   const Loopback::Connection later = loopback_.Connect();
   Send(later.client, 100);
   breaker_.PassGoesOn(kMax - 1);
   EXPECT_EQ(closer_.closed().size(), closed);
-  breaker_.PassGoesOn(kMax + 100);
+  breaker_.PassGoesOn(kMax + kPer + 100);
   EXPECT_EQ(closer_.closed().back(), later.peer);
 }
 
@@ -351,6 +368,59 @@ TEST_F(ReadFloodBreakerTest, LeavesALargeMessageAndAQuietPassAlone) {
     breaker_.PassGoesOn(static_cast<int64_t>((i + 1) * kChunk) +
                         ReadFloodBreaker::kMaxExcess - 1);
   }
+  EXPECT_TRUE(closer_.closed().empty());
+}
+
+// Issue 32: a flood sent whole before the pass began (its bytes wait in
+// its socket) beside a trainer whose 1 MiB message arrives in the pass.
+// The trainer sent more in the pass, but its calls are answered: the flood
+// is closed, and the trainer never is, however the memory grows.
+TEST_F(ReadFloodBreakerTest, ClosesTheFloodNotTheTrainerBesideIt) {
+  const Loopback::Connection trainer = loopback_.Connect();
+  const Loopback::Connection flood = loopback_.Connect();
+  for (int i = 0; i < 3; ++i) {
+    auto call = guard_.CallStarted(trainer.peer);
+    ASSERT_NE(call, nullptr);
+    guard_.CallEnded(*call, absl::StatusCode::kOk, absl::Milliseconds(30));
+  }
+  Send(flood.client, 30000);
+  breaker_.PassBegan();
+  constexpr size_t kChunk = 60000;
+  constexpr int kChunks = 17;  // 1 MiB
+  for (int i = 0; i < kChunks; ++i) {
+    Send(trainer.client, kChunk);
+    Drain(trainer.accepted);  // as gRPC reads it
+  }
+  Drain(flood.accepted);  // gRPC turns it into calls
+  constexpr int64_t kMessage = int64_t{kChunks} * kChunk;
+  constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
+  breaker_.PassGoesOn(kMax + kPer + kMessage);
+  EXPECT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
+
+  // The trainer alone in a pass: nothing is closed.
+  breaker_.PassBegan();
+  for (int i = 0; i < kChunks; ++i) {
+    Send(trainer.client, kChunk);
+    Drain(trainer.accepted);
+  }
+  breaker_.PassGoesOn(4 * kMax);
+  EXPECT_EQ(closer_.closed().size(), 1u);
+}
+
+// Issue 35: a wide first round. Hundreds of connections, none with a call
+// answered yet, each sends its first message in one pass; the memory grows
+// by the messages and each one's calls: no connection is closed.
+TEST_F(ReadFloodBreakerTest, LeavesAWideRoundAlone) {
+  constexpr int kRanks = 300;
+  constexpr int64_t kMessage = 32 << 10;
+  std::vector<Loopback::Connection> ranks;
+  for (int i = 0; i < kRanks; ++i) ranks.push_back(loopback_.Connect());
+  breaker_.PassBegan();
+  for (const Loopback::Connection& r : ranks) Send(r.client, kMessage);
+  constexpr int64_t kCalls = 100 << 10;  // gRPC's bookkeeping, each
+  const int64_t grown = kRanks * (kMessage + kCalls);
+  ASSERT_GT(grown, ReadFloodBreaker::kMaxExcess + kMessage);
+  breaker_.PassGoesOn(grown);
   EXPECT_TRUE(closer_.closed().empty());
 }
 

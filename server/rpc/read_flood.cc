@@ -22,8 +22,31 @@ ProcessMemory ReadProcessMemory() {
   return ProcessMemory{resident * page, size * page};
 }
 
+namespace {
+
+// What a connection sent since `before`, and what gRPC could take from it
+// since then: that and what it held unread at `before`.
+struct Since {
+  int64_t sent = 0;
+  int64_t cost = 0;
+};
+Since BytesSince(
+    const absl::flat_hash_map<std::string, SocketCloser::Bytes>& before,
+    const std::string& peer, const SocketCloser::Bytes& now) {
+  const auto it = before.find(peer);
+  // A peer's count that went down is a new connection's.
+  if (it == before.end() || now.received < it->second.received) {
+    return Since{static_cast<int64_t>(now.received),
+                 static_cast<int64_t>(now.received)};
+  }
+  const auto sent = static_cast<int64_t>(now.received - it->second.received);
+  return Since{sent, sent + static_cast<int64_t>(it->second.unread)};
+}
+
+}  // namespace
+
 void ReadFloodBreaker::PassBegan() {
-  bytes_at_start_ = sockets_->BytesReceived();
+  at_start_ = sockets_->BytesReceived();
   grown_at_start_ = 0;
   allowance_ = kMaxExcess;
   closed_.clear();
@@ -32,36 +55,42 @@ void ReadFloodBreaker::PassBegan() {
 void ReadFloodBreaker::PassGoesOn(int64_t grown) {
   // Memory the server gave back (its trim) is judged from the lower level.
   grown_at_start_ = std::min(grown_at_start_, grown);
-  const int64_t excess = grown - grown_at_start_;
-  if (excess < allowance_) return;
-  absl::flat_hash_map<std::string, uint64_t> bytes_now =
-      sockets_->BytesReceived();
-  std::string busiest;
-  uint64_t most = 0;
-  for (const auto& [peer, bytes] : bytes_now) {
-    if (closed_.contains(peer)) continue;  // its socket may linger a while
-    const auto before = bytes_at_start_.find(peer);
-    // A peer's count that went down is a new connection's.
-    const uint64_t received =
-        before == bytes_at_start_.end() || bytes < before->second
-            ? bytes
-            : bytes - before->second;
-    if (received > most) {
-      most = received;
-      busiest = peer;
-    }
+  const int64_t growth = grown - grown_at_start_;
+  if (growth < allowance_) return;
+  Snapshot now = sockets_->BytesReceived();
+  int64_t excess = growth;
+  for (const auto& [peer, bytes] : now) {
+    const int64_t sent = BytesSince(at_start_, peer, bytes).sent;
+    if (sent > 0) excess -= sent + kPerConnection;
   }
-  if (busiest.empty() || excess - static_cast<int64_t>(most) < allowance_) {
-    return;  // the memory holds what was read: a large message
-  }
-  guard_->Close(busiest, CloseReason::kReadFlood);
-  closed_.insert(busiest);
+  if (excess < allowance_) return;  // the memory holds what was sent
+  const std::string costliest = Costliest(now);
+  if (costliest.empty()) return;  // every sender gives back
+  guard_->Close(costliest, CloseReason::kReadFlood);
+  closed_.insert(costliest);
   // The pass may go on with another flood (one that started while gRPC
   // still took this one's calls, or beside it): judged afresh from here,
   // on top of what this one left.
-  bytes_at_start_ = std::move(bytes_now);
+  at_start_ = std::move(now);
   grown_at_start_ = grown;
   allowance_ = std::max(allowance_ / 2, kMinExcess);
+}
+
+std::string ReadFloodBreaker::Costliest(const Snapshot& now) const {
+  const absl::flat_hash_set<std::string> giving_back =
+      guard_->PeersGivingBack();
+  std::string costliest;
+  int64_t most = 0;
+  for (const auto& [peer, bytes] : now) {
+    // A closed connection's socket may linger a while.
+    if (closed_.contains(peer) || giving_back.contains(peer)) continue;
+    const int64_t cost = BytesSince(at_start_, peer, bytes).cost;
+    if (cost > most) {
+      most = cost;
+      costliest = peer;
+    }
+  }
+  return costliest;
 }
 
 }  // namespace syncnorm

@@ -14,10 +14,14 @@
 // with how much the process's memory grew meanwhile.
 //
 // A pass may also be long for a legitimate reason: one large message,
-// which gRPC reads whole before the loop hears of it. What tells a flood
-// from it is what the memory grew by beyond the bytes read: a message
-// costs about its own size, a flood's every request a call, kilobytes for
-// a request of a hundred bytes.
+// which gRPC reads whole before the loop hears of it, or a wide round's
+// first messages from thousands of connections. What tells a flood from
+// them is what the memory grew by beyond the bytes read: a message costs
+// about its own size, a flood's every request a call, kilobytes for a
+// request of a hundred bytes. Which connection floods is told by what
+// each costs without giving back, never by its useful traffic: a trainer
+// whose large message arrives in the pass of a flood sent it more bytes
+// in the pass than the flood did, whose bytes had all arrived before.
 #ifndef SYNCNORM_SERVER_RPC_READ_FLOOD_H_
 #define SYNCNORM_SERVER_RPC_READ_FLOOD_H_
 
@@ -26,11 +30,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "server/rpc/socket_closer.h"
 
 namespace syncnorm {
 
 class ConnectionGuard;
-class SocketCloser;
 
 // The process's memory from /proc/self/statm, in bytes; both zero if it
 // cannot be read. Cheap enough for the watchdog's every look.
@@ -52,19 +56,27 @@ class PassWatcher {
   virtual void PassGoesOn(int64_t grown) = 0;
 };
 
-// Closes, for CloseReason::kReadFlood, the connection that received the
-// most bytes in a pass, once the memory grew by kMaxExcess more than those
-// bytes: the connection being read, whose requests gRPC is turning into
-// calls. Its calls end as the connection does. The pass may go on: gRPC
-// drains the calls it had read from that connection only as fast as it
-// reads the next flood, one beside it or after it. So from each close on
-// the breaker judges afresh, with half the allowance of the close before
-// (down to kMinExcess): the next connection goes once the memory has grown
-// by that much beyond what it sent since. Floods one after another in a
-// pass then take about 2 x kMaxExcess for the first four, and kMinExcess
-// plus what a flood sends between two of the watchdog's looks (about
-// 6 MB) for each after those, instead of kMaxExcess each. Not thread-safe:
-// RpcLoop's watchdog only.
+// Closes, for CloseReason::kReadFlood, the connection that costs the most
+// without giving back, once the memory grew by kMaxExcess more than the
+// pass could have taken in messages: the bytes every connection sent in
+// it, and kPerConnection for each that sent any (its calls' bookkeeping).
+// A connection's cost is what gRPC could take from it in the pass: what it
+// had sent unread when the pass began and what it sent since. Only
+// connections that do not give back are judged
+// (ConnectionGuard::PeersGivingBack): one whose calls are answered is
+// never closed here, however much it sends (a trainer's large messages);
+// when none of those that sent anything is judged, nothing is closed and
+// the guard's lines judge the calls once the loop counts them. Its calls
+// end as the connection does. The pass may go on: gRPC drains the calls
+// it had read from that connection only as fast as it reads the next
+// flood, one beside it or after it. So from each close on the breaker
+// judges afresh, with half the allowance of the close before (down to
+// kMinExcess): the next connection goes once the memory has grown by that
+// much beyond what was sent since. Floods one after another in a pass then
+// take about 2 x kMaxExcess for the first four, and kMinExcess plus what a
+// flood sends between two of the watchdog's looks (about 6 MB) for each
+// after those, instead of kMaxExcess each. Not thread-safe: RpcLoop's
+// watchdog only.
 class ReadFloodBreaker final : public PassWatcher {
  public:
   // About 2,500 of a flood's calls; the server's other memory is bounded
@@ -72,6 +84,12 @@ class ReadFloodBreaker final : public PassWatcher {
   static constexpr int64_t kMaxExcess = int64_t{32} << 20;
   // The least allowance of a close after others in the same pass.
   static constexpr int64_t kMinExcess = int64_t{4} << 20;
+  // What a connection's calls may hold beyond its bytes: gRPC keeps
+  // 18-53 kB per call (tests/flood_test.cc), a client's connection starts
+  // a few calls in a pass, a flood's thousands. A wide round (thousands
+  // of connections, each with its first message) then takes no one's
+  // connection.
+  static constexpr int64_t kPerConnection = int64_t{128} << 10;
 
   // Both must outlive the breaker.
   ReadFloodBreaker(const SocketCloser* sockets, ConnectionGuard* guard)
@@ -81,10 +99,15 @@ class ReadFloodBreaker final : public PassWatcher {
   void PassGoesOn(int64_t grown) override;
 
  private:
+  using Snapshot = absl::flat_hash_map<std::string, SocketCloser::Bytes>;
+  // The connection in `now` with the highest cost that does not give back
+  // and was not closed in this pass; "" if none costs anything.
+  std::string Costliest(const Snapshot& now) const;
+
   const SocketCloser* const sockets_;
   ConnectionGuard* const guard_;
   // Since the pass began, or since the last close in it.
-  absl::flat_hash_map<std::string, uint64_t> bytes_at_start_;
+  Snapshot at_start_;
   int64_t grown_at_start_ = 0;
   int64_t allowance_ = kMaxExcess;
   absl::flat_hash_set<std::string> closed_;  // in this pass

@@ -4,8 +4,10 @@
 #include <dirent.h>
 #include <linux/tcp.h>  // its tcp_info has the byte counts
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -90,15 +92,19 @@ bool SocketCloser::Close(absl::string_view peer) {
   return closed;
 }
 
-absl::flat_hash_map<std::string, uint64_t> SocketCloser::BytesReceived() const {
-  absl::flat_hash_map<std::string, uint64_t> bytes;
+absl::flat_hash_map<std::string, SocketCloser::Bytes>
+SocketCloser::BytesReceived() const {
+  absl::flat_hash_map<std::string, Bytes> bytes;
   ForEachSocket([&](int fd, const std::string& peer) {
     struct tcp_info info {};
     socklen_t len = sizeof(info);
+    int unread = 0;
     if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
         len >= offsetof(struct tcp_info, tcpi_bytes_received) +
-                   sizeof(info.tcpi_bytes_received)) {
-      bytes[peer] = info.tcpi_bytes_received;
+                   sizeof(info.tcpi_bytes_received) &&
+        ::ioctl(fd, FIONREAD, &unread) == 0) {
+      bytes[peer] = Bytes{info.tcpi_bytes_received,
+                          static_cast<uint64_t>(std::max(unread, 0))};
     }
     return true;
   });

@@ -34,9 +34,14 @@ class SocketCloser final : public ConnectionCloser {
   // it is not such a socket.
   std::string PeerOf(int fd) const;
 
-  // The bytes each connection on the server's port has received so far
-  // (the kernel's count, TCP_INFO), by peer.
-  absl::flat_hash_map<std::string, uint64_t> BytesReceived() const;
+  // What a connection on the server's port has received: all of it so far
+  // (the kernel's count, TCP_INFO), and what of it gRPC has not read yet.
+  struct Bytes {
+    uint64_t received = 0;
+    uint64_t unread = 0;
+  };
+  // Each connection's, by peer.
+  absl::flat_hash_map<std::string, Bytes> BytesReceived() const;
 
  private:
   // Calls `visit(fd, peer)` for each socket on the server's port until it

@@ -54,9 +54,9 @@ void PutHpackString(std::string& out, const std::string& s) {
   out.append(s);
 }
 
-// A header block of literals without indexing, new names (6.2.2): the
-// decoder keeps no state of ours.
-std::string HeaderBlock(const Http2FloodOptions& o) {
+// The request's header fields.
+std::vector<std::pair<std::string, std::string>> HeaderFields(
+    const Http2FloodOptions& o) {
   std::vector<std::pair<std::string, std::string>> fields = {
       {":method", "POST"},
       {":scheme", "http"},
@@ -65,11 +65,29 @@ std::string HeaderBlock(const Http2FloodOptions& o) {
       {"content-type", "application/grpc"},
       {"te", "trailers"}};
   fields.insert(fields.end(), o.metadata.begin(), o.metadata.end());
+  return fields;
+}
+
+// A header block of literals, new names: without indexing (6.2.2), so that
+// the decoder keeps no state of ours, or with incremental indexing (6.2.1)
+// when `index` is set.
+std::string HeaderBlock(const Http2FloodOptions& o, bool index) {
   std::string block;
-  for (const auto& [name, value] : fields) {
-    block.push_back('\0');
+  for (const auto& [name, value] : HeaderFields(o)) {
+    block.push_back(index ? '\x40' : '\0');
     PutHpackString(block, name);
     PutHpackString(block, value);
+  }
+  return block;
+}
+
+// The fields HeaderBlock(o, true) put in the dynamic table, by index (6.1):
+// the last one entered is 62, the first 62 + n - 1.
+std::string IndexedHeaderBlock(const Http2FloodOptions& o) {
+  const size_t n = HeaderFields(o).size();
+  std::string block;
+  for (size_t i = 0; i < n; ++i) {
+    block.push_back(static_cast<char>(0x80 | (62 + n - 1 - i)));
   }
   return block;
 }
@@ -252,7 +270,9 @@ absl::StatusOr<Http2FloodResult> FloodHttp2(const Http2FloodOptions& options) {
   Connection connection(fd, options);
   std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
   PutFrameHeader(out, 0, kSettings, 0, 0);
-  const std::string block = HeaderBlock(options);
+  const std::string first_block = HeaderBlock(options, options.index_headers);
+  const std::string block =
+      options.index_headers ? IndexedHeaderBlock(options) : first_block;
   std::string data;
   const uint32_t size = static_cast<uint32_t>(options.message.size());
   data.push_back('\0');  // not compressed
@@ -263,8 +283,9 @@ absl::StatusOr<Http2FloodResult> FloodHttp2(const Http2FloodOptions& options) {
   int sent = 0, queued = 0;
   for (int i = 0; i < options.requests && absl::Now() < deadline; ++i) {
     const uint32_t stream = 2 * static_cast<uint32_t>(i) + 1;
-    PutFrameHeader(out, block.size(), kHeaders, kEndHeaders, stream);
-    out.append(block);
+    const std::string& headers = i == 0 ? first_block : block;
+    PutFrameHeader(out, headers.size(), kHeaders, kEndHeaders, stream);
+    out.append(headers);
     if (connection.window() < static_cast<int64_t>(data.size())) {
       if (!connection.Send(out)) break;
       out.clear();

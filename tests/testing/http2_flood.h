@@ -33,6 +33,9 @@ struct Http2FloodOptions {
   bool reset = true;
   // Acknowledge the server's SETTINGS.
   bool ack_settings = false;
+  // The first request's header fields enter HPACK's dynamic table and every
+  // later request names them by index: a request of a few dozen bytes.
+  bool index_headers = false;
   // A paced flood: after every `burst` requests (0: none) the client sends
   // what it has and waits `pause`, so the server's socket runs dry between
   // bursts (a client on a slower link, or one that keeps under a watchdog
