@@ -7,6 +7,7 @@ import torch
 
 from .. import _syncnorm
 from .._client import Client, group_of, member_since
+from . import _create
 from ._batch_norm import SyncBatchNorm
 
 
@@ -354,9 +355,14 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     client: a :class:`syncnorm.Client` or an address "host:port". Creates
     the job (idempotent; each rank sends the same spec) with one layer per
     SyncBatchNorm in model.modules() order. A new job starts from the
-    model's running statistics (num_batches_tracked too); a job that has
-    trained (resumed, or attached again from a reloaded model) loads its
-    statistics into the buffers. Groups: the layers' process_group (a
+    model's running statistics (num_batches_tracked too): rank 0's when
+    torch.distributed is initialized (every rank's buffers become rank
+    0's first, a collective, so a checkpoint loaded on rank 0 alone is
+    every rank's start, as with DDP). A job that exists and has not
+    trained keeps its initial statistics; a job that has trained (resumed,
+    or attached again from a reloaded model) loads its statistics into the
+    buffers. A job that exists with another spec raises ServiceError
+    ALREADY_EXISTS naming what differs. Groups: the layers' process_group (a
     torch ProcessGroup: its ranks; an int k: blocks of k consecutive
     ranks), or group_size, or groups (rank lists, every rank in one).
     example_input: run once in eval mode first, so that in_channels=0
@@ -412,10 +418,18 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     if group_size and world_size % group_size:
         raise ValueError("expected world_size %d to be a multiple of the "
                          "group size %d" % (world_size, group_size))
+    dist = _distributed()
+    decided = members is None and dist is not None and \
+        dist.get_rank() == rank and dist.get_world_size() == world_size
+    if decided:
+        # A checkpoint loaded on rank 0 alone: every rank starts from rank
+        # 0's statistics (a collective; an elastic joiner attaches alone).
+        _create.take_rank0_buffers(dist, [m for _, m in named])
     specs = [m.layer_spec(n or "bn") for n, m in named]
-    info = client.create_job(job_id, world_size, specs, group_size,
-                             round_timeout_ms, quorum, groups, members,
-                             staleness)
+    info, take_service = _create.create_job(
+        client, job_id, world_size, specs, decided, group_size=group_size,
+        round_timeout_ms=round_timeout_ms, quorum=quorum, groups=groups,
+        members=members, staleness=staleness)
     # An aggregator without elastic membership reports none: every rank.
     elastic = "membership" in info
     joined, since = False, 0
@@ -445,7 +459,7 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     stats = client.get_running_stats(job_id, group=session.group_index)
     for entry in stats.get("layers", []):
         session.layers[entry["layer"]]._sn_load(
-            entry, info["layers"][entry["layer"]])
+            entry, None if take_service else info["layers"][entry["layer"]])
     # A new job of a pretrained model: its layers that run no round send
     # their buffers now (the others' go with their first round).
     for bn in session.layers:
