@@ -7,11 +7,11 @@ import torch
 
 from .. import _syncnorm
 from .._client import Client, group_of, member_since
-from . import _create
+from . import _create, _joinable
 from ._batch_norm import SyncBatchNorm
 
 
-class Session:
+class Session(_joinable.Joinable):
     """A model's SyncBatchNorm layers attached to one job as one rank.
 
     Attributes: client, job_id, rank, world_size, group_index (this rank's
@@ -23,10 +23,20 @@ class Session:
     attached), joined (whether attach made this rank a member of an
     elastic job) and staleness (the job's bound, 0: synchronous). Used by
     one training thread.
+
+    A torch.distributed.algorithms.join.Joinable: under ``with
+    Join([ddp_model, session]):`` (or ``Join([session])``) ranks train
+    different numbers of batches. A rank that has run out is absent from
+    the job from its next step, so the others' rounds complete without it;
+    when every rank has joined, every rank leaves the context at one step,
+    the next after the longest rank's last, with the service's statistics
+    in its buffers. Join's process group is torch.distributed's default
+    group (DDP's default).
     """
 
     def __init__(self, client, job_id, rank, world_size, info, names, layers,
                  node_group, pool):
+        super().__init__()
         self.client = client
         self.job_id = job_id
         self.rank = rank
@@ -47,6 +57,30 @@ class Session:
         self.first_step = 0
         self.joined = False
         self.staleness = int(info.get("staleness", 0))
+        # Under Join: the step this rank left the job from (None: a member)
+        # and the attached model's forward pre-hook that notifies Join.
+        self._join_left = None
+        self._join_notice = None
+        self._model = None
+
+    def join_hook(self, **kwargs):
+        """The JoinHook torch's Join runs on a rank that has run out of
+        data (torch.distributed.algorithms.join.Joinable)."""
+        return _joinable.hook(self)
+
+    @property
+    def join_device(self):
+        """Where Join's counts are reduced: the layers' CUDA device under
+        NCCL, else the CPU."""
+        dist = _distributed()
+        if dist is not None and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        """torch.distributed's default group, as DDP's by default."""
+        return torch.distributed.group.WORLD
 
     def steps(self):
         """The next step of each layer."""
@@ -446,6 +480,7 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
         first = since  # a member from a step the job has not reached
     session.first_step = first
     session.joined = joined
+    session._model = model
     for index, ((_, bn), spec) in enumerate(zip(named, info["layers"])):
         bn._sn_attach(session, index, first, spec)
     if joined or since > info["committed_step"] + 1:
