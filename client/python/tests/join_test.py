@@ -2,7 +2,9 @@
 (its forward's collectives hang): W = 4 worker processes over gloo train
 7, 5, 5 and 2 batches per epoch for 2 epochs with ``Join([ddp_model,
 session])``, with ``Join([session])`` alone, with process groups
-[0, 2] / [1, 3], and with DDP over a job spread on 2 shards. Each step's outputs and input gradients equal torch's
+[0, 2] / [1, 3], and with DDP over a job spread on 2 shards; a rank
+that dies instead is no join: the others' rounds fail with
+DEADLINE_EXCEEDED naming it. Each step's outputs and input gradients equal torch's
 BatchNorm in float64 on the concatenated batches of the ranks of the group
 still training at that step; after each epoch every rank's buffers and the
 aggregator's statistics equal the reference's running statistics, and
@@ -125,6 +127,18 @@ class JoinTest(unittest.TestCase):
 
     def test_two_shards_under_join(self):
         self.assert_close("shards")
+
+    def test_a_rank_that_dies_is_a_deadline_naming_it(self):
+        records = self.scenario("dies")
+        drop_in.reraise(records)
+        for k in range(WORLD_SIZE):
+            if k == jw.DEAD_RANK:
+                self.assertTrue(records[k].get("died"))
+                continue
+            self.assertEqual(records[k]["code"], "DEADLINE_EXCEEDED",
+                             records[k]["message"])
+            self.assertIn("waiting for ranks [%d]" % jw.DEAD_RANK,
+                          records[k]["message"])
 
 
 if __name__ == "__main__":

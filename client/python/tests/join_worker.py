@@ -57,6 +57,28 @@ def run(rank, client, job, seed, ddp, groups):
     return out
 
 
+DEAD_RANK = 3
+
+
+def run_dies(rank, client, job, save):
+    """Rank 3 dies at its second batch of Join([session]): a death is no
+    join, the others' rounds fail with DEADLINE_EXCEEDED naming it."""
+    model = drop_in.sync_model(75)
+    session = snt.attach(model, client, job, round_timeout_ms=3000)
+    try:
+        with Join([session]):
+            for b in range(3):
+                if rank == DEAD_RANK and b == 1:
+                    save({"died": True})
+                    os._exit(0)  # no leave, no Join: as a crash
+                x, r = drop_in.global_batch(75, b)
+                y = model(drop_in.rows(x, rank).float())
+                (y * drop_in.rows(r, rank).float()).sum().backward()
+    except syncnorm.ServiceError as e:
+        return {"code": e.code, "message": str(e)}
+    return {"code": None, "message": "every batch trained"}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--run_id", required=True)
@@ -75,7 +97,22 @@ def main():
         except Exception:  # the test reports it as the scenario's failure
             results[name] = {"error": traceback.format_exc()}
             break
-    torch.save(results, os.path.join(args.out, "rank%d.pt" % rank))
+    path = os.path.join(args.out, "rank%d.pt" % rank)
+
+    def save(dies):
+        results["dies"] = dies
+        torch.save(results, path)
+
+    if len(results) == len(SCENARIOS) and all(
+            "error" not in r for r in results.values()):
+        # Last: a dead rank leaves the process group broken.
+        try:
+            save(run_dies(rank, client, args.run_id + "-dies", save))
+        except Exception:
+            save({"error": traceback.format_exc()})
+    else:
+        save({"error": "not run (an earlier scenario failed)"})
+    os._exit(0)  # the broken process group's threads do not hold the exit
 
 
 if __name__ == "__main__":
