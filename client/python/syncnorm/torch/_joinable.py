@@ -53,8 +53,8 @@ def hook(session):
         session._join_notice = session._model.register_forward_pre_hook(
             _ForwardNotice(session))
     join = _enclosing_join()
-    if join is not None:
-        count = join._get_num_nonjoined_procs
+    count = getattr(join, "_get_num_nonjoined_procs", None)
+    if count is not None:
 
         def absent_then_count():
             leave(session)
@@ -65,7 +65,9 @@ def hook(session):
 
 
 def _enclosing_join():
-    """The torch Join whose constructor asks for this hook, or None."""
+    """The torch Join whose constructor asks for this hook, or None (then
+    the rank leaves in main_hook, in time only where the session is the
+    first joinable)."""
     if Join is None:
         return None
     frame = sys._getframe(1)

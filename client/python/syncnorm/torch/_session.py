@@ -70,7 +70,7 @@ class Session(_joinable.Joinable):
 
     @property
     def join_device(self):
-        """Where Join's counts are reduced: the layers' CUDA device under
+        """Where Join's counts are reduced: the current CUDA device under
         NCCL, else the CPU."""
         dist = _distributed()
         if dist is not None and dist.get_backend() == "nccl":
