@@ -2,7 +2,8 @@
 (its forward's collectives hang): W = 4 worker processes over gloo train
 7, 5, 5 and 2 batches per epoch for 2 epochs with ``Join([ddp_model,
 session])``, with ``Join([session])`` alone, with process groups
-[0, 2] / [1, 3], and with DDP over a job spread on 2 shards; a rank
+[0, 2] / [1, 3], and with DDP over a job spread on 2 shards; epochs of
+equal length change no membership; a rank
 that dies instead is no join: the others' rounds fail with
 DEADLINE_EXCEEDED naming it. Each step's outputs and input gradients equal torch's
 BatchNorm in float64 on the concatenated batches of the ranks of the group
@@ -35,17 +36,17 @@ def free_port():
 
 def check(records, name):
     drop_in.reraise(records)
-    seed, _, grouped, _ = jw.SCENARIOS[name]
+    seed, _, grouped, _, lengths = jw.SCENARIOS[name]
     groups = jw.GROUPS if grouped else [list(range(WORLD_SIZE))]
     models = [drop_in.torch_model(seed) for _ in groups]
     e = drop_in.Errors()
     first = records[0]["first"]
     for epoch in range(jw.EPOCHS):
         x_seed = jw.data_seed(seed, epoch)
-        for b in range(max(jw.LENGTHS)):
+        for b in range(max(lengths)):
             x, r = drop_in.global_batch(x_seed, b)
             for group, model in zip(groups, models):
-                present = [k for k in group if jw.LENGTHS[k] > b]
+                present = [k for k in group if lengths[k] > b]
                 if not present:
                     continue
                 want = drop_in.reference_step(
@@ -62,7 +63,7 @@ def check(records, name):
                         rec["buffers"], drop_in.buffers(model))
                 e.stats("epoch %d rank %d service" % (epoch, k),
                         rec["service"], drop_in.buffers(model))
-        want_next = [s + max(jw.LENGTHS) * (epoch + 1) for s in first]
+        want_next = [s + max(lengths) * (epoch + 1) for s in first]
         for k in range(WORLD_SIZE):
             got_next = records[k]["epochs"][epoch]["next"]
             e.expect(got_next == want_next,
@@ -127,6 +128,13 @@ class JoinTest(unittest.TestCase):
 
     def test_two_shards_under_join(self):
         self.assert_close("shards")
+
+    def test_an_even_epoch_changes_no_membership(self):
+        self.assert_close("even")
+        for k, rec in enumerate(self.scenario("even")):
+            self.assertEqual(len(set(rec["versions"])), 1,
+                             "rank %d saw membership versions %s over the "
+                             "epochs" % (k, rec["versions"]))
 
     def test_a_rank_that_dies_is_a_deadline_naming_it(self):
         records = self.scenario("dies")

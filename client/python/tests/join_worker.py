@@ -20,11 +20,13 @@ import syncnorm.torch as snt
 LENGTHS = [7, 5, 5, 2]  # batches per epoch of each rank
 EPOCHS = 2
 GROUPS = [[0, 2], [1, 3]]
-SCENARIOS = {  # name: (seed, wrap in DDP, process groups, over 2 shards)
-    "ddp": (71, True, False, False),
-    "plain": (72, False, False, False),
-    "groups": (73, False, True, False),
-    "shards": (74, True, False, True),
+EVEN = [3, 3, 3, 3]
+SCENARIOS = {  # name: (seed, in DDP, process groups, over 2 shards, lengths)
+    "ddp": (71, True, False, False, LENGTHS),
+    "plain": (72, False, False, False, LENGTHS),
+    "groups": (73, False, True, False, LENGTHS),
+    "shards": (74, True, False, True, LENGTHS),
+    "even": (76, True, False, False, EVEN),
 }
 
 
@@ -32,7 +34,7 @@ def data_seed(seed, epoch):
     return seed * 10 + epoch
 
 
-def run(rank, client, job, seed, ddp, groups):
+def run(rank, client, job, seed, ddp, groups, lengths):
     pg = None
     if groups:
         handles = [dist.new_group(g) for g in GROUPS]  # every rank, in order
@@ -41,10 +43,11 @@ def run(rank, client, job, seed, ddp, groups):
     session = snt.attach(model, client, job, round_timeout_ms=20000)
     net = DDP(model) if ddp else model
     joinables = [net, session] if ddp else [session]
-    out = {"steps": {}, "epochs": [], "first": session.steps()}
+    out = {"steps": {}, "epochs": [], "first": session.steps(),
+           "versions": [client.get_job(job)["membership"]["version"]]}
     for epoch in range(EPOCHS):
         with Join(joinables):
-            for b in range(LENGTHS[rank]):
+            for b in range(lengths[rank]):
                 x, r = drop_in.global_batch(data_seed(seed, epoch), b)
                 xr = drop_in.rows(x, rank).float().requires_grad_(True)
                 y = net(xr)
@@ -54,6 +57,8 @@ def run(rank, client, job, seed, ddp, groups):
         out["epochs"].append({"buffers": drop_in.buffers(model),
                               "service": drop_in.service_stats(session),
                               "next": session.steps()})
+        out["versions"].append(
+            client.get_job(job)["membership"]["version"])
     return out
 
 
@@ -90,10 +95,11 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     sharded = syncnorm.Client(os.environ["JOIN_SHARDS"], round_timeout=60)
     results = {}
-    for name, (seed, ddp, groups, shards) in SCENARIOS.items():
+    for name, (seed, ddp, groups, shards, lengths) in SCENARIOS.items():
         try:
             results[name] = run(rank, sharded if shards else client,
-                                args.run_id + "-" + name, seed, ddp, groups)
+                                args.run_id + "-" + name, seed, ddp, groups,
+                                lengths)
         except Exception:  # the test reports it as the scenario's failure
             results[name] = {"error": traceback.format_exc()}
             break

@@ -44,8 +44,9 @@ def hook(session):
     runs the hooks of its joinables in order once per shadowed iteration,
     and DDP's blocks until the ranks still training finish their backward,
     whose forward rounds would wait for this rank: so the rank leaves
-    before Join's first count of the ranks still training, which precedes
-    every hook. Until the context ends, every forward of the attached
+    right after Join's first count of the ranks still training (which
+    precedes every hook, and pairs with their notification at the start of
+    their next forward), when there are any. Until the context ends, every forward of the attached
     model tells Join that this rank trains (which it heeds when the
     session is its first joinable, as without DDP)."""
     _stop_notices(session)
@@ -56,11 +57,13 @@ def hook(session):
     count = getattr(join, "_get_num_nonjoined_procs", None)
     if count is not None:
 
-        def absent_then_count():
-            leave(session)
-            return count()
+        def count_then_absent():
+            training = count()
+            if training:  # at the end of an even epoch nobody waits
+                leave(session)
+            return training
 
-        join._get_num_nonjoined_procs = absent_then_count
+        join._get_num_nonjoined_procs = count_then_absent
     return SessionJoinHook(session)
 
 
@@ -115,21 +118,13 @@ def leave(session):
         return
     step = max(session.steps())
     try:
-        try:
-            session.client.update_membership(session.job_id, step=step,
-                                             leave=[session.rank])
-        except ServiceError as e:
-            if e.code != "FAILED_PRECONDITION":
-                raise
-            session.client.update_membership(session.job_id,
-                                             remove=[session.rank])
+        session.client.update_membership(session.job_id, step=step,
+                                         leave=[session.rank])
     except ServiceError as e:
-        # The job keeps at least one member: the last rank to run out
-        # stays one (no round waits for it, as every rank has run out).
-        if e.code != "INVALID_ARGUMENT" or session.client.get_job(
-                session.job_id)["membership"]["members"] != [session.rank]:
+        if e.code != "FAILED_PRECONDITION":
             raise
-        return
+        session.client.update_membership(session.job_id,
+                                         remove=[session.rank])
     session._join_left = step
 
 
