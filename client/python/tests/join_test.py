@@ -2,14 +2,14 @@
 (its forward's collectives hang): W = 4 worker processes over gloo train
 7, 5, 5 and 2 batches per epoch for 2 epochs with ``Join([ddp_model,
 session])``, with ``Join([session])`` alone, with process groups
-[0, 2] / [1, 3], and with DDP over a job spread on 2 shards; epochs of
-equal length change no membership; a rank
-that dies instead is no join: the others' rounds fail with
-DEADLINE_EXCEEDED naming it. Each step's outputs and input gradients equal torch's
-BatchNorm in float64 on the concatenated batches of the ranks of the group
-still training at that step; after each epoch every rank's buffers and the
-aggregator's statistics equal the reference's running statistics, and
-every rank continues at the same step."""
+[0, 2] / [1, 3], and with DDP over a job spread on 2 shards. Each step's
+outputs and input gradients equal torch's BatchNorm in float64 on the
+concatenated batches of the ranks of the group still training at that
+step; after each epoch every rank's buffers and the aggregator's
+statistics equal the reference's running statistics, and every rank
+continues at the same step. Epochs of equal length change no membership;
+a rank that dies is no join: the others' rounds fail with
+DEADLINE_EXCEEDED naming it."""
 
 import os
 import socket

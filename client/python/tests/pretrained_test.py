@@ -134,7 +134,8 @@ class PretrainedTest(unittest.TestCase):
     # from another run's: the error says so.
     def test_other_statistics_without_torch_distributed_say_what(self):
         job = self.run_id + "-nodist"
-        pretrained = snt.convert_sync_batchnorm(drop_in.torch_model(63).float())
+        pretrained = snt.convert_sync_batchnorm(
+            drop_in.torch_model(63).float())
         snt.attach(pretrained, self.client, job, 0, 2)
         plain = snt.convert_sync_batchnorm(pw.fresh_model())
         with self.assertRaises(syncnorm.ServiceError) as caught:

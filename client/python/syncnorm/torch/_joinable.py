@@ -5,7 +5,7 @@ that have run out of data. Its documentation excludes collectives in the
 forward pass (torch.nn.SyncBatchNorm hangs); syncnorm's rounds are not
 collectives but rounds of a job whose members change at step boundaries,
 so a rank that runs out leaves the job from its next step and the rounds
-of the others complete without it; when every rank has joined, all
+of the others complete without it; when every rank has run out, all
 rejoin at one step and load the service's statistics.
 """
 
@@ -46,9 +46,10 @@ def hook(session):
     whose forward rounds would wait for this rank: so the rank leaves
     right after Join's first count of the ranks still training (which
     precedes every hook, and pairs with their notification at the start of
-    their next forward), when there are any. Until the context ends, every forward of the attached
-    model tells Join that this rank trains (which it heeds when the
-    session is its first joinable, as without DDP)."""
+    their next forward), when there are any. Until the context ends,
+    every forward of the attached model tells Join that this rank trains
+    (which it heeds when the session is its first joinable, as without
+    DDP)."""
     _stop_notices(session)
     if session._model is not None:
         session._join_notice = session._model.register_forward_pre_hook(
@@ -129,7 +130,7 @@ def leave(session):
 
 
 def rejoin(session):
-    """After every rank of the Join's process group has joined: the ranks
+    """After every rank of the Join's process group has run out: the ranks
     that left rejoin at one step, the first after the longest rank's last
     (one rank asks, then every rank waits for it), and every rank's layers
     continue there with the service's statistics in their buffers (DDP's

@@ -28,7 +28,7 @@ class Session(_joinable.Joinable):
     Join([ddp_model, session]):`` (or ``Join([session])``) ranks train
     different numbers of batches. A rank that has run out is absent from
     the job from its next step, so the others' rounds complete without it;
-    when every rank has joined, every rank leaves the context at one step,
+    when every rank has run out, every rank leaves the context at one step,
     the next after the longest rank's last, with the service's statistics
     in its buffers. Join's process group is torch.distributed's default
     group (DDP's default).
