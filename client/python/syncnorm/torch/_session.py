@@ -7,10 +7,11 @@ import torch
 
 from .. import _syncnorm
 from .._client import Client, group_of, member_since
+from . import _create, _joinable
 from ._batch_norm import SyncBatchNorm
 
 
-class Session:
+class Session(_joinable.Joinable):
     """A model's SyncBatchNorm layers attached to one job as one rank.
 
     Attributes: client, job_id, rank, world_size, group_index (this rank's
@@ -22,10 +23,20 @@ class Session:
     attached), joined (whether attach made this rank a member of an
     elastic job) and staleness (the job's bound, 0: synchronous). Used by
     one training thread.
+
+    A torch.distributed.algorithms.join.Joinable: under ``with
+    Join([ddp_model, session]):`` (or ``Join([session])``) ranks train
+    different numbers of batches. A rank that has run out is absent from
+    the job from its next step, so the others' rounds complete without it;
+    when every rank has run out, every rank leaves the context at one step,
+    the next after the longest rank's last, with the service's statistics
+    in its buffers. Join's process group is torch.distributed's default
+    group (DDP's default).
     """
 
     def __init__(self, client, job_id, rank, world_size, info, names, layers,
                  node_group, pool):
+        super().__init__()
         self.client = client
         self.job_id = job_id
         self.rank = rank
@@ -46,6 +57,30 @@ class Session:
         self.first_step = 0
         self.joined = False
         self.staleness = int(info.get("staleness", 0))
+        # Under Join: the step this rank left the job from (None: a member)
+        # and the attached model's forward pre-hook that notifies Join.
+        self._join_left = None
+        self._join_notice = None
+        self._model = None
+
+    def join_hook(self, **kwargs):
+        """The JoinHook torch's Join runs on a rank that has run out of
+        data (torch.distributed.algorithms.join.Joinable)."""
+        return _joinable.hook(self)
+
+    @property
+    def join_device(self):
+        """Where Join's counts are reduced: the current CUDA device under
+        NCCL, else the CPU."""
+        dist = _distributed()
+        if dist is not None and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        """torch.distributed's default group, as DDP's by default."""
+        return torch.distributed.group.WORLD
 
     def steps(self):
         """The next step of each layer."""
@@ -354,9 +389,14 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     client: a :class:`syncnorm.Client` or an address "host:port". Creates
     the job (idempotent; each rank sends the same spec) with one layer per
     SyncBatchNorm in model.modules() order. A new job starts from the
-    model's running statistics (num_batches_tracked too); a job that has
-    trained (resumed, or attached again from a reloaded model) loads its
-    statistics into the buffers. Groups: the layers' process_group (a
+    model's running statistics (num_batches_tracked too): rank 0's when
+    torch.distributed is initialized (every rank's buffers become rank
+    0's first, a collective, so a checkpoint loaded on rank 0 alone is
+    every rank's start, as with DDP). A job that exists and has not
+    trained keeps its initial statistics; a job that has trained (resumed,
+    or attached again from a reloaded model) loads its statistics into the
+    buffers. A job that exists with another spec raises ServiceError
+    ALREADY_EXISTS naming what differs. Groups: the layers' process_group (a
     torch ProcessGroup: its ranks; an int k: blocks of k consecutive
     ranks), or group_size, or groups (rank lists, every rank in one).
     example_input: run once in eval mode first, so that in_channels=0
@@ -412,10 +452,18 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     if group_size and world_size % group_size:
         raise ValueError("expected world_size %d to be a multiple of the "
                          "group size %d" % (world_size, group_size))
+    dist = _distributed()
+    decided = members is None and dist is not None and \
+        dist.get_rank() == rank and dist.get_world_size() == world_size
+    if decided:
+        # A checkpoint loaded on rank 0 alone: every rank starts from rank
+        # 0's statistics (a collective; an elastic joiner attaches alone).
+        _create.take_rank0_buffers(dist, [m for _, m in named])
     specs = [m.layer_spec(n or "bn") for n, m in named]
-    info = client.create_job(job_id, world_size, specs, group_size,
-                             round_timeout_ms, quorum, groups, members,
-                             staleness)
+    info, take_service = _create.create_job(
+        client, job_id, world_size, specs, decided, group_size=group_size,
+        round_timeout_ms=round_timeout_ms, quorum=quorum, groups=groups,
+        members=members, staleness=staleness)
     # An aggregator without elastic membership reports none: every rank.
     elastic = "membership" in info
     joined, since = False, 0
@@ -432,6 +480,7 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
         first = since  # a member from a step the job has not reached
     session.first_step = first
     session.joined = joined
+    session._model = model
     for index, ((_, bn), spec) in enumerate(zip(named, info["layers"])):
         bn._sn_attach(session, index, first, spec)
     if joined or since > info["committed_step"] + 1:
@@ -445,7 +494,7 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     stats = client.get_running_stats(job_id, group=session.group_index)
     for entry in stats.get("layers", []):
         session.layers[entry["layer"]]._sn_load(
-            entry, info["layers"][entry["layer"]])
+            entry, None if take_service else info["layers"][entry["layer"]])
     # A new job of a pretrained model: its layers that run no round send
     # their buffers now (the others' go with their first round).
     for bn in session.layers:
