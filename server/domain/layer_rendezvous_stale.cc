@@ -406,8 +406,8 @@ absl::Status LayerRendezvous::StaleLate(int group, int p, int pos,
       RoundLabel(RoundKey(group, step, phase)), ": rank ", ranks[pos],
       "'s contribution missed its ",
       absl::ToInt64Milliseconds(spec_.round_timeout),
-      " ms deadline waiting for ranks ", RankList(behind),
-      " to come within ", spec_.staleness,
+      " ms deadline waiting for ranks ", RankList(behind), " to come within ",
+      spec_.staleness,
       " steps; a retry waits again unless a later step of the rank is kept"));
 }
 

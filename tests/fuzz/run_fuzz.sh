@@ -48,7 +48,7 @@ sources=(server/rpc/request_fuzz.cc server/rpc/proto_convert.cc
          $(srcs_of server/store/BUILD kv_state_store)
          $(srcs_of server/store/BUILD memory_engine)
          $(srcs_of kernels/BUILD moments) $(srcs_of kernels/BUILD round_update)
-         $(srcs_of wire/BUILD wire))
+         $(srcs_of wire/BUILD wire) $(srcs_of wire/BUILD rank_list))
 hash=$(cat "${sources[@]}" server/*/*.h kernels/*.h wire/*.h server/store/state.proto \
          proto/syncnorm/v1/aggregator.proto "$0" | sha256sum | cut -c1-16)
 out="${TEST_TMPDIR:-${TMPDIR:-/tmp}}/syncnorm-fuzz-$hash"
