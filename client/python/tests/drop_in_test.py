@@ -11,8 +11,6 @@ of the group (or the framework's documented behaviour). Relative errors
 at most 1e-5; the buffers and the aggregator's statistics both."""
 
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,12 +25,6 @@ import harness
 TOLERANCE = 1e-5
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class DropInTest(unittest.TestCase):
 
     @classmethod
@@ -42,20 +34,11 @@ class DropInTest(unittest.TestCase):
         cls.out = tempfile.mkdtemp(prefix="drop-in-",
                                    dir=os.environ.get("TEST_TMPDIR"))
         cls.run_id = "drop-in-" + uuid.uuid4().hex[:8]
-        port = free_port()
-        procs = []
-        for rank in range(drop_in.WORLD_SIZE):
-            env = harness.child_env()
-            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                        "RANK": str(rank), "LOCAL_RANK": str(rank),
-                        "WORLD_SIZE": str(drop_in.WORLD_SIZE),
-                        "TORCHELASTIC_RUN_ID": cls.run_id + "-launch",
-                        "SYNCNORM_ADDRESS": cls.aggregator.address})
-            procs.append(subprocess.Popen(
-                [harness.PYTHON,
-                 os.path.join(harness.HERE, "drop_in_worker.py"),
-                 "--run_id=" + cls.run_id, "--out=" + cls.out],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        procs = harness.launch_gloo_workers(
+            "drop_in_worker.py", drop_in.WORLD_SIZE,
+            ["--run_id=" + cls.run_id, "--out=" + cls.out],
+            {"TORCHELASTIC_RUN_ID": cls.run_id + "-launch",
+             "SYNCNORM_ADDRESS": cls.aggregator.address})
         failures = harness.wait_workers(procs, timeout=400)
         cls.aggregator.stop()
         if failures:

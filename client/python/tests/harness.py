@@ -2,6 +2,7 @@
 cases' data, and the error metric. Used by the tests and by worker.py."""
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -87,6 +88,32 @@ def child_env():
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that no one listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_gloo_workers(script, world_size, args, env=None):
+    """Starts `world_size` processes of `script` (a file of this folder)
+    with `args`, as torchrun would for torch.distributed's env:// (MASTER_*,
+    RANK, LOCAL_RANK, WORLD_SIZE) plus `env`; their processes, for
+    wait_workers."""
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        child = child_env()
+        child.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                      "RANK": str(rank), "LOCAL_RANK": str(rank),
+                      "WORLD_SIZE": str(world_size)})
+        child.update(env or {})
+        procs.append(subprocess.Popen(
+            [PYTHON, os.path.join(HERE, script)] + list(args), env=child,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    return procs
 
 
 def wait_workers(procs, timeout):

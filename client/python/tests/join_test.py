@@ -12,8 +12,6 @@ a rank that dies is no join: the others' rounds fail with
 DEADLINE_EXCEEDED naming it."""
 
 import os
-import socket
-import subprocess
 import tempfile
 import unittest
 import uuid
@@ -26,12 +24,6 @@ import join_worker as jw
 
 TOLERANCE = 1e-5
 WORLD_SIZE = len(jw.LENGTHS)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check(records, name):
@@ -82,20 +74,11 @@ class JoinTest(unittest.TestCase):
         cls.out = tempfile.mkdtemp(prefix="join-",
                                    dir=os.environ.get("TEST_TMPDIR"))
         run_id = "join-" + uuid.uuid4().hex[:8]
-        port = free_port()
-        procs = []
-        for rank in range(WORLD_SIZE):
-            env = harness.child_env()
-            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                        "RANK": str(rank), "LOCAL_RANK": str(rank),
-                        "WORLD_SIZE": str(WORLD_SIZE),
-                        "SYNCNORM_ADDRESS": cls.aggregator.address,
-                        "JOIN_SHARDS": ",".join(a.address
-                                                for a in cls.shards)})
-            procs.append(subprocess.Popen(
-                [harness.PYTHON, os.path.join(harness.HERE, "join_worker.py"),
-                 "--run_id=" + run_id, "--out=" + cls.out],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        procs = harness.launch_gloo_workers(
+            "join_worker.py", WORLD_SIZE,
+            ["--run_id=" + run_id, "--out=" + cls.out],
+            {"SYNCNORM_ADDRESS": cls.aggregator.address,
+             "JOIN_SHARDS": ",".join(a.address for a in cls.shards)})
         cls.failures = harness.wait_workers(procs, timeout=200)
         for aggregator in [cls.aggregator] + cls.shards:
             aggregator.stop()

@@ -9,8 +9,6 @@ statistics, or a model of other layer shapes, get an error that says what
 differs and what to do."""
 
 import os
-import socket
-import subprocess
 import tempfile
 import unittest
 import uuid
@@ -28,12 +26,6 @@ import syncnorm.torch as snt
 TOLERANCE = 1e-5
 WORLD_SIZE = len(pw.SHARDS)
 EXISTING_STATS_SEED = 162
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def reference(seed, stats_seed=None):
@@ -88,19 +80,10 @@ class PretrainedTest(unittest.TestCase):
                                 initial_running_mean=bn.running_mean.tolist(),
                                 initial_running_var=bn.running_var.tolist())
             for name, bn in zip(("bn1", "bn2"), stats)])
-        port = free_port()
-        procs = []
-        for rank in range(WORLD_SIZE):
-            env = harness.child_env()
-            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                        "RANK": str(rank), "LOCAL_RANK": str(rank),
-                        "WORLD_SIZE": str(WORLD_SIZE),
-                        "SYNCNORM_ADDRESS": cls.aggregator.address})
-            procs.append(subprocess.Popen(
-                [harness.PYTHON,
-                 os.path.join(harness.HERE, "pretrained_worker.py"),
-                 "--run_id=" + cls.run_id, "--out=" + cls.out],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        procs = harness.launch_gloo_workers(
+            "pretrained_worker.py", WORLD_SIZE,
+            ["--run_id=" + cls.run_id, "--out=" + cls.out],
+            {"SYNCNORM_ADDRESS": cls.aggregator.address})
         cls.failures = harness.wait_workers(procs, timeout=150)
         cls.records = None
         if not cls.failures:
