@@ -125,6 +125,17 @@ class Stub {
   const int channels_;
 };
 
+// Runs the aggregator with `flags` until it exits, its log in `log`; its
+// exit code, or an error if it did not exit within 30 s.
+absl::StatusOr<int> RunToExit(const std::vector<std::string>& flags,
+                              const std::string& log) {
+  std::vector<std::string> argv = {Runfile("server/syncnorm-aggregator")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(argv, log);
+  if (!p.ok()) return p.status();
+  return (*p)->Wait(absl::Seconds(30));
+}
+
 // Fills the file system of `path` with a file `path` until it is full.
 void FillUp(const std::string& path) {
   std::ofstream out(path, std::ios::binary);
@@ -248,13 +259,9 @@ TEST(DiskTest, TheRoundLogTakesItsSizeFromTheFlag) {
   ASSERT_TRUE((*agg)->Stop().ok());
 
   const std::string log = root + "/refused.log";
-  auto p = Subprocess::Spawn(
-      {Runfile("server/syncnorm-aggregator"), "--listen=127.0.0.1:0",
-       "--data_dir=" + data, "--round_log_mib=0"},
-      log);
-  ASSERT_TRUE(p.ok());
-  auto code = (*p)->Wait(absl::Seconds(30));
-  ASSERT_TRUE(code.ok());
+  absl::StatusOr<int> code = RunToExit(
+      {"--listen=127.0.0.1:0", "--data_dir=" + data, "--round_log_mib=0"}, log);
+  ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_NE(*code, 0) << ReadAll(log);
   EXPECT_TRUE(absl::StrContains(ReadAll(log), "--round_log_mib must be"))
       << ReadAll(log);
@@ -319,13 +326,9 @@ TEST(DiskTest, ADamagedRoundLogStopsTheStartUntilTheLossIsAccepted) {
   }
 
   const std::string log = root + "/refused.log";
-  auto p = Subprocess::Spawn(
-      {Runfile("server/syncnorm-aggregator"), "--listen=" + address,
-       "--data_dir=" + data, "--round_log_mib=1"},
-      log);
-  ASSERT_TRUE(p.ok());
-  auto code = (*p)->Wait(absl::Seconds(30));
-  ASSERT_TRUE(code.ok());
+  absl::StatusOr<int> code = RunToExit(
+      {"--listen=" + address, "--data_dir=" + data, "--round_log_mib=1"}, log);
+  ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 3) << ReadAll(log);
   const std::string said = ReadAll(log);
   EXPECT_TRUE(absl::StrContains(said, "level=error event=start_failed"))
@@ -375,13 +378,9 @@ TEST(DiskTest, AReadOnlyDataDirIsAClearStartupError) {
   const std::string why = MountTmpfs(mnt, 1, /*read_only=*/true);
   if (!why.empty()) GTEST_SKIP() << "no read-only tmpfs (" << why << ")";
   const std::string log = root + "/ro.log";
-  auto p =
-      Subprocess::Spawn({Runfile("server/syncnorm-aggregator"),
-                         "--listen=127.0.0.1:0", "--data_dir=" + mnt + "/data"},
-                        log);
-  ASSERT_TRUE(p.ok());
-  auto code = (*p)->Wait(absl::Seconds(30));
-  ASSERT_TRUE(code.ok());
+  absl::StatusOr<int> code =
+      RunToExit({"--listen=127.0.0.1:0", "--data_dir=" + mnt + "/data"}, log);
+  ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 1) << ReadAll(log);
   EXPECT_TRUE(absl::StrContains(ReadAll(log), mnt)) << ReadAll(log);
   EXPECT_TRUE(absl::StrContains(ReadAll(log), "Read-only")) << ReadAll(log);

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "server/store/faulty_engine.h"
 #include "server/store/memory_engine.h"
 #include "server/store/ring_log_engine.h"
 
@@ -77,13 +78,15 @@ int64_t FileSize(const std::string& path) {
 
 class RingLogRecoveryTest : public ::testing::Test {
  protected:
-  // Opens the ring at path_ in front of a view of memory_, which outlives
-  // it as a data_dir outlives the process.
+  // Opens the ring at path_ in front of memory_ (through a FaultyEngine
+  // that injects nothing), which outlives it as a data_dir outlives the
+  // process.
   absl::StatusOr<std::unique_ptr<RingLogEngine>> Open(
       RingLogRecovery recovery = RingLogRecovery::kTolerateTornTail) {
     RingLogOptions o = options_;
     o.recovery = recovery;
-    return RingLogEngine::Open(path_, std::make_unique<Borrowed>(&memory_), o);
+    return RingLogEngine::Open(path_, std::make_unique<FaultyEngine>(&memory_),
+                               o);
   }
 
   // Writes rounds [from, to) with `fill`, then leaves the ring as kill -9
@@ -98,30 +101,6 @@ class RingLogRecoveryTest : public ::testing::Test {
     }
     (*e)->AbandonForTest();
   }
-
-  // A KvEngine that forwards to one it does not own.
-  class Borrowed final : public KvEngine {
-   public:
-    explicit Borrowed(KvEngine* e) : e_(e) {}
-    std::string Describe() const override { return e_->Describe(); }
-    absl::Status Write(const KvBatch& b) override { return e_->Write(b); }
-    absl::StatusOr<std::optional<std::string>> Get(
-        absl::string_view key) override {
-      return e_->Get(key);
-    }
-    absl::Status Scan(
-        absl::string_view prefix,
-        const std::function<absl::Status(absl::string_view, absl::string_view)>&
-            visit) override {
-      return e_->Scan(prefix, visit);
-    }
-    absl::Status CopyTo(const std::string& dir) override {
-      return e_->CopyTo(dir);
-    }
-
-   private:
-    KvEngine* const e_;
-  };
 
   RingLogOptions options_ = [] {
     RingLogOptions o;
