@@ -38,9 +38,9 @@ struct ConnectionGuard::Connection {
   std::string peer;
   int64_t started = 0;
   int64_t in_progress = 0;
-  int64_t early_cancels = 0;       // cancelled by the client before their end
-  int64_t unauthenticated = 0;     // refused UNAUTHENTICATED
-  int64_t answered = 0;            // ended with the service's status
+  int64_t early_cancels = 0;    // cancelled by the client before their end
+  int64_t unauthenticated = 0;  // refused UNAUTHENTICATED
+  int64_t answered = 0;         // ended with the service's status, or streamed
   int64_t started_overloaded = 0;  // in the current overload
   absl::Time last_seen;
   bool closed = false;
@@ -111,6 +111,11 @@ void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code,
   if (close) {
     CloseConnection(c.peer, reason, started, early_cancels, unauthenticated);
   }
+}
+
+void ConnectionGuard::MessageAnswered(Connection& c) {
+  absl::MutexLock lock(&mu_);
+  ++c.answered;
 }
 
 void ConnectionGuard::Close(absl::string_view peer, CloseReason reason) {
@@ -197,7 +202,8 @@ absl::flat_hash_set<std::string> ConnectionGuard::PeersGivingBack() const {
   absl::flat_hash_set<std::string> peers;
   absl::MutexLock lock(&mu_);
   for (const auto& [peer, c] : connections_) {
-    if (!c->closed && c->answered > c->unauthenticated + c->early_cancels) {
+    if (!c->closed &&
+        c->answered > c->unauthenticated + c->early_cancels + c->in_progress) {
       peers.insert(peer);
     }
   }

@@ -90,6 +90,11 @@ class ConnectionGuard {
   void CallEnded(Connection& connection, absl::StatusCode code,
                  absl::Duration lifetime) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A call of `connection` that streams its answers sent one (a Reduce
+  // stream's result): the connection gives back as one whose call ended
+  // answered does.
+  void MessageAnswered(Connection& connection) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Closes the connection from `peer` for `reason`, once, as if it had
   // crossed a line: its calls still to come are not judged again.
   void Close(absl::string_view peer, CloseReason reason)
@@ -107,8 +112,11 @@ class ConnectionGuard {
 
   // The peers of the connections that give back what they cost: each has
   // had calls answered (ended with a status the service sent, other than
-  // UNAUTHENTICATED or DEADLINE_EXCEEDED), more of them than its calls refused
-  // UNAUTHENTICATED and cancelled early together, and is not closed. A
+  // UNAUTHENTICATED or DEADLINE_EXCEEDED, or streamed an answer; see
+  // MessageAnswered), more of them than its calls refused
+  // UNAUTHENTICATED, cancelled early and still in progress together (a
+  // flood whose first calls were answered holds thousands whose answers
+  // its client does not read), and is not closed. A
   // connection without a record (no call yet, or none for a minute) is not
   // among them.
   absl::flat_hash_set<std::string> PeersGivingBack() const

@@ -159,6 +159,32 @@ TEST_F(ConnectionGuardTest, ForgetsConnectionsIdleForAMinute) {
   guard_->CallEnded(*open, absl::StatusCode::kOk, absl::Seconds(1));
 }
 
+// Giving back: answered calls (or a stream's answers) outnumber the calls
+// refused, cancelled early and still in progress. A trainer's stream with
+// its answers gives back; a flood whose first calls were answered but that
+// holds more in progress (answers its client does not read) does not.
+TEST_F(ConnectionGuardTest, GivingBackCountsStreamedAnswersAndHeldCalls) {
+  Make({});
+  auto stream = guard_->CallStarted(kPeer);
+  ASSERT_NE(stream, nullptr);
+  guard_->MessageAnswered(*stream);
+  EXPECT_FALSE(guard_->PeersGivingBack().contains(kPeer))
+      << "one answer, one call in progress";
+  guard_->MessageAnswered(*stream);
+  EXPECT_TRUE(guard_->PeersGivingBack().contains(kPeer));
+
+  for (int i = 0; i < 10; ++i) Call(kOther, absl::StatusCode::kNotFound);
+  EXPECT_TRUE(guard_->PeersGivingBack().contains(kOther));
+  std::vector<std::shared_ptr<ConnectionGuard::Connection>> held;
+  for (int i = 0; i < 10; ++i) held.push_back(guard_->CallStarted(kOther));
+  EXPECT_FALSE(guard_->PeersGivingBack().contains(kOther))
+      << "10 answered, 10 held";
+  for (auto& c : held)
+    guard_->CallEnded(*c, absl::StatusCode::kOk, absl::Milliseconds(1));
+  EXPECT_TRUE(guard_->PeersGivingBack().contains(kOther));
+  guard_->CallEnded(*stream, absl::StatusCode::kOk, absl::Seconds(1));
+}
+
 // A listening socket of "the server" on loopback, and connections to it.
 class Loopback {
  public:
@@ -405,6 +431,69 @@ TEST_F(ReadFloodBreakerTest, ClosesTheFloodNotTheTrainerBesideIt) {
   }
   breaker_.PassGoesOn(4 * kMax);
   EXPECT_EQ(closer_.closed().size(), 1u);
+}
+
+// Between passes (the loop's thread hands events: a flood in bursts):
+// memory that grew past what was sent over a window closes the costliest
+// connection that does not give back and sent at least kMinCost; growth
+// the bytes explain closes nothing; short passes between the looks do not
+// end the window, and a quiet window starts again after kWindow.
+TEST_F(ReadFloodBreakerTest, ClosesAFloodThatLeavesTheLoopEvents) {
+  constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
+  constexpr int64_t kMinCost = ReadFloodBreaker::kMinCost;
+  const absl::Duration look = absl::Milliseconds(5);
+  absl::Time now = absl::FromUnixSeconds(1000);
+  const Loopback::Connection small = loopback_.Connect();
+  const Loopback::Connection flood = loopback_.Connect();
+  int64_t level = 100 << 20;
+  breaker_.Serving(now, level);  // the window starts
+  Send(small.client, kMinCost - 1000);
+  Send(flood.client, 100000);
+  // Growth the bytes and the per-connection allowance explain.
+  level += kMax + 2 * kPer + 100000 + kMinCost - 1000 - 1;
+  now += look;
+  breaker_.Serving(now, level);
+  EXPECT_TRUE(closer_.closed().empty());
+  // Short passes come and go; the window goes on.
+  breaker_.PassBegan();
+  breaker_.PassGoesOn(0);
+  now += ReadFloodBreaker::kJudgePeriod;
+  breaker_.Serving(now, level + 1);
+  ASSERT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
+  EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 1);
+  // What the flood left is judged from the close: the small sender, under
+  // kMinCost, stays however the memory grows.
+  Drain(flood.accepted);
+  Send(small.client, 500);
+  for (int i = 0; i < 20; ++i) {
+    now += absl::Milliseconds(60);
+    breaker_.Serving(now, level + 2 * kMax);
+  }
+  EXPECT_EQ(closer_.closed().size(), 1u) << "no one sent kMinCost";
+}
+
+// A window in which nothing happened starts again after kWindow; one in
+// which the memory grew well past what was sent goes on, so a slow flood
+// (less than kMaxExcess a window) is judged whole.
+TEST_F(ReadFloodBreakerTest, JudgesASlowFloodWhole) {
+  constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
+  const absl::Duration window = ReadFloodBreaker::kWindow;
+  absl::Time now = absl::FromUnixSeconds(1000);
+  const Loopback::Connection flood = loopback_.Connect();
+  int64_t level = 100 << 20;
+  breaker_.Serving(now, level);
+  // Growth under kKeepWindowExcess: the window starts again.
+  level += ReadFloodBreaker::kKeepWindowExcess - 1;
+  now += window;
+  breaker_.Serving(now, level);
+  // A flood grows the memory by kMax / 3 a window, 4 windows long.
+  for (int i = 0; i < 4 && closer_.closed().empty(); ++i) {
+    Send(flood.client, 30000);
+    level += kMax / 3;
+    now += window;
+    breaker_.Serving(now, level);
+  }
+  EXPECT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
 }
 
 // Issue 35: a wide first round. Hundreds of connections, none with a call

@@ -18,6 +18,10 @@ class GuardInterceptorFactory::Call final : public CallObserver {
         start_(absl::Now()),
         connection_(guard_->CallStarted(context.peer())) {}
 
+  void MessageSent() override {
+    if (connection_ != nullptr) guard_->MessageAnswered(*connection_);
+  }
+
   void Ended(const CallOutcome::Result& r) override {
     if (connection_ == nullptr) return;
     guard_->CallEnded(*connection_, static_cast<absl::StatusCode>(r.code),

@@ -45,6 +45,16 @@ Since BytesSince(
 
 }  // namespace
 
+int64_t ReadFloodBreaker::Excess(int64_t growth, const Snapshot& since,
+                                 const Snapshot& now) {
+  int64_t excess = growth;
+  for (const auto& [peer, bytes] : now) {
+    const int64_t sent = BytesSince(since, peer, bytes).sent;
+    if (sent > 0) excess -= sent + kPerConnection;
+  }
+  return excess;
+}
+
 void ReadFloodBreaker::PassBegan() {
   at_start_ = sockets_->BytesReceived();
   grown_at_start_ = 0;
@@ -58,16 +68,13 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
   const int64_t growth = grown - grown_at_start_;
   if (growth < allowance_) return;
   Snapshot now = sockets_->BytesReceived();
-  int64_t excess = growth;
-  for (const auto& [peer, bytes] : now) {
-    const int64_t sent = BytesSince(at_start_, peer, bytes).sent;
-    if (sent > 0) excess -= sent + kPerConnection;
-  }
-  if (excess < allowance_) return;  // the memory holds what was sent
-  const std::string costliest = Costliest(now);
+  // The memory holds what was sent.
+  if (Excess(growth, at_start_, now) < allowance_) return;
+  const std::string costliest = Costliest(at_start_, now, /*min_cost=*/1);
   if (costliest.empty()) return;  // every sender gives back
   guard_->Close(costliest, CloseReason::kReadFlood);
   closed_.insert(costliest);
+  window_start_ = absl::InfinitePast();  // what the flood left is no one's
   // The pass may go on with another flood (one that started while gRPC
   // still took this one's calls, or beside it): judged afresh from here,
   // on top of what this one left.
@@ -76,15 +83,57 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
   allowance_ = std::max(allowance_ / 2, kMinExcess);
 }
 
-std::string ReadFloodBreaker::Costliest(const Snapshot& now) const {
+void ReadFloodBreaker::Serving(absl::Time now, int64_t resident) {
+  if (window_start_ == absl::InfinitePast()) {
+    StartWindow(now, resident, sockets_->BytesReceived());
+    return;
+  }
+  window_floor_ = std::min(window_floor_, resident);
+  const int64_t growth = resident - window_floor_;
+  const bool over = now - window_start_ >= kWindow;
+  // Counting every socket's bytes takes a system call or two a connection.
+  if ((!over && growth < kMaxExcess) || now - judged_ < kJudgePeriod) return;
+  judged_ = now;
+  Snapshot bytes = sockets_->BytesReceived();
+  const int64_t excess = Excess(growth, window_bytes_, bytes);
+  if (excess >= kMaxExcess) {
+    const std::string costliest = Costliest(window_bytes_, bytes, kMinCost);
+    if (!costliest.empty()) {
+      guard_->Close(costliest, CloseReason::kReadFlood);
+      closed_.insert(costliest);
+      // What the flood left is judged from here.
+      StartWindow(now, resident, std::move(bytes));
+      return;
+    }
+  }
+  // A window in which the memory grew past what was sent goes on, so that
+  // a flood slower than kMaxExcess a window is judged whole; up to
+  // kLongestWindow, for memory the server keeps for reasons of its own.
+  if (over &&
+      (excess < kKeepWindowExcess || now - window_start_ >= kLongestWindow)) {
+    StartWindow(now, resident, std::move(bytes));
+  }
+}
+
+void ReadFloodBreaker::StartWindow(absl::Time now, int64_t resident,
+                                   Snapshot bytes) {
+  window_start_ = now;
+  window_bytes_ = std::move(bytes);
+  window_floor_ = resident;
+  closed_.clear();
+}
+
+std::string ReadFloodBreaker::Costliest(const Snapshot& since,
+                                        const Snapshot& now,
+                                        int64_t min_cost) const {
   const absl::flat_hash_set<std::string> giving_back =
       guard_->PeersGivingBack();
   std::string costliest;
-  int64_t most = 0;
+  int64_t most = min_cost - 1;
   for (const auto& [peer, bytes] : now) {
     // A closed connection's socket may linger a while.
     if (closed_.contains(peer) || giving_back.contains(peer)) continue;
-    const int64_t cost = BytesSince(at_start_, peer, bytes).cost;
+    const int64_t cost = BytesSince(since, peer, bytes).cost;
     if (cost > most) {
       most = cost;
       costliest = peer;

@@ -30,6 +30,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/time/time.h"
 #include "server/rpc/socket_closer.h"
 
 namespace syncnorm {
@@ -54,6 +55,9 @@ class PassWatcher {
   // ... and still is, at each look after PassBegan; the process's resident
   // memory has grown by `grown` bytes since PassBegan.
   virtual void PassGoesOn(int64_t grown) = 0;
+  // The loop's thread hands events (no pass) at this look; the process's
+  // resident memory is `resident` bytes.
+  virtual void Serving(absl::Time now, int64_t resident) = 0;
 };
 
 // Closes, for CloseReason::kReadFlood, the connection that costs the most
@@ -75,8 +79,24 @@ class PassWatcher {
 // much beyond what was sent since. Floods one after another in a pass then
 // take about 2 x kMaxExcess for the first four, and kMinExcess plus what a
 // flood sends between two of the watchdog's looks (about 6 MB) for each
-// after those, instead of kMaxExcess each. Not thread-safe: RpcLoop's
-// watchdog only.
+// after those, instead of kMaxExcess each.
+//
+// A flood need not keep the thread in one pass: one sent in bursts, or one
+// that a loaded machine's scheduler lets the server read as it comes,
+// leaves the thread events between its reads, and gRPC holds each of its
+// requests (a stream waiting for the service, a call whose answer the
+// client never reads) as a pass's flood would. So between passes the
+// breaker judges the same way over a window: the memory's growth above
+// its lowest since the window began, less the bytes every connection sent
+// since, and the costliest connection that does not give back goes once
+// that excess passes kMaxExcess, provided it sent at least kMinCost (a
+// flood that grew the memory by kMaxExcess sent thousands of requests; a
+// client's single call that makes the server allocate, CreateJob, sent
+// less). A window lasts kWindow, longer (up to kLongestWindow) while the
+// memory it holds beyond what was sent is more than kKeepWindowExcess (a
+// slow flood is judged whole), and ends at each close. A pass does not end
+// it: a flood in bursts makes short passes, none long enough to judge. Not
+// thread-safe: RpcLoop's watchdog only.
 class ReadFloodBreaker final : public PassWatcher {
  public:
   // About 2,500 of a flood's calls; the server's other memory is bounded
@@ -90,6 +110,15 @@ class ReadFloodBreaker final : public PassWatcher {
   // of connections, each with its first message) then takes no one's
   // connection.
   static constexpr int64_t kPerConnection = int64_t{128} << 10;
+  // Between passes: how long a window lasts, and the least a connection
+  // must have sent in it to be closed.
+  static constexpr absl::Duration kWindow = absl::Seconds(2);
+  static constexpr absl::Duration kLongestWindow = absl::Seconds(30);
+  static constexpr int64_t kMinCost = int64_t{64} << 10;
+  // A window whose memory grew by this much past what was sent goes on.
+  static constexpr int64_t kKeepWindowExcess = kMaxExcess / 8;
+  // How often a window is judged, at most.
+  static constexpr absl::Duration kJudgePeriod = absl::Milliseconds(50);
 
   // Both must outlive the breaker.
   ReadFloodBreaker(const SocketCloser* sockets, ConnectionGuard* guard)
@@ -97,12 +126,20 @@ class ReadFloodBreaker final : public PassWatcher {
 
   void PassBegan() override;
   void PassGoesOn(int64_t grown) override;
+  void Serving(absl::Time now, int64_t resident) override;
 
  private:
   using Snapshot = absl::flat_hash_map<std::string, SocketCloser::Bytes>;
-  // The connection in `now` with the highest cost that does not give back
-  // and was not closed in this pass; "" if none costs anything.
-  std::string Costliest(const Snapshot& now) const;
+  // The connection in `now` with the highest cost since `since` that does
+  // not give back, was not closed in this pass and cost at least
+  // `min_cost`; "" if none.
+  std::string Costliest(const Snapshot& since, const Snapshot& now,
+                        int64_t min_cost) const;
+  // What the memory grew by beyond what every connection sent since
+  // `since` and kPerConnection for each that sent any.
+  static int64_t Excess(int64_t growth, const Snapshot& since,
+                        const Snapshot& now);
+  void StartWindow(absl::Time now, int64_t resident, Snapshot bytes);
 
   const SocketCloser* const sockets_;
   ConnectionGuard* const guard_;
@@ -111,6 +148,13 @@ class ReadFloodBreaker final : public PassWatcher {
   int64_t grown_at_start_ = 0;
   int64_t allowance_ = kMaxExcess;
   absl::flat_hash_set<std::string> closed_;  // in this pass
+
+  // Between passes; the window starts again when window_start_ is
+  // InfinitePast.
+  absl::Time window_start_ = absl::InfinitePast();
+  Snapshot window_bytes_;     // at its start
+  int64_t window_floor_ = 0;  // the least resident memory in it
+  absl::Time judged_ = absl::InfinitePast();
 };
 
 }  // namespace syncnorm

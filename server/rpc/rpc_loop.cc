@@ -105,6 +105,7 @@ void RpcLoop::Watch() {
     events = events_now;
     if (!busy) {
       in_pass = false;
+      watcher_->Serving(now, ReadProcessMemory().resident);
     } else if (!in_pass) {
       in_pass = true;
       resident_at_start = ReadProcessMemory().resident;
