@@ -91,10 +91,11 @@ void ReadFloodBreaker::Serving(absl::Time now, int64_t resident) {
   window_floor_ = std::min(window_floor_, resident);
   const int64_t growth = resident - window_floor_;
   const bool over = now - window_start_ >= kWindow;
-  // Counting every socket's bytes takes a system call or two a connection.
-  if ((!over && growth < kMaxExcess) || now - judged_ < kJudgePeriod) return;
+  if ((!over && growth < kMaxExcess) || now - judged_ < judge_period_) return;
   judged_ = now;
+  const absl::Time counting = absl::Now();
   Snapshot bytes = sockets_->BytesReceived();
+  judge_period_ = kJudgeCostFactor * (absl::Now() - counting);
   const int64_t excess = Excess(growth, window_bytes_, bytes);
   if (excess >= kMaxExcess) {
     const std::string costliest = Costliest(window_bytes_, bytes, kMinCost);
