@@ -1,9 +1,10 @@
 #include "server/rpc/read_flood.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "server/rpc/connection_guard.h"
@@ -12,12 +13,22 @@
 namespace syncnorm {
 
 ProcessMemory ReadProcessMemory() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return {};
-  long long size = 0, resident = 0;
-  const bool read = std::fscanf(f, "%lld %lld", &size, &resident) == 2;
-  std::fclose(f);
-  if (!read) return {};
+  // open and read, not stdio: the watchdog reads it every 5 ms, and a
+  // FILE's buffers would be heap allocated and freed at each read (held in
+  // AddressSanitizer's quarantine, they grew the server by 4 MB a second).
+  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  char text[128];
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return {};
+  text[n] = '\0';
+  char* end = nullptr;
+  const long long size = std::strtoll(text, &end, 10);
+  if (end == text) return {};
+  char* rest = end;
+  const long long resident = std::strtoll(rest, &end, 10);
+  if (end == rest) return {};
   const int64_t page = ::sysconf(_SC_PAGESIZE);
   return ProcessMemory{resident * page, size * page};
 }
