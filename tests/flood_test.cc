@@ -1135,9 +1135,11 @@ TEST_F(FloodTest, Http2FloodsLoseTheirConnectionAndMemoryStaysBounded) {
 // Floods that keep the server's polling thread busy from one to the next:
 // two side by side, then three back to back with no pause (gRPC is still
 // taking the calls of the one just closed when the next arrives). Each
-// connection is closed, and the server's memory stays within the bound
-// that one flood at a time has. A breaker that closed one connection per
-// pass of the thread let every flood after the first in it run to its end
+// connection is closed (or, when the server kept up and answered every
+// request before its reset, held nothing), and the server's memory stays
+// within the bound that one flood at a time has. A breaker that closed one
+// connection per pass of the thread let every flood after the first in it run
+// to its end
 // (+580 MB).
 TEST_F(FloodTest, FloodsSideBySideAndBackToBackAreEachClosed) {
   ASSERT_TRUE(CreateJob(Job("solo", 1, 1, 64, 5000)).ok());
@@ -1177,6 +1179,12 @@ TEST_F(FloodTest, FloodsSideBySideAndBackToBackAreEachClosed) {
     const Http2FloodResult& r = *results[i];
     std::fprintf(stderr, "flood %zu: %d sent, %d answered, closed %d\n", i,
                  r.sent, r.responses, r.closed);
+    // A flood whose requests the server answered as they came (before
+    // their resets) held nothing: an ordinary busy client's connection,
+    // which no line closes (a loaded machine's scheduler can make the
+    // server keep up; CI once saw 44,997 of 45,000 answered). Any other
+    // is closed long before its end.
+    if (r.responses >= r.sent - r.sent / 100) continue;
     EXPECT_TRUE(r.closed) << "flood " << i << " kept its connection";
     EXPECT_LT(r.sent, 45000) << "flood " << i << " was let run to its end";
   }
