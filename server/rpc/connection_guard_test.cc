@@ -457,8 +457,12 @@ TEST_F(ReadFloodBreakerTest, ClosesAFloodThatLeavesTheLoopEvents) {
   // Short passes come and go; the window goes on.
   breaker_.PassBegan();
   breaker_.PassGoesOn(0);
+  // Judged again once the memory grew by kMinExcess more.
   now += absl::Seconds(1);  // past the judgment's cost
-  breaker_.Serving(now, level + 1);
+  breaker_.Serving(now, level + ReadFloodBreaker::kMinExcess - 1);
+  EXPECT_TRUE(closer_.closed().empty());
+  breaker_.Serving(now + absl::Milliseconds(5),
+                   level + ReadFloodBreaker::kMinExcess);
   ASSERT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
   EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 1);
   // What the flood left is judged from the close: the small sender, under

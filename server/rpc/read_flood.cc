@@ -102,7 +102,13 @@ void ReadFloodBreaker::Serving(absl::Time now, int64_t resident) {
   window_floor_ = std::min(window_floor_, resident);
   const int64_t growth = resident - window_floor_;
   const bool over = now - window_start_ >= kWindow;
-  if ((!over && growth < kMaxExcess) || now - judged_ < judge_period_) return;
+  // Judged once the memory grew by the allowance, and again at each
+  // kMinExcess more (a flood goes on growing it; memory that stays, such
+  // as a wide round's, is not counted again and again); and once a window
+  // whether it goes on.
+  const bool grew = growth >= std::max(kMaxExcess, judge_at_growth_) &&
+                    now - judged_ >= judge_period_;
+  if (!grew && !(over && now >= recheck_)) return;
   judged_ = now;
   const absl::Time counting = absl::Now();
   Snapshot bytes = sockets_->BytesReceived();
@@ -118,12 +124,15 @@ void ReadFloodBreaker::Serving(absl::Time now, int64_t resident) {
       return;
     }
   }
+  judge_at_growth_ = growth + kMinExcess;
   // A window in which the memory grew past what was sent goes on, so that
   // a flood slower than kMaxExcess a window is judged whole; up to
   // kLongestWindow, for memory the server keeps for reasons of its own.
   if (over &&
       (excess < kKeepWindowExcess || now - window_start_ >= kLongestWindow)) {
     StartWindow(now, resident, std::move(bytes));
+  } else if (over) {
+    recheck_ = now + kWindow;
   }
 }
 
@@ -132,6 +141,8 @@ void ReadFloodBreaker::StartWindow(absl::Time now, int64_t resident,
   window_start_ = now;
   window_bytes_ = std::move(bytes);
   window_floor_ = resident;
+  judge_at_growth_ = 0;
+  recheck_ = absl::InfinitePast();
   closed_.clear();
 }
 

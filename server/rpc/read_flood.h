@@ -117,12 +117,12 @@ class ReadFloodBreaker final : public PassWatcher {
   static constexpr int64_t kMinCost = int64_t{64} << 10;
   // A window whose memory grew by this much past what was sent goes on.
   static constexpr int64_t kKeepWindowExcess = kMaxExcess / 8;
-  // A window is judged at most every kJudgeCostFactor times what its last
+  // A window is judged once its memory grew by kMaxExcess, then at each
+  // kMinExcess more, at most every kJudgeCostFactor times what its last
   // judgment took: each counts every socket's bytes (a few system calls a
-  // connection; milliseconds at thousands of connections), and a window
-  // whose memory grew by kMaxExcess, a wide round's, is judged at each look
-  // until it ends. With a few connections that is every look: a flood in
-  // bursts can make gRPC hold 90 MB in 100 ms.
+  // connection; milliseconds at thousands of connections). With a few
+  // connections that can be every look: a flood in bursts can make gRPC
+  // hold 90 MB in 100 ms.
   static constexpr int kJudgeCostFactor = 10;
 
   // Both must outlive the breaker.
@@ -161,6 +161,8 @@ class ReadFloodBreaker final : public PassWatcher {
   int64_t window_floor_ = 0;  // the least resident memory in it
   absl::Time judged_ = absl::InfinitePast();
   absl::Duration judge_period_ = absl::ZeroDuration();
+  int64_t judge_at_growth_ = 0;  // the next judgment's growth, at least
+  absl::Time recheck_ = absl::InfinitePast();  // whether the window goes on
 };
 
 }  // namespace syncnorm
