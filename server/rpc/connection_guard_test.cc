@@ -500,6 +500,32 @@ TEST_F(ReadFloodBreakerTest, JudgesASlowFloodWhole) {
   EXPECT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
 }
 
+// Between passes, beside a trainer whose calls are answered: the bytes it
+// sends in a window (hundreds of MB at 1 MiB a round) were answered and
+// freed, so they do not excuse a flood's growth; the flood is closed.
+TEST_F(ReadFloodBreakerTest, ATrainersTrafficDoesNotHideAFloodBetweenPasses) {
+  constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
+  const Loopback::Connection trainer = loopback_.Connect();
+  const Loopback::Connection flood = loopback_.Connect();
+  for (int i = 0; i < 3; ++i) {
+    auto call = guard_.CallStarted(trainer.peer);
+    ASSERT_NE(call, nullptr);
+    guard_.CallEnded(*call, absl::StatusCode::kOk, absl::Milliseconds(30));
+  }
+  absl::Time now = absl::FromUnixSeconds(1000);
+  int64_t level = 100 << 20;
+  breaker_.Serving(now, level);
+  constexpr size_t kChunk = 60000;
+  for (int i = 0; i < 200; ++i) {  // 12 MB, as gRPC reads it
+    Send(trainer.client, kChunk);
+    Drain(trainer.accepted);
+  }
+  Send(flood.client, 100000);
+  now += absl::Milliseconds(5);
+  breaker_.Serving(now, level + kMax + kPer + 100000);
+  EXPECT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
+}
+
 // Issue 35: a wide first round. Hundreds of connections, none with a call
 // answered yet, each sends its first message in one pass; the memory grows
 // by the messages and each one's calls: no connection is closed.

@@ -57,9 +57,10 @@ Since BytesSince(
 }  // namespace
 
 int64_t ReadFloodBreaker::Excess(int64_t growth, const Snapshot& since,
-                                 const Snapshot& now) {
+                                 const Snapshot& now, const PeerSet* skip) {
   int64_t excess = growth;
   for (const auto& [peer, bytes] : now) {
+    if (skip != nullptr && skip->contains(peer)) continue;
     const int64_t sent = BytesSince(since, peer, bytes).sent;
     if (sent > 0) excess -= sent + kPerConnection;
   }
@@ -80,8 +81,9 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
   if (growth < allowance_) return;
   Snapshot now = sockets_->BytesReceived();
   // The memory holds what was sent.
-  if (Excess(growth, at_start_, now) < allowance_) return;
-  const std::string costliest = Costliest(at_start_, now, /*min_cost=*/1);
+  if (Excess(growth, at_start_, now, /*skip=*/nullptr) < allowance_) return;
+  const std::string costliest =
+      Costliest(at_start_, now, /*min_cost=*/1, guard_->PeersGivingBack());
   if (costliest.empty()) return;  // every sender gives back
   guard_->Close(costliest, CloseReason::kReadFlood);
   closed_.insert(costliest);
@@ -113,9 +115,13 @@ void ReadFloodBreaker::Serving(absl::Time now, int64_t resident) {
   const absl::Time counting = absl::Now();
   Snapshot bytes = sockets_->BytesReceived();
   judge_period_ = kJudgeCostFactor * (absl::Now() - counting);
-  const int64_t excess = Excess(growth, window_bytes_, bytes);
+  // What a connection that gives back sent was answered and freed: over a
+  // window, a trainer's rounds would excuse any growth beside them.
+  const PeerSet giving_back = guard_->PeersGivingBack();
+  const int64_t excess = Excess(growth, window_bytes_, bytes, &giving_back);
   if (excess >= kMaxExcess) {
-    const std::string costliest = Costliest(window_bytes_, bytes, kMinCost);
+    const std::string costliest =
+        Costliest(window_bytes_, bytes, kMinCost, giving_back);
     if (!costliest.empty()) {
       guard_->Close(costliest, CloseReason::kReadFlood);
       closed_.insert(costliest);
@@ -147,10 +153,8 @@ void ReadFloodBreaker::StartWindow(absl::Time now, int64_t resident,
 }
 
 std::string ReadFloodBreaker::Costliest(const Snapshot& since,
-                                        const Snapshot& now,
-                                        int64_t min_cost) const {
-  const absl::flat_hash_set<std::string> giving_back =
-      guard_->PeersGivingBack();
+                                        const Snapshot& now, int64_t min_cost,
+                                        const PeerSet& giving_back) const {
   std::string costliest;
   int64_t most = min_cost - 1;
   for (const auto& [peer, bytes] : now) {

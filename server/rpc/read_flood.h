@@ -87,8 +87,10 @@ class PassWatcher {
 // requests (a stream waiting for the service, a call whose answer the
 // client never reads) as a pass's flood would. So between passes the
 // breaker judges the same way over a window: the memory's growth above
-// its lowest since the window began, less the bytes every connection sent
-// since, and the costliest connection that does not give back goes once
+// its lowest since the window began, less the bytes every connection that
+// does not give back sent since (one that does had its calls answered and
+// their messages freed: a trainer sends hundreds of MB a window), and the
+// costliest connection that does not give back goes once
 // that excess passes kMaxExcess, provided it sent at least kMinCost (a
 // flood that grew the memory by kMaxExcess sent thousands of requests; a
 // client's single call that makes the server allocate, CreateJob, sent
@@ -135,15 +137,17 @@ class ReadFloodBreaker final : public PassWatcher {
 
  private:
   using Snapshot = absl::flat_hash_map<std::string, SocketCloser::Bytes>;
-  // The connection in `now` with the highest cost since `since` that does
-  // not give back, was not closed in this pass and cost at least
+  using PeerSet = absl::flat_hash_set<std::string>;
+  // The connection in `now` with the highest cost since `since` that is
+  // not in `giving_back`, was not closed in this pass and cost at least
   // `min_cost`; "" if none.
   std::string Costliest(const Snapshot& since, const Snapshot& now,
-                        int64_t min_cost) const;
-  // What the memory grew by beyond what every connection sent since
-  // `since` and kPerConnection for each that sent any.
+                        int64_t min_cost, const PeerSet& giving_back) const;
+  // What the memory grew by beyond what every connection (but those in
+  // `skip`, if any) sent since `since` and kPerConnection for each that
+  // sent any.
   static int64_t Excess(int64_t growth, const Snapshot& since,
-                        const Snapshot& now);
+                        const Snapshot& now, const PeerSet* skip);
   void StartWindow(absl::Time now, int64_t resident, Snapshot bytes);
 
   const SocketCloser* const sockets_;
