@@ -287,6 +287,15 @@ class ReadFloodBreakerTest : public ::testing::Test {
  protected:
   ReadFloodBreakerTest() { sockets_.set_server_port(loopback_.port()); }
 
+  // `n` calls from `peer`, each answered.
+  void AnswerCalls(const std::string& peer, int n) {
+    for (int i = 0; i < n; ++i) {
+      auto call = guard_.CallStarted(peer);
+      ASSERT_NE(call, nullptr);
+      guard_.CallEnded(*call, absl::StatusCode::kOk, absl::Milliseconds(30));
+    }
+  }
+
   Loopback loopback_;
   SocketCloser sockets_;
   RecordingCloser closer_;
@@ -404,11 +413,7 @@ TEST_F(ReadFloodBreakerTest, LeavesALargeMessageAndAQuietPassAlone) {
 TEST_F(ReadFloodBreakerTest, ClosesTheFloodNotTheTrainerBesideIt) {
   const Loopback::Connection trainer = loopback_.Connect();
   const Loopback::Connection flood = loopback_.Connect();
-  for (int i = 0; i < 3; ++i) {
-    auto call = guard_.CallStarted(trainer.peer);
-    ASSERT_NE(call, nullptr);
-    guard_.CallEnded(*call, absl::StatusCode::kOk, absl::Milliseconds(30));
-  }
+  AnswerCalls(trainer.peer, 3);  // it gives back
   Send(flood.client, 30000);
   breaker_.PassBegan();
   constexpr size_t kChunk = 60000;
@@ -507,11 +512,7 @@ TEST_F(ReadFloodBreakerTest, ATrainersTrafficDoesNotHideAFloodBetweenPasses) {
   constexpr int64_t kMax = ReadFloodBreaker::kMaxExcess;
   const Loopback::Connection trainer = loopback_.Connect();
   const Loopback::Connection flood = loopback_.Connect();
-  for (int i = 0; i < 3; ++i) {
-    auto call = guard_.CallStarted(trainer.peer);
-    ASSERT_NE(call, nullptr);
-    guard_.CallEnded(*call, absl::StatusCode::kOk, absl::Milliseconds(30));
-  }
+  AnswerCalls(trainer.peer, 3);  // it gives back
   absl::Time now = absl::FromUnixSeconds(1000);
   int64_t level = 100 << 20;
   breaker_.Serving(now, level);

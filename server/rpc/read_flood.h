@@ -156,7 +156,7 @@ class ReadFloodBreaker final : public PassWatcher {
   Snapshot at_start_;
   int64_t grown_at_start_ = 0;
   int64_t allowance_ = kMaxExcess;
-  absl::flat_hash_set<std::string> closed_;  // in this pass
+  absl::flat_hash_set<std::string> closed_;  // in this pass or window
 
   // Between passes; the window starts again when window_start_ is
   // InfinitePast.
