@@ -8,8 +8,21 @@
 
 #include "absl/status/statusor.h"
 #include "syncnorm/v1/aggregator.pb.h"
+#include "wire/rank_set.h"
 
 namespace syncnorm {
+
+// One set of ranks of a Membership answer: its runs (`member_runs` and the
+// like), or its rank list from a server that predates runs.
+RankSet RanksOf(const google::protobuf::RepeatedField<int32_t>& list,
+                const google::protobuf::RepeatedField<int32_t>& runs);
+
+// The latest members, and a change's sets, each by RanksOf.
+RankSet Members(const v1::Membership& m);
+RankSet Members(const v1::MembershipChange& c);
+RankSet Joined(const v1::MembershipChange& c);
+RankSet Left(const v1::MembershipChange& c);
+RankSet Removed(const v1::MembershipChange& c);
 
 // Whether `rank` is among the job's latest members (those from the latest
 // change's step on).

@@ -19,6 +19,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace syncnorm {
@@ -67,6 +68,46 @@ TEST(MemberSinceTest, TheStepOfTheChangeThatLastMadeTheRankAMember) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MemberSince(job, -1).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 32: a wide job's answer carries its sets as runs only (the rank
+// lists stay empty past 65,536 ranks). A job of 65,536 ranks: every rank
+// but 0 left at step 3 and ranks 1..40000 joined back at step 8.
+TEST(MemberSinceTest, ReadsTheRunsOfAWideJob) {
+  const auto runs = [](std::vector<int> flat) {
+    google::protobuf::RepeatedField<int32_t> out;
+    for (int x : flat) out.Add(x);
+    return out;
+  };
+  v1::JobInfo job;
+  job.set_job_id("wide");
+  job.set_world_size(65536);
+  v1::Membership* m = job.mutable_membership();
+  m->set_version(2);
+  *m->mutable_member_runs() = runs({0, 40000});
+  v1::MembershipChange* c = m->add_history();
+  *c->mutable_member_runs() = runs({0, 65535});
+  c = m->add_history();
+  c->set_version(1);
+  c->set_step(3);
+  *c->mutable_member_runs() = runs({0, 0});
+  *c->mutable_left_runs() = runs({1, 65535});
+  c = m->add_history();
+  c->set_version(2);
+  c->set_step(8);
+  *c->mutable_member_runs() = runs({0, 40000});
+  *c->mutable_joined_runs() = runs({1, 40000});
+  EXPECT_TRUE(IsMember(job, 0));
+  EXPECT_TRUE(IsMember(job, 40000));
+  EXPECT_FALSE(IsMember(job, 40001));
+  EXPECT_EQ(*MemberSince(job, 0), 0);
+  EXPECT_EQ(*MemberSince(job, 17), 8);
+  absl::StatusOr<int64_t> gone = MemberSince(job, 50000);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition);
+  // The message names the members in the bounded form, whatever the width.
+  EXPECT_THAT(std::string(gone.status().message()),
+              ::testing::HasSubstr("(members [0-40000], version 2"));
+  EXPECT_LE(gone.status().message().size(), 512u);
 }
 
 TEST(MemberSinceTest, TheOldestKeptChangeStandsForTheStepsBeforeIt) {

@@ -15,6 +15,7 @@
 #include "client/ctl/output.h"
 #include "client/ctl/state_dict.h"
 #include "client/job_groups.h"
+#include "client/job_membership.h"
 
 namespace syncnorm::ctl {
 namespace {
@@ -79,7 +80,7 @@ std::string JobState(const v1::JobInfo& job) {
 // (an aggregator without elastic membership).
 std::string Members(const v1::JobInfo& job) {
   if (!job.has_membership()) return "all";
-  return FormatRanks(job.membership().members());
+  return FormatRanks(syncnorm::Members(job.membership()));
 }
 
 absl::Status Jobs(Client& client, const Args& args, std::ostream& out) {

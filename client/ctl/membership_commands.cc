@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/ctl/output.h"
+#include "client/job_membership.h"
 
 namespace syncnorm::ctl {
 namespace {
@@ -16,14 +17,14 @@ std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
 // "joined 3; left 1" of a change ("as created" for the first version).
 std::string WhatChanged(const v1::MembershipChange& c) {
   std::vector<std::string> parts;
-  if (c.joined_size() > 0) {
-    parts.push_back(absl::StrCat("joined ", FormatRanks(c.joined())));
+  if (const RankSet joined = Joined(c); !joined.empty()) {
+    parts.push_back(absl::StrCat("joined ", FormatRanks(joined)));
   }
-  if (c.left_size() > 0) {
-    parts.push_back(absl::StrCat("left ", FormatRanks(c.left())));
+  if (const RankSet left = Left(c); !left.empty()) {
+    parts.push_back(absl::StrCat("left ", FormatRanks(left)));
   }
-  if (c.removed_size() > 0) {
-    parts.push_back(absl::StrCat("removed ", FormatRanks(c.removed())));
+  if (const RankSet removed = Removed(c); !removed.empty()) {
+    parts.push_back(absl::StrCat("removed ", FormatRanks(removed)));
   }
   if (c.restored()) {
     // A restore puts the checkpoint's members back from its step + 1.
@@ -56,13 +57,13 @@ absl::Status MembersCommand(Client& client, const Args& args,
   }
   out << absl::StrFormat(
       "job %s: members %s of world %d (version %d); next step %d\n",
-      job->job_id(), FormatRanks(m.members()), job->world_size(), m.version(),
+      job->job_id(), FormatRanks(Members(m)), job->world_size(), m.version(),
       job->next_step());
   out << absl::StrFormat("%7s %10s  %-24s %s\n", "VERSION", "FROM STEP",
                          "MEMBERS", "CHANGE");
   for (const v1::MembershipChange& c : m.history()) {
     out << absl::StrFormat("%7d %10d  %-24s %s\n", c.version(), c.step(),
-                           FormatRanks(c.members()), WhatChanged(c));
+                           FormatRanks(Members(c)), WhatChanged(c));
   }
   return absl::OkStatus();
 }
@@ -105,7 +106,7 @@ absl::Status ChangeMembersCommand(Client& client, const Args& args,
       m.history_size() > 0 ? m.history(m.history_size() - 1).step() : 0;
   out << absl::StrFormat(
       "job %s: from step %d the members are %s (version %d)\n", job->job_id(),
-      from, FormatRanks(m.members()), m.version());
+      from, FormatRanks(Members(m)), m.version());
   return absl::OkStatus();
 }
 

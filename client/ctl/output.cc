@@ -71,6 +71,20 @@ std::string FormatRanks(const google::protobuf::RepeatedField<int32_t>& ranks) {
   return parts.empty() ? "-" : absl::StrJoin(parts, ",");
 }
 
+std::string FormatRanks(const RankSet& ranks) {
+  std::vector<std::string> parts;
+  for (const RankSet::Run& run : ranks.runs()) {
+    if (int64_t{run.last} - run.first >= 2) {
+      parts.push_back(absl::StrCat(run.first, "-", run.last));
+      continue;
+    }
+    for (int r = run.first; r <= run.last; ++r) {
+      parts.push_back(absl::StrCat(r));
+    }
+  }
+  return parts.empty() ? "-" : absl::StrJoin(parts, ",");
+}
+
 std::string JoinShards(const google::protobuf::RepeatedField<int32_t>& shards) {
   return absl::StrJoin(shards, ",");
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "google/protobuf/message.h"
+#include "wire/rank_set.h"
 
 namespace syncnorm::ctl {
 
@@ -29,6 +30,7 @@ std::string FormatBytes(int64_t bytes);
 // Ranks, ascending, with runs of three or more as ranges: "0-3,5,7,8";
 // "-" for none.
 std::string FormatRanks(const google::protobuf::RepeatedField<int32_t>& ranks);
+std::string FormatRanks(const RankSet& ranks);
 
 // "1", "1,2" of a list of shard ordinals.
 std::string JoinShards(const google::protobuf::RepeatedField<int32_t>& shards);

@@ -372,7 +372,8 @@ TEST_F(ElasticTest, AWideChangeLogsABoundedLineAndStoresWhatItChanges) {
     for (int r = 0; r < kWorld; ++r) {
       if (model[r]) expected.push_back(r);
     }
-    ASSERT_EQ(job->membership.back().members, expected) << "change " << i;
+    ASSERT_EQ(job->membership.back().members.ranks(), expected)
+        << "change " << i;
     ASSERT_EQ(job->membership.back().version, i + 1);
 
     ASSERT_TRUE(absl::StrContains(log, "event=membership_changed")) << log;

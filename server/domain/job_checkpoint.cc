@@ -133,7 +133,7 @@ absl::StatusOr<CheckpointMeta> Job::CutLocked(int64_t step,
     // What a restore to this checkpoint puts back: the members training
     // resumes with.
     const std::shared_ptr<const Membership> members = Members();
-    data.meta.members = members->At(step + 1).members;
+    data.meta.members = members->At(step + 1).members.ranks();
     data.meta.membership_version = members->version();
     // Each layer's state as of `step` is fixed once applied, so cutting
     // them one by one while rounds go on still gives one consistent step.
@@ -254,12 +254,12 @@ absl::Status Job::RestoreLocked(int64_t step,
   }
   // The checkpoint's members come back from step + 1, as a new version (a
   // checkpoint from before membership existed: the initial members).
-  std::vector<int> members = data->meta.members.value_or(spec_.members);
-  if (members.empty()) {
-    for (int r = 0; r < spec_.world_size; ++r) members.push_back(r);
-  }
+  const std::vector<int> ranks = data->meta.members.value_or(spec_.members);
+  const RankSet members = ranks.empty()
+                              ? RankSet::Range(0, spec_.world_size - 1)
+                              : RankSet::Of(ranks);
   auto restored = std::make_shared<const Membership>(
-      Members()->Restored(step, std::move(members), step));
+      Members()->Restored(step, members, step));
   absl::Status s =
       store_->PutLayers(spec_.job_id, data->layers, true, &restored->history());
   if (!s.ok()) return s;

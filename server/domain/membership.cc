@@ -19,12 +19,8 @@ bool operator==(const MembershipChange& a, const MembershipChange& b) {
 Membership::Membership(int world_size, absl::Span<const int> members)
     : world_size_(world_size) {
   MembershipChange first;
-  if (members.empty()) {
-    first.members.resize(world_size);
-    for (int r = 0; r < world_size; ++r) first.members[r] = r;
-  } else {
-    first.members.assign(members.begin(), members.end());
-  }
+  first.members = members.empty() ? RankSet::Range(0, world_size - 1)
+                                  : RankSet::Of(members);
   history_.push_back(std::move(first));
   Index();
 }
@@ -39,10 +35,10 @@ Membership Membership::FromHistory(int world_size,
 }
 
 void Membership::Index() {
-  everyone_ = std::all_of(
-      history_.begin(), history_.end(), [&](const MembershipChange& c) {
-        return c.members.size() == static_cast<size_t>(world_size_);
-      });
+  everyone_ = std::all_of(history_.begin(), history_.end(),
+                          [&](const MembershipChange& c) {
+                            return c.members.size() == world_size_;
+                          });
 }
 
 const MembershipChange& Membership::At(int64_t step) const {
@@ -55,28 +51,21 @@ const MembershipChange& Membership::At(int64_t step) const {
 
 bool Membership::IsMember(int rank, int64_t step) const {
   if (everyone_) return rank >= 0 && rank < world_size_;
-  const std::vector<int>& m = At(step).members;
-  return std::binary_search(m.begin(), m.end(), rank);
+  return At(step).members.contains(rank);
 }
 
 bool Membership::Excused(int rank, int64_t step) const {
   for (auto it = history_.rbegin(); it != history_.rend() && it->step > step;
        ++it) {
-    if (std::binary_search(it->removed.begin(), it->removed.end(), rank)) {
-      return true;
-    }
+    if (it->removed.contains(rank)) return true;
   }
   return false;
 }
 
 bool Membership::OwesRounds(int rank, int64_t committed_step) const {
   for (auto it = history_.rbegin(); it != history_.rend(); ++it) {
-    if (std::binary_search(it->removed.begin(), it->removed.end(), rank)) {
-      return false;
-    }
-    if (std::binary_search(it->left.begin(), it->left.end(), rank)) {
-      return it->step > committed_step;
-    }
+    if (it->removed.contains(rank)) return false;
+    if (it->left.contains(rank)) return it->step > committed_step;
   }
   return false;
 }
@@ -114,23 +103,26 @@ absl::StatusOr<Membership> Membership::Apply(const MembershipRequest& request,
   }
   if (absl::Status s = CheckStep(request.step, "step"); !s.ok()) return s;
 
+  // What the request changes, each O(ranks named x log runs); the members
+  // after it, O(runs): never a pass over the job's width or its history.
   const MembershipChange& latest = this->latest();
-  std::set<int> members(latest.members.begin(), latest.members.end());
-  MembershipChange next;
+  const RankSet& members = latest.members;
+  std::vector<int> joined, left, removed;
   for (int r : request.join) {
-    if (members.count(r) == 0) next.joined.push_back(r);
+    if (!members.contains(r)) joined.push_back(r);
   }
   for (int r : request.leave) {
-    if (members.count(r) != 0) next.left.push_back(r);
+    if (members.contains(r)) left.push_back(r);
   }
   for (int r : request.remove) {
-    if (members.count(r) != 0 || OwesRounds(r, committed_step)) {
-      next.removed.push_back(r);
+    if (members.contains(r) || OwesRounds(r, committed_step)) {
+      removed.push_back(r);
     }
   }
-  if (next.joined.empty() && next.left.empty() && next.removed.empty()) {
+  if (joined.empty() && left.empty() && removed.empty()) {
     return *this;  // in force already: a retry
   }
+  MembershipChange next;
   next.step = request.step == 0 ? next_step : request.step;
   if (next.step < next_step) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -144,18 +136,20 @@ absl::StatusOr<Membership> Membership::Apply(const MembershipRequest& request,
         " (version ", latest.version, " from step ", latest.step,
         "); changes apply in step order"));
   }
-  for (int r : next.joined) members.insert(r);
-  for (int r : next.left) members.erase(r);
-  for (int r : next.removed) members.erase(r);
-  if (members.empty()) {
+  std::sort(joined.begin(), joined.end());
+  std::sort(left.begin(), left.end());
+  std::sort(removed.begin(), removed.end());
+  next.joined = RankSet::Of(joined);
+  next.left = RankSet::Of(left);
+  next.removed = RankSet::Of(removed);
+  next.members = RankSet::Difference(
+      RankSet::Difference(RankSet::Union(members, next.joined), next.left),
+      next.removed);
+  if (next.members.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the change would leave ", job,
         " without members; keep at least one rank (or delete the job)"));
   }
-  std::sort(next.joined.begin(), next.joined.end());
-  std::sort(next.left.begin(), next.left.end());
-  std::sort(next.removed.begin(), next.removed.end());
-  next.members.assign(members.begin(), members.end());
   next.version = latest.version + 1;
   Membership out = *this;
   out.history_.push_back(std::move(next));
@@ -170,9 +164,9 @@ absl::StatusOr<Membership> Membership::Apply(const MembershipRequest& request,
   return out;
 }
 
-Membership Membership::Restored(int64_t step, std::vector<int> members,
+Membership Membership::Restored(int64_t step, const RankSet& members,
                                 int64_t committed_step) const {
-  const std::vector<int>& before = At(step + 1).members;
+  const RankSet& before = At(step + 1).members;
   if (before == members && latest().step <= step + 1) return *this;
   Membership out = *this;
   while (out.history_.size() > 1 && out.history_.back().step > step + 1) {
@@ -181,11 +175,9 @@ Membership Membership::Restored(int64_t step, std::vector<int> members,
   MembershipChange next;
   next.version = latest().version + 1;
   next.step = step + 1;
-  std::set_difference(members.begin(), members.end(), before.begin(),
-                      before.end(), std::back_inserter(next.joined));
-  std::set_difference(before.begin(), before.end(), members.begin(),
-                      members.end(), std::back_inserter(next.left));
-  next.members = std::move(members);
+  next.joined = RankSet::Difference(members, before);
+  next.left = RankSet::Difference(before, members);
+  next.members = members;
   next.restored = true;
   out.history_.push_back(std::move(next));
   out.Fold(committed_step);

@@ -9,20 +9,23 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "wire/rank_set.h"
 
 namespace syncnorm {
 
-// One version of a job's members.
+// One version of a job's members. Its rank sets are runs shared between
+// copies, so that a change costs what it names (as runs), not what the
+// job's width or its history holds.
 struct MembershipChange {
   int64_t version = 0;
   // The first step it applies to (forward and backward rounds).
   int64_t step = 0;
-  // Members from `step` on, ascending.
-  std::vector<int> members;
-  // What changed, ascending each; empty in version 0.
-  std::vector<int> joined;
-  std::vector<int> left;
-  std::vector<int> removed;
+  // Members from `step` on.
+  RankSet members;
+  // What changed; empty in version 0.
+  RankSet joined;
+  RankSet left;
+  RankSet removed;
   // Made by a checkpoint restore (the checkpoint of step - 1).
   bool restored = false;
 };
@@ -86,7 +89,7 @@ class Membership {
 
   // After a restore to the checkpoint of `step`: `members` again from
   // step + 1, as a new version; changes for later steps are dropped.
-  Membership Restored(int64_t step, std::vector<int> members,
+  Membership Restored(int64_t step, const RankSet& members,
                       int64_t committed_step) const;
 
  private:

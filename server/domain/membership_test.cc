@@ -22,7 +22,7 @@ TEST(MembershipTest, EveryRankIsAMemberOfAJobThatNeverChanged) {
   const Membership m(4, {});
   EXPECT_TRUE(m.everyone());
   EXPECT_EQ(m.version(), 0);
-  EXPECT_EQ(m.latest().members, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(m.latest().members.ranks(), (std::vector<int>{0, 1, 2, 3}));
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(m.IsMember(r, 1000));
   EXPECT_FALSE(m.IsMember(4, 0));
 }
@@ -35,14 +35,14 @@ TEST(MembershipTest, ChangesApplyFromTheirStepOn) {
   ASSERT_TRUE(m1.ok()) << m1.status();
   EXPECT_EQ(m1->version(), 1);
   EXPECT_EQ(m1->latest().step, 5);  // 0: the next step
-  EXPECT_EQ(m1->latest().left, (std::vector<int>{3}));
+  EXPECT_EQ(m1->latest().left.ranks(), (std::vector<int>{3}));
   EXPECT_TRUE(m1->IsMember(3, 4));
   EXPECT_FALSE(m1->IsMember(3, 5));
   EXPECT_FALSE(m1->Excused(3, 4));  // it left: rounds before 5 wait for it
 
   absl::StatusOr<Membership> m2 = m1->Apply(Request(9, {4, 5}), 8, 6, 5, "j");
   ASSERT_TRUE(m2.ok()) << m2.status();
-  EXPECT_EQ(m2->latest().members, (std::vector<int>{0, 1, 2, 4, 5}));
+  EXPECT_EQ(m2->latest().members.ranks(), (std::vector<int>{0, 1, 2, 4, 5}));
   EXPECT_FALSE(m2->IsMember(4, 8));
   EXPECT_TRUE(m2->IsMember(4, 9));
   EXPECT_EQ(m2->At(7).version, 1);
@@ -71,7 +71,7 @@ TEST(MembershipTest, RemovingARankThatLeftButOwesRoundsExcusesIt) {
       m1->Apply(Request(0, {}, {}, {3}), 4, 10, 8, "j");
   ASSERT_TRUE(m2.ok()) << m2.status();
   EXPECT_EQ(m2->version(), 2);
-  EXPECT_EQ(m2->latest().removed, (std::vector<int>{3}));
+  EXPECT_EQ(m2->latest().removed.ranks(), (std::vector<int>{3}));
   EXPECT_TRUE(m2->Excused(3, 9));
   // Once it has been removed, removing it again changes nothing.
   absl::StatusOr<Membership> m3 =
@@ -154,11 +154,43 @@ TEST(MembershipTest, ARestorePutsTheCheckpointsMembersBackAsANewVersion) {
   EXPECT_EQ(r.version(), 3);
   EXPECT_TRUE(r.latest().restored);
   EXPECT_EQ(r.latest().step, 5);
-  EXPECT_EQ(r.latest().members, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(r.latest().members.ranks(), (std::vector<int>{0, 1, 2, 3}));
   EXPECT_FALSE(r.IsMember(4, 6));  // the join from step 6 is undone
   EXPECT_TRUE(r.IsMember(0, 12));  // and so is the leave from step 12
   // Restoring to the members in force, with nothing ahead, changes nothing.
   EXPECT_EQ(m0.Restored(4, {0, 1, 2, 3}, 4).version(), 0);
+}
+
+// Issue 32: each change copied every kept change's rank lists (16 MB at
+// 65,536 ranks and 63 changes). A change now names what it changed as
+// runs, and the kept changes are shared with the membership before it.
+TEST(MembershipTest, AChangeCostsWhatItNamesNotTheHistory) {
+  constexpr int kWorld = 65536;
+  std::vector<int> others;
+  for (int r = 1; r < kWorld; ++r) others.push_back(r);
+  Membership m(kWorld, {});
+  for (int i = 0; i < 62; ++i) {
+    MembershipRequest change;
+    (i % 2 == 0 ? change.leave : change.join) = others;
+    absl::StatusOr<Membership> next = m.Apply(change, kWorld, 0, -1, "wide");
+    ASSERT_TRUE(next.ok()) << next.status();
+    ASSERT_EQ(next->history().size(), m.history().size() + 1);
+    for (size_t v = 0; v < m.history().size(); ++v) {
+      const MembershipChange& before = m.history()[v];
+      const MembershipChange& after = next->history()[v];
+      ASSERT_EQ(after, before);
+      // Shared, not copied.
+      ASSERT_EQ(after.members.runs().data(), before.members.runs().data());
+      ASSERT_EQ(after.left.runs().data(), before.left.runs().data());
+      ASSERT_EQ(after.joined.runs().data(), before.joined.runs().data());
+    }
+    const MembershipChange& latest = next->latest();
+    EXPECT_EQ(latest.members.runs().size(), 1u);
+    EXPECT_EQ(latest.members.size(), i % 2 == 0 ? 1 : kWorld);
+    EXPECT_EQ((i % 2 == 0 ? latest.left : latest.joined).size(), kWorld - 1);
+    EXPECT_EQ(next->IsMember(kWorld - 1, 0), i % 2 == 1);
+    m = *std::move(next);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "google/protobuf/repeated_field.h"
 #include "wire/convert.h"
+#include "wire/rank_set.h"
 #include "wire/round_error.h"
 
 namespace syncnorm {
@@ -101,20 +102,38 @@ void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
   info.set_next_step(job.next_step);
   info.set_staleness(spec.staleness);
   if (!job.membership.empty()) {
-    v1::Membership* m = info.mutable_membership();
-    const MembershipChange& latest = job.membership.back();
-    m->set_version(latest.version);
-    m->mutable_members()->Assign(latest.members.begin(), latest.members.end());
-    for (const MembershipChange& c : job.membership) {
-      v1::MembershipChange* out = m->add_history();
-      out->set_version(c.version);
-      out->set_step(c.step);
-      out->mutable_members()->Assign(c.members.begin(), c.members.end());
-      out->mutable_joined()->Assign(c.joined.begin(), c.joined.end());
-      out->mutable_left()->Assign(c.left.begin(), c.left.end());
-      out->mutable_removed()->Assign(c.removed.begin(), c.removed.end());
-      out->set_restored(c.restored);
-    }
+    MembershipToProto(job.membership, *info.mutable_membership());
+  }
+}
+
+void MembershipToProto(const std::vector<MembershipChange>& history,
+                       v1::Membership& m) {
+  // The rank lists too, for readers written before runs, while they stay
+  // small (v1::Membership).
+  const MembershipChange& latest = history.back();
+  int64_t listed = latest.members.size();
+  for (const MembershipChange& c : history) {
+    listed +=
+        c.members.size() + c.joined.size() + c.left.size() + c.removed.size();
+  }
+  const bool lists = listed <= kMaxListedRanks;
+  const auto put = [&](const RankSet& set,
+                       google::protobuf::RepeatedField<int32_t>* list,
+                       google::protobuf::RepeatedField<int32_t>* runs) {
+    AddFlatRuns(set, runs);
+    if (lists) list->Assign(set.begin(), set.end());
+  };
+  m.set_version(latest.version);
+  put(latest.members, m.mutable_members(), m.mutable_member_runs());
+  for (const MembershipChange& c : history) {
+    v1::MembershipChange* out = m.add_history();
+    out->set_version(c.version);
+    out->set_step(c.step);
+    put(c.members, out->mutable_members(), out->mutable_member_runs());
+    put(c.joined, out->mutable_joined(), out->mutable_joined_runs());
+    put(c.left, out->mutable_left(), out->mutable_left_runs());
+    put(c.removed, out->mutable_removed(), out->mutable_removed_runs());
+    out->set_restored(c.restored);
   }
 }
 

@@ -4,6 +4,7 @@
 #ifndef SYNCNORM_SERVER_RPC_PROTO_CONVERT_H_
 #define SYNCNORM_SERVER_RPC_PROTO_CONVERT_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "server/domain/aggregator.h"
@@ -21,6 +22,15 @@ JobSpec JobSpecFromProto(const v1::CreateJobRequest& request);
 
 // A job's resolved spec and committed step.
 void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info);
+
+// The most ranks a Membership answer names as rank lists as well as runs
+// (v1::Membership), over all its sets: about 256 KB.
+inline constexpr int64_t kMaxListedRanks = 65536;
+
+// A job's kept membership history (not empty): each set as runs, and as
+// rank lists too while the answer names at most kMaxListedRanks ranks.
+void MembershipToProto(const std::vector<MembershipChange>& history,
+                       v1::Membership& m);
 
 MembershipRequest MembershipRequestFromProto(
     const v1::UpdateMembershipRequest& request);

@@ -1,5 +1,7 @@
 #include "server/rpc/proto_convert.h"
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/status.h"
@@ -36,6 +38,86 @@ TEST(ProtoConvertTest, JobSpecRoundTrip) {
   EXPECT_EQ(info.committed_step(), 7);
   EXPECT_EQ(info.round_timeout_ms(), 1500);
   EXPECT_EQ(info.layers(0).SerializeAsString(), l->SerializeAsString());
+}
+
+// The ranks of flattened (first, last) pairs, expanded here.
+std::vector<int> Expand(const google::protobuf::RepeatedField<int32_t>& runs) {
+  std::vector<int> out;
+  for (int i = 0; i + 1 < runs.size(); i += 2) {
+    for (int r = runs[i]; r <= runs[i + 1]; ++r) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<int> AllBut0(int world) {
+  std::vector<int> out;
+  for (int r = 1; r < world; ++r) out.push_back(r);
+  return out;
+}
+
+// Issue 32: a job of 65,536 ranks whose every rank but 0 left and joined
+// back 61 times answered GetJob with 17 MB of rank lists. Its sets go as
+// runs now: the whole answer is a few kB, and each set reads back.
+TEST(ProtoConvertTest, AWideMembershipGoesAsRuns) {
+  constexpr int kWorld = 65536;
+  Membership m(kWorld, {});
+  const std::vector<int> others = AllBut0(kWorld);
+  std::vector<int> every = others;
+  every.insert(every.begin(), 0);
+  for (int i = 0; i < 61; ++i) {
+    MembershipRequest change;
+    (i % 2 == 0 ? change.leave : change.join) = others;
+    absl::StatusOr<Membership> next = m.Apply(change, kWorld, 0, -1, "wide");
+    ASSERT_TRUE(next.ok()) << next.status();
+    m = *std::move(next);
+  }
+  v1::Membership out;
+  MembershipToProto(m.history(), out);
+  EXPECT_LE(out.ByteSizeLong(), 4096u);
+  EXPECT_EQ(out.version(), 61);
+  EXPECT_TRUE(out.members().empty());
+  EXPECT_EQ(Expand(out.member_runs()), std::vector<int>{0});
+  ASSERT_EQ(out.history_size(), 62);
+  for (int v = 0; v < 62; ++v) {
+    const v1::MembershipChange& c = out.history(v);
+    EXPECT_EQ(c.version(), v);
+    EXPECT_TRUE(c.members().empty() && c.joined().empty() && c.left().empty() &&
+                c.removed().empty());
+    const bool all = v % 2 == 0;  // version 0 and every join
+    EXPECT_EQ(Expand(c.member_runs()), all ? every : std::vector<int>{0})
+        << "version " << v;
+    EXPECT_EQ(Expand(c.joined_runs()),
+              all && v > 0 ? others : std::vector<int>())
+        << "version " << v;
+    EXPECT_EQ(Expand(c.left_runs()), all ? std::vector<int>() : others)
+        << "version " << v;
+    EXPECT_TRUE(c.removed_runs().empty());
+  }
+}
+
+// A narrow history goes as runs and as the rank lists that readers before
+// runs read.
+TEST(ProtoConvertTest, ANarrowMembershipGoesAsRunsAndLists) {
+  Membership m(8, {});
+  MembershipRequest change;
+  change.leave = {1, 2, 3, 6};
+  change.remove = {7};
+  absl::StatusOr<Membership> next = m.Apply(change, 8, 4, 3, "narrow");
+  ASSERT_TRUE(next.ok()) << next.status();
+  v1::Membership out;
+  MembershipToProto(next->history(), out);
+  EXPECT_EQ(std::vector<int>(out.members().begin(), out.members().end()),
+            (std::vector<int>{0, 4, 5}));
+  EXPECT_EQ(Expand(out.member_runs()), (std::vector<int>{0, 4, 5}));
+  EXPECT_EQ(out.member_runs_size(), 4);  // [0, 0], [4, 5]
+  const v1::MembershipChange& c = out.history(1);
+  EXPECT_EQ(c.step(), 4);
+  EXPECT_EQ(std::vector<int>(c.left().begin(), c.left().end()),
+            (std::vector<int>{1, 2, 3, 6}));
+  EXPECT_EQ(Expand(c.left_runs()), (std::vector<int>{1, 2, 3, 6}));
+  EXPECT_EQ(Expand(c.removed_runs()), std::vector<int>{7});
+  EXPECT_EQ(std::vector<int>(c.removed().begin(), c.removed().end()),
+            std::vector<int>{7});
 }
 
 TEST(ProtoConvertTest, ContributionAndResult) {

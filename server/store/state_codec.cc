@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "server/store/state.pb.h"
+#include "wire/rank_set.h"
 
 namespace syncnorm {
 namespace {
@@ -44,45 +45,27 @@ absl::Status CheckRanks(const std::vector<int>& ranks, const JobSpec& spec,
   return absl::OkStatus();
 }
 
-// `ranks` (ascending, distinct) as runs of consecutive ranks, each a
-// (first, last) pair.
-void ToRuns(const std::vector<int>& ranks,
-            google::protobuf::RepeatedField<int32_t>* runs) {
-  for (size_t i = 0; i < ranks.size();) {
-    size_t end = i + 1;
-    while (end < ranks.size() && ranks[end] == ranks[end - 1] + 1) ++end;
-    runs->Add(ranks[i]);
-    runs->Add(ranks[end - 1]);
-    i = end;
-  }
-}
-
 // `ranks` from a rank list (format 2) or its runs (format 3), at most one
-// of them set. The runs are checked before they are expanded, so that a
-// damaged record cannot claim billions of ranks.
+// of them set, checked; runs are never expanded, so that a damaged record
+// cannot claim billions of ranks.
 absl::Status RanksFromProto(
     const google::protobuf::RepeatedField<int32_t>& list,
     const google::protobuf::RepeatedField<int32_t>& runs, const JobSpec& spec,
-    absl::string_view what, std::vector<int>& ranks) {
+    absl::string_view what, RankSet& ranks) {
   if (runs.empty()) {
-    ranks.assign(list.begin(), list.end());
-    return CheckRanks(ranks, spec, what);
+    std::vector<int> listed(list.begin(), list.end());
+    if (absl::Status s = CheckRanks(listed, spec, what); !s.ok()) return s;
+    ranks = RankSet::Of(listed);
+    return absl::OkStatus();
   }
-  if (!list.empty() || runs.size() % 2 != 0) {
-    return Bad(absl::StrCat(what, " has both ranks and runs, or half a run"));
+  if (!list.empty()) {
+    return Bad(absl::StrCat(what, " has both ranks and runs"));
   }
-  int64_t next = 0;  // the lowest rank the next run may start at
-  for (int i = 0; i < runs.size(); i += 2) {
-    if (runs[i] < next || runs[i + 1] < runs[i] ||
-        runs[i + 1] >= spec.world_size) {
-      return Bad(absl::StrCat(what,
-                              " has runs that are not ascending ranks "
-                              "of 0..",
-                              spec.world_size - 1));
-    }
-    for (int r = runs[i]; r <= runs[i + 1]; ++r) ranks.push_back(r);
-    next = int64_t{runs[i + 1]} + 1;
-  }
+  absl::StatusOr<RankSet> set = RankSet::FromFlatRuns(
+      absl::MakeConstSpan(runs.data(), runs.size()), spec.world_size);
+  if (!set.ok())
+    return Bad(absl::StrCat(what, " has ", set.status().message()));
+  ranks = *std::move(set);
   return absl::OkStatus();
 }
 
@@ -553,10 +536,10 @@ std::string EncodeMembership(const std::vector<MembershipChange>& changes) {
     pb::MembershipChange* out = p.add_changes();
     out->set_version(c.version);
     out->set_step(c.step);
-    ToRuns(c.members, out->mutable_member_runs());
-    ToRuns(c.joined, out->mutable_joined_runs());
-    ToRuns(c.left, out->mutable_left_runs());
-    ToRuns(c.removed, out->mutable_removed_runs());
+    AddFlatRuns(c.members, out->mutable_member_runs());
+    AddFlatRuns(c.joined, out->mutable_joined_runs());
+    AddFlatRuns(c.left, out->mutable_left_runs());
+    AddFlatRuns(c.removed, out->mutable_removed_runs());
     out->set_restored(c.restored);
   }
   return p.SerializeAsString();

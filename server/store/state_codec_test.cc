@@ -274,10 +274,10 @@ TEST(StateCodecTest, AMembershipReadsBackAsWritten) {
     for (int v = 0; v < 5; ++v) {
       MembershipChange c{v,
                          3 * v,
-                         RandomRanks(rng, 300),
-                         RandomRanks(rng, 300),
-                         RandomRanks(rng, 300),
-                         RandomRanks(rng, 300),
+                         RankSet::Of(RandomRanks(rng, 300)),
+                         RankSet::Of(RandomRanks(rng, 300)),
+                         RankSet::Of(RandomRanks(rng, 300)),
+                         RankSet::Of(RandomRanks(rng, 300)),
                          v % 2 == 1};
       if (c.members.empty()) c.members = {7};
       history.push_back(std::move(c));

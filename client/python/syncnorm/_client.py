@@ -49,9 +49,25 @@ def momentum_mode_code(mode):
         "'cumulative' (torch momentum=None), got %r" % (mode,))
 
 
+# A Membership's sets of ranks come as runs, (first, last) pairs, and as
+# rank lists only while they are small (aggregator.proto): this module
+# gives lists, as it always has.
+_RANK_RUNS = {"member_runs": "members", "joined_runs": "joined",
+              "left_runs": "left", "removed_runs": "removed"}
+
+
+def _rank_lists(value):
+    for runs_key, list_key in _RANK_RUNS.items():
+        runs = value.pop(runs_key, None)
+        if runs:
+            value[list_key] = [r for first, last in zip(runs[::2], runs[1::2])
+                               for r in range(first, last + 1)]
+    return value
+
+
 def _ints(value, key=None):
     if isinstance(value, dict):
-        return {k: _ints(v, k) for k, v in value.items()}
+        return _rank_lists({k: _ints(v, k) for k, v in value.items()})
     if isinstance(value, list):
         return [_ints(v, key) for v in value]
     # "version" is also a release's name (BackupInfo): numbers only.
@@ -96,13 +112,14 @@ def _ranks(ranks, what):
     if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
         raise ValueError("expected %s as a list of ranks, got %r"
                          % (what, ranks))
-    out = []
+    out, seen = [], set()
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
             raise ValueError("expected %s to be ranks (integers >= 0), got %r"
                              % (what, r))
-        if r in out:
+        if r in seen:
             raise ValueError("rank %d is named twice in %s" % (r, what))
+        seen.add(r)
         out.append(int(r))
     return out
 
@@ -330,10 +347,12 @@ class Client:
                    "leave": _ranks(leave, "leave"),
                    "remove": _ranks(remove, "remove")}
         named = request["join"] + request["leave"] + request["remove"]
+        seen = set()
         for r in named:
-            if named.count(r) > 1:
+            if r in seen:
                 raise ValueError("rank %d is named more than once over join, "
                                  "leave and remove" % r)
+            seen.add(r)
         if not named:
             raise ValueError("expected ranks to join, leave or remove, got "
                              "none")

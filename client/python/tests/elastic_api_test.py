@@ -52,6 +52,31 @@ class ElasticApiTest(unittest.TestCase):
                                members=members)
         return job
 
+    def test_a_wide_job_answers_with_runs_and_reads_as_lists(self):
+        # 65,536 ranks, every rank but 0 leaving and joining back: the
+        # server sends the sets as runs only (past 65,536 listed ranks) and
+        # the Python API gives rank lists as before (issue 32).
+        world = 65536
+        job = self.create(world, None)
+        others = list(range(1, world))
+        info = self.client.update_membership(job, leave=others)
+        self.assertEqual(info["membership"]["members"], [0])
+        self.assertEqual(info["membership"]["history"][1]["left"], others)
+        info = self.client.update_membership(job, join=others)
+        got = self.client.get_job(job)
+        self.assertEqual(got, info)
+        m = got["membership"]
+        self.assertEqual(m["version"], 2)
+        self.assertEqual(m["members"], list(range(world)))
+        self.assertEqual([c["members"] for c in m["history"]],
+                         [list(range(world)), [0], list(range(world))])
+        self.assertEqual(m["history"][2]["joined"], others)
+        self.assertEqual(m["history"][2]["left"], [])
+        self.assertFalse([k for c in m["history"] for k in c
+                          if k.endswith("_runs")])
+        self.assertEqual(syncnorm.member_since(got, 5),
+                         m["history"][2]["step"])
+
     def test_refusals_are_service_errors_that_say_why(self):
         job = self.create(4, [0, 1])
         info = self.client.get_job(job)
