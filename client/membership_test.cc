@@ -16,10 +16,10 @@
 #include "client/job_membership.h"
 #include "client/running_stats.h"
 #include "client/sync_batch_norm.h"
+#include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace syncnorm {

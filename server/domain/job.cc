@@ -222,6 +222,8 @@ int64_t Job::CommittedStep() const {
   for (size_t l = 0; l < rendezvous_.size(); ++l) {
     if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (int g = 0; g < spec_.num_groups(); ++g) {
+      // A layer that runs no rounds (frozen) holds nothing back.
+      if (rendezvous_[l]->Frozen(g)) continue;
       const int64_t applied = rendezvous_[l]->LastAppliedStep(g);
       // A group whose ranks have all left waits for nothing: it does not
       // hold the job back.
@@ -346,9 +348,10 @@ absl::StatusOr<RunningStatsSnapshot> Job::Stats(absl::Span<const int> layers,
   out.job_id = spec_.job_id;
   out.committed_step = ReportedCommittedStep();
   for (int layer : *wanted) {
+    LayerState state = rendezvous_[layer]->State(group);
     out.layers.push_back(LayerStatsSnapshot{layer, spec_.layers[layer].name,
-                                            group,
-                                            rendezvous_[layer]->Stats(group)});
+                                            group, std::move(state.stats),
+                                            state.frozen});
   }
   return out;
 }
@@ -411,6 +414,7 @@ absl::StatusOr<std::vector<LayerStatsSnapshot>> Job::SetStats(
   for (const LayerStatsSnapshot& s : layers) {
     LayerState state = rendezvous_[s.layer]->State(s.group);
     state.stats = s.stats;
+    state.frozen = s.frozen;
     slots.push_back(LayerSlot{s.group, s.layer, std::move(state)});
   }
   if (absl::Status st = store_->PutLayers(spec_.job_id, slots, false);
@@ -418,7 +422,7 @@ absl::StatusOr<std::vector<LayerStatsSnapshot>> Job::SetStats(
     return st;
   }
   for (const LayerStatsSnapshot& s : layers) {
-    rendezvous_[s.layer]->SetStats(s.group, s.stats);
+    rendezvous_[s.layer]->SetStats(s.group, s.stats, s.frozen);
   }
   return layers;
 }

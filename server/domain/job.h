@@ -46,6 +46,8 @@ struct LayerStatsSnapshot {
   std::string name;
   int group = 0;
   RunningStats stats;
+  // Runs no rounds (LayerState::frozen).
+  bool frozen = false;
 };
 
 // The running statistics of some layers of one group of a job.

@@ -95,7 +95,7 @@ std::string Job::Lagging(int64_t step) const {
     if (!spec_.shard.owns(static_cast<int>(l))) continue;
     for (int g = 0; g < spec_.num_groups(); ++g) {
       const int64_t applied = rendezvous_[l]->LastAppliedStep(g);
-      if (applied >= step) continue;
+      if (applied >= step || rendezvous_[l]->Frozen(g)) continue;
       if (lag.size() == 8) {
         ++more;
         continue;
@@ -208,7 +208,8 @@ absl::StatusOr<RunningStatsSnapshot> Job::CheckpointStats(
     for (const LayerSlot& slot : data->layers) {
       if (slot.layer != layer || slot.group != group) continue;
       out.layers.push_back(LayerStatsSnapshot{layer, spec_.layers[layer].name,
-                                              group, slot.state.stats});
+                                              group, slot.state.stats,
+                                              slot.state.frozen});
     }
   }
   return out;

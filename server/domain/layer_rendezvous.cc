@@ -442,6 +442,7 @@ void LayerRendezvous::ApplyForward(const RoundKey& key, Round& round,
   outcome.status = Refused(key, CheckFiniteResult(next.stats));
   if (!outcome.status.ok()) return;
   next.last_applied = std::get<1>(key);
+  next.frozen = false;  // it runs rounds again
   outcome.moments = std::move(global);
   outcome.version = next.stats.num_batches_tracked;
 }
@@ -584,11 +585,6 @@ void LayerRendezvous::Abort(const absl::Status& status) {
   Deliver(out);
 }
 
-RunningStats LayerRendezvous::Stats(int group) const {
-  absl::MutexLock lock(&mu_);
-  return groups_[group].state.stats;
-}
-
 int64_t LayerRendezvous::LastAppliedStep(int group) const {
   absl::MutexLock lock(&mu_);
   return groups_[group].state.last_applied;
@@ -676,9 +672,16 @@ bool LayerRendezvous::Pristine() const {
   return true;
 }
 
-void LayerRendezvous::SetStats(int group, const RunningStats& stats) {
+void LayerRendezvous::SetStats(int group, const RunningStats& stats,
+                               bool frozen) {
   absl::MutexLock lock(&mu_);
   groups_[group].state.stats = stats;
+  groups_[group].state.frozen = frozen;
+}
+
+bool LayerRendezvous::Frozen(int group) const {
+  absl::MutexLock lock(&mu_);
+  return groups_[group].state.frozen;
 }
 
 }  // namespace syncnorm

@@ -139,9 +139,6 @@ class LayerRendezvous {
   // contribution with it. REQUIRES: !status.ok().
   void Abort(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The running statistics of `group`. REQUIRES: group in range.
-  RunningStats Stats(int group) const ABSL_LOCKS_EXCLUDED(mu_);
-
   // The step of the last forward round `group` applied; -1 before any.
   int64_t LastAppliedStep(int group) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -165,9 +162,14 @@ class LayerRendezvous {
   std::vector<RoundCallback> Reset(absl::Span<const LayerState> per_group)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Replaces the running statistics of `group` (an import); steps and
-  // finished rounds stay. The caller has stored them.
-  void SetStats(int group, const RunningStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
+  // Replaces the running statistics of `group` (an import) and whether it
+  // runs no rounds (LayerState::frozen); steps and finished rounds stay.
+  // The caller has stored them.
+  void SetStats(int group, const RunningStats& stats, bool frozen)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // LayerState::frozen of `group`: the committed step does not wait for it.
+  bool Frozen(int group) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // (group, step, phase)

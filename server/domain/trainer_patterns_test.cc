@@ -341,5 +341,83 @@ TEST_F(TrainerPatternsTest, BadUpdatesAreRefusedWithWhatToFix) {
   }
 }
 
+// MegEngine's freeze / MXNet's use_global_stats: layer 0 of two runs no
+// rounds; its buffers are pushed with SetRunningStats, saying so. The job's
+// committed step follows layer 1 (it stayed at -1 and a checkpoint waited
+// for ever), a checkpoint holds the frozen layer's statistics, the mark
+// survives a restart, and a forward round of the layer clears it.
+TEST_F(TrainerPatternsTest, AFrozenLayerDoesNotHoldTheCommittedStepBack) {
+  JobSpec spec = Spec("frozen", 2);
+  spec.layers.push_back(spec.layers[0]);
+  spec.layers[1].name = "bn2";
+  Create(spec);
+  LayerStatsSnapshot pretrained;
+  pretrained.layer = 0;
+  pretrained.stats = RunningStats{3, {0.5}, {2.0}};
+  pretrained.frozen = true;
+  absl::StatusOr<std::vector<LayerStatsSnapshot>> set =
+      agg_->SetRunningStats("frozen", {pretrained});
+  ASSERT_TRUE(set.ok()) << set.status();
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      Contribution c = Forward("frozen", step, rank, Batch(2, rank, 2));
+      c.layer = 1;
+      Send(std::move(c));
+    }
+  }
+  absl::StatusOr<JobSnapshot> job = agg_->GetJob("frozen");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->committed_step, 2);
+
+  absl::Status checkpointed = absl::UnknownError("no answer");
+  agg_->Checkpoint("frozen", 2, "", clock_.Now() + absl::Seconds(1),
+                   [&](absl::StatusOr<CheckpointMeta> meta) {
+                     checkpointed = meta.status();
+                   });
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed;
+  absl::StatusOr<RunningStatsSnapshot> at =
+      agg_->GetRunningStats("frozen", {0}, 0, 2);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->layers[0].stats.num_batches_tracked, 3);
+  EXPECT_EQ(at->layers[0].stats.mean, std::vector<double>{0.5});
+  EXPECT_TRUE(at->layers[0].frozen);
+
+  Restart();
+  job = agg_->GetJob("frozen");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->committed_step, 2);
+  absl::StatusOr<RunningStatsSnapshot> now =
+      agg_->GetRunningStats("frozen", {0}, 0);
+  ASSERT_TRUE(now.ok());
+  EXPECT_TRUE(now->layers[0].frozen);
+
+  // Unfrozen: layer 0 runs step 3 with layer 1, and holds the job again.
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int rank = 0; rank < 2; ++rank) {
+      Contribution c = Forward("frozen", 3, rank, Batch(2, rank, 2));
+      c.layer = layer;
+      auto o = Send(std::move(c));
+      if (rank == 1) {
+        ASSERT_TRUE(o->status.ok()) << o->status;
+      }
+    }
+  }
+  now = agg_->GetRunningStats("frozen", {0}, 0);
+  ASSERT_TRUE(now.ok());
+  EXPECT_FALSE(now->layers[0].frozen);
+  EXPECT_EQ(now->layers[0].stats.num_batches_tracked, 4);
+  EXPECT_EQ(now->committed_step, 3);
+  Contribution c = Forward("frozen", 4, 0, Batch(2, 0, 2));
+  c.layer = 1;
+  Send(std::move(c));
+  Send(Forward("frozen", 4, 1, Batch(2, 1, 2)));  // layer 0, one rank
+  c = Forward("frozen", 4, 1, Batch(2, 1, 2));
+  c.layer = 1;
+  Send(std::move(c));
+  job = agg_->GetJob("frozen");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->committed_step, 3);  // layer 0's step 4 waits for rank 0
+}
+
 }  // namespace
 }  // namespace syncnorm

@@ -184,6 +184,7 @@ void LayerStatsToProto(const LayerStatsSnapshot& layer, v1::LayerStats& out) {
   out.set_name(layer.name);
   out.set_group(layer.group);
   ToProto(layer.stats, out);
+  out.set_frozen(layer.frozen);
 }
 
 void RunningStatsToProto(const RunningStatsSnapshot& stats,
@@ -204,6 +205,7 @@ std::vector<LayerStatsSnapshot> LayerStatsFromProto(
     s.name = l.name();
     s.group = l.group();
     s.stats = FromProto(l);
+    s.frozen = l.frozen();
     out.push_back(std::move(s));
   }
   return out;

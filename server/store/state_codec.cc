@@ -110,6 +110,7 @@ void StateToProto(const LayerState& s, pb::LayerState* out) {
   out->set_last_applied(s.last_applied);
   out->set_latest_forward(s.latest_completed[0]);
   out->set_latest_backward(s.latest_completed[1]);
+  out->set_frozen(s.frozen);
 }
 
 // Without `with_stats` the statistics must be absent and stay empty.
@@ -131,6 +132,7 @@ absl::StatusOr<LayerState> StateFromProto(const pb::LayerState& p, int channels,
   s.stats = std::move(stats);
   s.last_applied = p.last_applied();
   s.latest_completed = {p.latest_forward(), p.latest_backward()};
+  s.frozen = p.frozen();
   return s;
 }
 
@@ -355,6 +357,7 @@ void WriteLayer(const LayerState& state, bool stats_in_round, WireWriter& w) {
     m.Varint(2, WireWriter::SignExtended(state.last_applied));
     m.Varint(3, WireWriter::SignExtended(state.latest_completed[0]));
     m.Varint(4, WireWriter::SignExtended(state.latest_completed[1]));
+    if (state.frozen) m.Varint(5, 1);
   });
   w.Varint(3, stats_in_round ? 1 : 0);
 }

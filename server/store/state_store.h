@@ -30,6 +30,10 @@ struct LayerState {
   // before any. FORWARD contributions at or below it are superseded, and
   // BACKWARD ones above the FORWARD's come before their forward round.
   std::array<int64_t, 2> latest_completed = {-1, -1};
+  // The layer runs no rounds (freeze, use_global_stats), as its last
+  // SetRunningStats said: the committed step does not wait for it. A
+  // forward round of it that completes clears this.
+  bool frozen = false;
 };
 
 // A completed (OK) round, kept so that a retry gets the identical answer.

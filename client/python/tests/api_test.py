@@ -384,6 +384,59 @@ class ApiTest(unittest.TestCase):
         check(saved)
         check(buffers(again))
 
+    def test_a_frozen_layer_does_not_hold_checkpoints_back(self):
+        """A frozen layer (buffers as initialized: no import to send)
+        beside a training one. The job's committed step follows the
+        training layer (it stayed at -1: Session.checkpoint() asked for step
+        -1 and a checkpoint of a trained step waited for ever); the
+        checkpoint restores both layers; unfrozen, the layer runs the
+        session's next step, as torch's BatchNorm in float64 would."""
+        job = job_name("frozen-ckpt")
+        torch.manual_seed(4)
+        model = nn.Sequential(snt.SyncBatchNorm(3, freeze=True),
+                              snt.SyncBatchNorm(3))
+        session = snt.attach(model, self.client, job, 0, 1)
+        x = torch.randn(6, 3) * 2 + 1
+        for _ in range(3):
+            model(x).sum().backward()
+        self.assertEqual(self.client.get_job(job)["committed_step"], 2)
+        self.assertEqual(session.checkpoint()["step"], 2)
+        saved = [(bn.running_mean.clone(), bn.running_var.clone(),
+                  int(bn.num_batches_tracked)) for bn in model]
+        model(x).sum().backward()
+        with torch.no_grad():
+            model[0].running_mean.fill_(7)  # pushed at its next forward
+        model(x)
+        self.assertEqual(
+            self.client.get_running_stats(job, layers=[0])["layers"][0]
+            ["running_mean"], [7.0] * 3)
+        session.restore(2)
+        for bn, (mean, var, nbt) in zip(model, saved):
+            self.assertTrue(torch.equal(bn.running_mean, mean))
+            self.assertTrue(torch.equal(bn.running_var, var))
+            self.assertEqual(int(bn.num_batches_tracked), nbt)
+        stats = self.client.get_running_stats(job)["layers"]
+        self.assertEqual([e["frozen"] for e in stats], [True, False])
+
+        # Unfrozen: its first round is the session's step 3.
+        model[0].freeze = False
+        ref_mean = model[0].running_mean.double().clone()
+        ref_var = model[0].running_var.double().clone()
+        y0 = model[0](x)
+        model[1](y0).sum().backward()
+        want = F.batch_norm(x.double(), ref_mean, ref_var,
+                            model[0].weight.double(), model[0].bias.double(),
+                            True, 0.1, model[0].eps)
+        self.assertLess(harness.rel_error(y0, want), 1e-6)
+        self.assertEqual(model[0]._sn_step, 4)
+        layer = self.client.get_running_stats(job, layers=[0])["layers"][0]
+        self.assertFalse(layer["frozen"])
+        self.assertEqual(layer["num_batches_tracked"], 1)
+        for got, ref in ((layer["running_mean"], ref_mean),
+                         (layer["running_var"], ref_var)):
+            self.assertLess(harness.rel_error(torch.tensor(got), ref), 1e-6)
+        self.assertEqual(self.client.get_job(job)["committed_step"], 3)
+
     def test_track_running_stats_changed_after_attach_is_refused(self):
         bn = snt.SyncBatchNorm(3)
         snt.attach(nn.Sequential(bn), self.client, job_name("track"), 0, 1)

@@ -138,6 +138,10 @@ class SyncBatchNorm(_BatchNorm):
         # The buffers' tensors and versions when a frozen layer last found
         # them equal to the aggregator's statistics (_sn_push_frozen).
         self._sn_frozen_stamp = None
+        # Whether the aggregator knows this layer runs no rounds (its
+        # LayerStats "frozen", as last known): the job's committed step
+        # then does not wait for it.
+        self._sn_frozen_known = False
         self.last_forward_sync = 0.0
         self.last_backward_sync = 0.0
         self.last_missing_ranks = ()
@@ -257,7 +261,7 @@ class SyncBatchNorm(_BatchNorm):
             return
         stamp = _stamp(self.running_mean, self.running_var,
                        self.num_batches_tracked)
-        if stamp == self._sn_frozen_stamp:
+        if stamp == self._sn_frozen_stamp and self._sn_frozen_known:
             return
         self._sn_session._push_layers([self])
         self._sn_frozen_stamp = _stamp(self.running_mean, self.running_var,
@@ -272,6 +276,7 @@ class SyncBatchNorm(_BatchNorm):
         state["_sn_stats"] = None
         state["_sn_behind"] = False
         state["_sn_frozen_stamp"] = None
+        state["_sn_frozen_known"] = False
         return state
 
     def __setstate__(self, state):
@@ -283,6 +288,7 @@ class SyncBatchNorm(_BatchNorm):
         state.setdefault("_sn_stats", None)
         state.setdefault("_sn_behind", False)
         state.setdefault("_sn_frozen_stamp", None)
+        state.setdefault("_sn_frozen_known", False)
         state.setdefault("last_view", ())
         super().__setstate__(state)
 
@@ -338,6 +344,7 @@ class SyncBatchNorm(_BatchNorm):
         self._sn_stats = None
         self._sn_behind = False
         self._sn_frozen_stamp = None
+        self._sn_frozen_known = False
         self.last_view = ()
 
     def _sn_load(self, entry, spec=None):
@@ -352,6 +359,7 @@ class SyncBatchNorm(_BatchNorm):
                  np.asarray(entry["running_var"], dtype=np.float64))
         self._sn_stats = stats
         self._sn_behind = False
+        self._sn_frozen_known = bool(entry.get("frozen", False))
         pristine = spec is not None and stats[0] == 0 and (
             list(stats[1]) == list(spec["initial_running_mean"]) and
             list(stats[2]) == list(spec["initial_running_var"]))
@@ -383,9 +391,13 @@ class SyncBatchNorm(_BatchNorm):
             for t, w in zip(got, (mean, var)))
         if same:
             return None
+        return self._buffers_as_import()
+
+    def _buffers_as_import(self):
+        """The buffers as (num_batches_tracked, mean, var) in float64."""
         return (int(self.num_batches_tracked),
-                got[0].double().numpy().ravel(),
-                got[1].double().numpy().ravel())
+                self.running_mean.detach().cpu().double().numpy().ravel(),
+                self.running_var.detach().cpu().double().numpy().ravel())
 
     def _round_momentum(self):
         """(mode, momentum) of this round when it is not the job's layer
@@ -453,11 +465,16 @@ class SyncBatchNorm(_BatchNorm):
                 "syncs through the service, which the eager module does")
         return self._forward_synced(input, z)
 
+    def _runs_no_rounds(self) -> bool:
+        """freeze or use_global_stats: the running statistics normalize,
+        in training too, and no round runs."""
+        return self.freeze or self.use_global_stats
+
     def _normalizes_locally(self) -> bool:
         """Whether this forward runs no round: it normalizes with the running
         statistics (eval, freeze, use_global_stats), or with the local
         batch's in eval without running statistics (torch's)."""
-        return self.freeze or self.use_global_stats or not self.training
+        return self._runs_no_rounds() or not self.training
 
     @torch.jit.unused
     def _prepare(self, input: torch.Tensor,
@@ -471,6 +488,11 @@ class SyncBatchNorm(_BatchNorm):
         if self.track_running_stats and self._normalizes_locally():
             self._sn_catch_up()
             self._sn_push_frozen()
+        if self.training and self._runs_no_rounds():
+            # A training forward of a frozen layer counts as one, so that
+            # its step stays the session's (Session.checkpoint) and it
+            # takes the session's next step when it is unfrozen.
+            self._sn_step += 1
 
     def _forward_local(self, input: torch.Tensor,
                        z: Optional[torch.Tensor]) -> torch.Tensor:

@@ -147,13 +147,19 @@ class Session(_joinable.Joinable):
             if not bn.track_running_stats:
                 continue
             imported = bn._changed_buffers()
+            # A layer that runs no rounds says so (the job's committed step
+            # does not wait for it), and one that runs them again too.
+            frozen = bn._runs_no_rounds()
             if imported is None:
-                continue
+                if frozen == bn._sn_frozen_known:
+                    continue
+                imported = bn._buffers_as_import()
             nbt, mean, var = imported
             entries.append({"layer": index, "group": self.group_index,
                             "running_mean": mean.tolist(),
                             "running_var": var.tolist(),
-                            "num_batches_tracked": nbt})
+                            "num_batches_tracked": nbt,
+                            "frozen": frozen})
             changed.append(bn)
         if entries:
             stats = self.client.set_running_stats(self.job_id, entries)
