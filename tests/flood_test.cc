@@ -1138,9 +1138,8 @@ TEST_F(FloodTest, Http2FloodsLoseTheirConnectionAndMemoryStaysBounded) {
 // connection is closed (or, when the server kept up and answered every
 // request before its reset, held nothing), and the server's memory stays
 // within the bound that one flood at a time has. A breaker that closed one
-// connection per pass of the thread let every flood after the first in it run
-// to its end
-// (+580 MB).
+// connection per pass of the thread let every flood after the first in it
+// run to its end (+580 MB).
 TEST_F(FloodTest, FloodsSideBySideAndBackToBackAreEachClosed) {
   ASSERT_TRUE(CreateJob(Job("solo", 1, 1, 64, 5000)).ok());
   ASSERT_EQ(SoloRound("solo", 0, 0, 64), "");

@@ -55,20 +55,10 @@ std::string FormatBytes(int64_t bytes) {
 }
 
 std::string FormatRanks(const google::protobuf::RepeatedField<int32_t>& ranks) {
-  std::vector<int32_t> sorted(ranks.begin(), ranks.end());
+  std::vector<int> sorted(ranks.begin(), ranks.end());
   std::sort(sorted.begin(), sorted.end());
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < sorted.size();) {
-    size_t j = i;
-    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
-    if (j - i >= 2) {
-      parts.push_back(absl::StrCat(sorted[i], "-", sorted[j]));
-    } else {
-      for (size_t k = i; k <= j; ++k) parts.push_back(absl::StrCat(sorted[k]));
-    }
-    i = j + 1;
-  }
-  return parts.empty() ? "-" : absl::StrJoin(parts, ",");
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  return FormatRanks(RankSet::Of(sorted));
 }
 
 std::string FormatRanks(const RankSet& ranks) {

@@ -391,13 +391,17 @@ class SyncBatchNorm(_BatchNorm):
             for t, w in zip(got, (mean, var)))
         if same:
             return None
-        return self._buffers_as_import()
+        return self._buffers_as_import(got)
 
-    def _buffers_as_import(self):
-        """The buffers as (num_batches_tracked, mean, var) in float64."""
+    def _buffers_as_import(self, got=None):
+        """The buffers as (num_batches_tracked, mean, var) in float64
+        (`got`: running_mean and running_var already on the CPU)."""
+        if got is None:
+            got = [t.detach().cpu()
+                   for t in (self.running_mean, self.running_var)]
         return (int(self.num_batches_tracked),
-                self.running_mean.detach().cpu().double().numpy().ravel(),
-                self.running_var.detach().cpu().double().numpy().ravel())
+                got[0].double().numpy().ravel(),
+                got[1].double().numpy().ravel())
 
     def _round_momentum(self):
         """(mode, momentum) of this round when it is not the job's layer
