@@ -259,7 +259,7 @@ void RunResnet() {
       if (!r.ok()) Die(r.status().ToString());
     }
     for (int l = static_cast<int>(bn.size()) - 1; l >= 0; --l) {
-      auto r = contributor->ReduceBackward(l, s, sums[l]);
+      auto r = contributor->ReduceBackward(l, s, /*backward=*/0, sums[l]);
       if (!r.ok()) Die(r.status().ToString());
     }
     if (s >= warmup) ms.push_back(Micros(t0) / 1000.0);

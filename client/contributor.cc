@@ -43,9 +43,19 @@ bool Retryable(const absl::Status& s) {
 }
 
 std::string Describe(const v1::Contribution& c) {
-  return absl::StrCat("(job ", c.job_id(), ", layer ", c.layer(), ", step ",
-                      c.step(), ", ", v1::Phase_Name(c.phase()), ", rank ",
-                      c.rank(), ")");
+  return absl::StrCat(
+      "(job ", c.job_id(), ", layer ", c.layer(), ", step ", c.step(), ", ",
+      v1::Phase_Name(c.phase()),
+      c.phase() == v1::BACKWARD
+          ? absl::StrCat(", backward_index ", c.backward_index())
+          : "",
+      ", rank ", c.rank(), ")");
+}
+
+// The backward index names BACKWARD rounds only; a FORWARD's is 0.
+template <typename M>
+int BackwardIndexOf(const M& m) {
+  return m.phase() == v1::BACKWARD ? m.backward_index() : 0;
 }
 
 }  // namespace
@@ -132,7 +142,8 @@ void Contributor::ReadOne(Stream& stream, absl::Time deadline) {
     return;
   }
   const v1::RoundResult& r = stream.incoming;
-  auto it = slots_.find(Key(r.layer(), r.step(), r.phase()));
+  auto it =
+      slots_.find(Key(r.layer(), r.step(), r.phase(), BackwardIndexOf(r)));
   if (it != slots_.end() && !it->second->done) {
     it->second->result.Swap(&stream.incoming);
     it->second->done = true;
@@ -209,7 +220,7 @@ void Contributor::ReturnMessage(std::unique_ptr<v1::Contribution> m) {
 
 absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
   const absl::Time deadline = clock_->Now() + options_.round_timeout;
-  const Key key(c.layer(), c.step(), c.phase());
+  const Key key(c.layer(), c.step(), c.phase(), BackwardIndexOf(c));
   Slot slot;
   {
     absl::MutexLock lock(&mu_);
@@ -293,10 +304,17 @@ absl::StatusOr<ForwardReply> Contributor::ReduceForward(
 }
 
 absl::StatusOr<GradSums> Contributor::ReduceBackward(int layer, int64_t step,
+                                                     int backward,
                                                      const GradSums& local) {
+  if (backward < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backward index ", backward, " of layer ", layer, " step ", step,
+        " is negative; the first backward through a forward is 0"));
+  }
   std::unique_ptr<v1::Contribution> c = TakeMessage(v1::BACKWARD);
   c->set_layer(layer);
   c->set_step(step);
+  c->set_backward_index(backward);  // always: the message may be a used one
   ToProto(local, *c->mutable_grad_sums());
   absl::StatusOr<v1::RoundResult> r = Round(*c);
   auto give_back = absl::MakeCleanup([&] { ReturnMessage(std::move(c)); });

@@ -66,15 +66,19 @@ class Contributor {
                                              const Moments& local,
                                              const RoundUpdate& update = {});
 
-  // Sends local gradient sums and returns the group's summed sums.
-  absl::StatusOr<GradSums> ReduceBackward(int layer, int64_t step,
+  // Sends local gradient sums for backward `backward` through the step's
+  // forward (from 0; each index is its own round) and returns the group's
+  // summed sums. INVALID_ARGUMENT for a negative index.
+  absl::StatusOr<GradSums> ReduceBackward(int layer, int64_t step, int backward,
                                           const GradSums& local);
 
   // Sends any contribution and returns its result (errors as status).
   absl::StatusOr<v1::RoundResult> Round(const v1::Contribution& c);
 
  private:
-  using Key = std::tuple<int, int64_t, int>;  // layer, step, phase
+  // layer, step, phase, backward_index (0 for a FORWARD): a round as its
+  // contribution names it and its result echoes it.
+  using Key = std::tuple<int, int64_t, int, int>;
   struct Stream;
   struct Slot {
     bool done = false;

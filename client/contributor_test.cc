@@ -1,7 +1,7 @@
 // Contributor against a scripted in-process Reduce service, on a fake clock:
 // the round timeout (also while its reader is blocked on a silent server),
 // the watchdog, resends with backoff, in-band UNAVAILABLE and errors that
-// are not retried.
+// are not retried; backward rounds of one step told apart by their index.
 #include "client/contributor.h"
 
 #include <cstdio>
@@ -39,18 +39,21 @@ using ::testing::HasSubstr;
 
 // What the scripted service does with one contribution.
 struct Action {
-  enum Kind { kAnswer, kHold, kInBandError, kEndStream } kind = kAnswer;
+  // kDefer: answered right after the next kAnswer on its stream.
+  enum Kind { kAnswer, kHold, kDefer, kInBandError, kEndStream } kind = kAnswer;
   grpc::StatusCode code = grpc::StatusCode::OK;  // kInBandError, kEndStream
 };
 
 // Reduce streams whose answers a test scripts. An answer to a forward
 // contribution carries mean = local mean + 1, var = 2 and version step + 1,
-// so a test can tell it from the contribution. Held contributions are never
-// answered. Thread-safe.
+// one to a backward contribution sum_dy + 1 and sum_dy_xmu * 2, so a test
+// can tell it from the contribution; each echoes the contribution's layer,
+// step, phase and backward index. Held contributions are never answered.
+// Thread-safe.
 class ScriptedAggregator final : public v1::Aggregator::Service {
  public:
   // script(contribution, stream number from 1, times this (layer, step,
-  // phase) was received before) decides.
+  // phase, backward index) was received before) decides.
   using Script = std::function<Action(const v1::Contribution&, int, int)>;
 
   void SetScript(Script script) {
@@ -65,6 +68,11 @@ class ScriptedAggregator final : public v1::Aggregator::Service {
   int received() const {
     absl::MutexLock lock(&mu_);
     return received_;
+  }
+  // The backward index of each BACKWARD contribution received, in order.
+  std::vector<int> backward_indices() const {
+    absl::MutexLock lock(&mu_);
+    return backward_indices_;
   }
 
   // Each waits (20 s of real time at most) until its count reaches `n`.
@@ -83,19 +91,28 @@ class ScriptedAggregator final : public v1::Aggregator::Service {
       stream_no = ++streams_opened_;
     }
     v1::Contribution c;
+    std::vector<v1::Contribution> deferred;
     while (stream->Read(&c)) {
       Action action;
       {
         absl::MutexLock lock(&mu_);
         ++received_;
-        int& seen = seen_[{c.layer(), c.step(), c.phase()}];
+        if (c.phase() == v1::BACKWARD) {
+          backward_indices_.push_back(c.backward_index());
+        }
+        int& seen = seen_[{c.layer(), c.step(), c.phase(), c.backward_index()}];
         action = script_(c, stream_no, seen++);
       }
       switch (action.kind) {
         case Action::kAnswer:
           stream->Write(Answer(c));
+          for (const v1::Contribution& d : deferred) stream->Write(Answer(d));
+          deferred.clear();
           break;
         case Action::kHold:
+          break;
+        case Action::kDefer:
+          deferred.push_back(c);
           break;
         case Action::kInBandError: {
           v1::RoundResult r = Header(c);
@@ -127,10 +144,17 @@ class ScriptedAggregator final : public v1::Aggregator::Service {
     r.set_layer(c.layer());
     r.set_step(c.step());
     r.set_phase(c.phase());
+    r.set_backward_index(c.backward_index());
     return r;
   }
   static v1::RoundResult Answer(const v1::Contribution& c) {
     v1::RoundResult r = Header(c);
+    if (c.phase() == v1::BACKWARD) {
+      v1::GradSums* g = r.mutable_grad_sums();
+      for (double v : c.grad_sums().sum_dy()) g->add_sum_dy(v + 1);
+      for (double v : c.grad_sums().sum_dy_xmu()) g->add_sum_dy_xmu(v * 2);
+      return r;
+    }
     r.set_version(c.step() + 1);
     v1::GlobalMoments* g = r.mutable_moments();
     g->set_count(c.moments().count());
@@ -148,19 +172,21 @@ class ScriptedAggregator final : public v1::Aggregator::Service {
   int streams_opened_ ABSL_GUARDED_BY(mu_) = 0;
   int streams_cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   int received_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::tuple<int, int64_t, int>, int> seen_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> backward_indices_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<int, int64_t, int, int>, int> seen_ ABSL_GUARDED_BY(mu_);
 };
 
 // A call run on its own thread, so that a test can advance the fake clock
 // while it waits and fail (rather than hang) if it never returns.
-class PendingCall {
+template <typename T>
+class PendingCallOf {
  public:
-  explicit PendingCall(std::function<absl::StatusOr<ForwardReply>()> call)
+  explicit PendingCallOf(std::function<absl::StatusOr<T>()> call)
       : thread_([this, call = std::move(call)] {
           result_ = call();
           done_.Notify();
         }) {}
-  ~PendingCall() { Join(); }
+  ~PendingCallOf() { Join(); }
 
   bool HasReturnedWithin(absl::Duration real_time) {
     return done_.WaitForNotificationWithTimeout(real_time);
@@ -168,7 +194,7 @@ class PendingCall {
 
   // The call's result; exits the test binary (a hang is not a result) if
   // it does not return within 20 s of real time.
-  const absl::StatusOr<ForwardReply>& Result() {
+  const absl::StatusOr<T>& Result() {
     if (!done_.WaitForNotificationWithTimeout(absl::Seconds(20))) {
       std::fprintf(stderr, "FAILED: the contributor's call hangs\n");
       std::_Exit(1);
@@ -183,9 +209,10 @@ class PendingCall {
   }
 
   absl::Notification done_;
-  absl::StatusOr<ForwardReply> result_ = absl::UnknownError("not returned");
+  absl::StatusOr<T> result_ = absl::UnknownError("not returned");
   std::thread thread_;
 };
+using PendingCall = PendingCallOf<ForwardReply>;
 
 Moments Local(double mean) {
   Moments m;
@@ -193,6 +220,13 @@ Moments Local(double mean) {
   m.mean = {mean, -mean};
   m.m2 = {3, 5};
   return m;
+}
+
+GradSums Sums(double v) {
+  GradSums g;
+  g.sum_dy = {v, 2 * v};
+  g.sum_dy_xmu = {-v, 3};
+  return g;
 }
 
 class ContributorTest : public ::testing::Test {
@@ -367,6 +401,43 @@ TEST_F(ContributorTest, ErrorsThatAreNotRetriedReturnAtOnce) {
               HasSubstr("scripted in-band error"));
   EXPECT_TRUE(clock_.sleeps().empty());
   EXPECT_EQ(service_.received(), 2);
+}
+
+// autograd's retain_graph=True: backwards 0 and 1 of one (layer, step) are
+// two rounds, in flight at once from two threads. The server answers 1
+// before 0; each caller gets the result of its own index, and each message
+// carried its index (also a reused message that had another).
+TEST_F(ContributorTest, BackwardsOfOneStepAreRoundsOfTheirOwn) {
+  service_.SetScript([](const v1::Contribution& c, int, int) {
+    const bool defer =
+        c.phase() == v1::BACKWARD && c.step() == 5 && c.backward_index() == 0;
+    return Action{defer ? Action::kDefer : Action::kAnswer};
+  });
+  std::unique_ptr<Contributor> c = NewContributor();
+  PendingCallOf<GradSums> zero(
+      [&] { return c->ReduceBackward(2, 5, 0, Sums(1)); });
+  ASSERT_TRUE(service_.AwaitReceived(1));
+  PendingCallOf<GradSums> one(
+      [&] { return c->ReduceBackward(2, 5, 1, Sums(10)); });
+  const absl::StatusOr<GradSums>& r0 = zero.Result();
+  const absl::StatusOr<GradSums>& r1 = one.Result();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(r0->sum_dy, (std::vector<double>{2, 3}));
+  EXPECT_EQ(r0->sum_dy_xmu, (std::vector<double>{-2, 6}));
+  EXPECT_EQ(r1->sum_dy, (std::vector<double>{11, 21}));
+  EXPECT_EQ(r1->sum_dy_xmu, (std::vector<double>{-20, 6}));
+  EXPECT_EQ(service_.backward_indices(), (std::vector<int>{0, 1}));
+
+  // One at a time: index 1, then 0 in the message that just carried 1.
+  ASSERT_TRUE(c->ReduceBackward(2, 6, 1, Sums(1)).ok());
+  absl::StatusOr<GradSums> r = c->ReduceBackward(2, 7, 0, Sums(4));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sum_dy, (std::vector<double>{5, 9}));
+  EXPECT_EQ(service_.backward_indices(), (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_EQ(c->ReduceBackward(2, 7, -1, Sums(4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.received(), 4);
 }
 
 }  // namespace

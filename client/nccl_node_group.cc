@@ -212,11 +212,13 @@ NcclNodeGroup::NcclNodeGroup(const NcclNodeGroupOptions& options,
 NcclNodeGroup::~NcclNodeGroup() = default;
 
 nccl::RoundEntry NcclNodeGroup::Entry(nccl::Phase phase, int layer,
-                                      int64_t step, int channels) const {
+                                      int64_t step, int backward,
+                                      int channels) const {
   nccl::RoundEntry e;
   e.phase = phase;
   e.layer = layer;
   e.step = step;
+  e.backward_index = backward;
   e.channels = channels;
   e.world_size = options_.world_size;
   if (leader()) {
@@ -271,7 +273,8 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
                                                         const Moments& local) {
   absl::MutexLock lock(&mu_);
   const int channels = local.channels();
-  nccl::RoundEntry entry = Entry(nccl::Phase::kForward, layer, step, channels);
+  nccl::RoundEntry entry =
+      Entry(nccl::Phase::kForward, layer, step, /*backward=*/0, channels);
   entry.count = local.count;
   std::vector<double> values(local.mean);
   values.insert(values.end(), local.m2.begin(), local.m2.end());
@@ -308,15 +311,16 @@ absl::StatusOr<ForwardReply> NcclNodeGroup::SyncForward(int layer, int64_t step,
 }
 
 absl::StatusOr<GradSums> NcclNodeGroup::SyncBackward(int layer, int64_t step,
+                                                     int backward,
                                                      const GradSums& local) {
   absl::MutexLock lock(&mu_);
   const int channels = local.channels();
   std::vector<double> values(local.sum_dy);
   values.insert(values.end(), local.sum_dy_xmu.begin(), local.sum_dy_xmu.end());
   nccl::Gathered all;
-  absl::Status s = ToStatus(
-      round_.Gather(Entry(nccl::Phase::kBackward, layer, step, channels),
-                    values.data(), &all));
+  absl::Status s = ToStatus(round_.Gather(
+      Entry(nccl::Phase::kBackward, layer, step, backward, channels),
+      values.data(), &all));
   if (!s.ok()) return s;
   // Summed on the host in local-rank order (an all-reduce has no fixed
   // order), as ThreadNode sums: the same bits on every rank and node kind.
@@ -335,7 +339,7 @@ absl::StatusOr<GradSums> NcclNodeGroup::SyncBackward(int layer, int64_t step,
   absl::Status leader_status;
   if (leader()) {
     absl::StatusOr<GradSums> global =
-        upstream_->SyncBackward(layer, step, node);
+        upstream_->SyncBackward(layer, step, backward, node);
     leader_status = global.status();
     if (global.ok() && global->channels() != channels) {
       leader_status = absl::InternalError(
@@ -359,7 +363,8 @@ absl::StatusOr<GradSums> NcclNodeGroup::SyncBackward(int layer, int64_t step,
 absl::Status NcclNodeGroup::FailForward(int layer, int64_t step,
                                         const absl::Status& error) {
   absl::MutexLock lock(&mu_);
-  nccl::RoundEntry entry = Entry(nccl::Phase::kForward, layer, step, 0);
+  nccl::RoundEntry entry =
+      Entry(nccl::Phase::kForward, layer, step, /*backward=*/0, 0);
   entry.error_code = static_cast<int>(error.code());
   entry.error = std::string(error.message());
   nccl::Gathered unused;
@@ -367,10 +372,11 @@ absl::Status NcclNodeGroup::FailForward(int layer, int64_t step,
   return error;
 }
 
-absl::Status NcclNodeGroup::FailBackward(int layer, int64_t step,
+absl::Status NcclNodeGroup::FailBackward(int layer, int64_t step, int backward,
                                          const absl::Status& error) {
   absl::MutexLock lock(&mu_);
-  nccl::RoundEntry entry = Entry(nccl::Phase::kBackward, layer, step, 0);
+  nccl::RoundEntry entry =
+      Entry(nccl::Phase::kBackward, layer, step, backward, 0);
   entry.error_code = static_cast<int>(error.code());
   entry.error = std::string(error.message());
   nccl::Gathered unused;

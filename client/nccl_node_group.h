@@ -82,12 +82,12 @@ struct NcclNodeGroupOptions {
 
 // One local rank's view of an NCCL node. Every round is the protocol of
 // nccl_round.h: the local ranks all-gather a fixed-size header (layer,
-// step, count, channel count, world_size, and a rank's error if it failed
-// locally), so that every rank fails the round alike, at once, when one
-// failed (FailForward/FailBackward: with that rank's error) or when they
-// disagree (INVALID_ARGUMENT); then their statistics, which every rank
-// folds in local-rank order (moments by Chan's rule, gradient sums by
-// addition, as ThreadNode does: identical bits on every rank); the leader
+// step, backward index, count, channel count, world_size, and a rank's
+// error if it failed locally), so that every rank fails the round alike,
+// at once, when one failed (FailForward/FailBackward: with that rank's
+// error) or when they disagree (INVALID_ARGUMENT); then their statistics, which
+// every rank folds in local-rank order (moments by Chan's rule, gradient sums
+// by addition, as ThreadNode does: identical bits on every rank); the leader
 // sends the result upstream and broadcasts the answer (or its error),
 // missing ranks and a stale-synchronous answer's view included: every
 // local rank gets the same ForwardReply (moments bits, version, missing
@@ -109,11 +109,11 @@ class NcclNodeGroup : public NodeGroup {
 
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
                                            const Moments& local) override;
-  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step, int backward,
                                         const GradSums& local) override;
   absl::Status FailForward(int layer, int64_t step,
                            const absl::Status& error) override;
-  absl::Status FailBackward(int layer, int64_t step,
+  absl::Status FailBackward(int layer, int64_t step, int backward,
                             const absl::Status& error) override;
 
  private:
@@ -122,9 +122,9 @@ class NcclNodeGroup : public NodeGroup {
                 std::unique_ptr<nccl::Comm> comm);
 
   bool leader() const { return options_.local_rank == 0; }
-  // This rank's header of a round.
+  // This rank's header of a round (`backward`: a backward round's index).
   nccl::RoundEntry Entry(nccl::Phase phase, int layer, int64_t step,
-                         int channels) const;
+                         int backward, int channels) const;
   // Leader: sends the node's merged moments upstream and fills *out (sized
   // for the round) with the answer: counts, moments, missing ranks and a
   // stale answer's view. On failure returns the error for every local rank

@@ -106,7 +106,9 @@ std::vector<ForwardReply::ViewEntry> StaleView(int64_t step) {
 // bytes of the mask), step 8 counts every rank, step 6 names a rank
 // outside the job, step 4 (and every step of kStaleLayer) is a
 // stale-synchronous answer (a view, and a version that lags), and step 3
-// a view that names a rank outside the job.
+// a view that names a rank outside the job. A backward answer adds 1000
+// times its backward index to each sum_dy_xmu, so that a test sees which
+// index reached the aggregator.
 class FakeUpstream : public NodeGroup {
  public:
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
@@ -124,10 +126,12 @@ class FakeUpstream : public NodeGroup {
     if (step == 3) r.view = {{0, 3}, {kWorldSize, 3}};
     return r;
   }
-  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step, int backward,
                                         const GradSums& local) override {
     if (step == 99) return absl::DeadlineExceededError("rank 5 missing");
-    return local;
+    GradSums answer = local;
+    for (double& v : answer.sum_dy_xmu) v += 1000.0 * backward;
+    return answer;
   }
 };
 
@@ -176,8 +180,8 @@ TEST(NcclNodeGroupTest, RoundsOverEveryVisibleGpu) {
       GradSums g;
       g.sum_dy.assign(kChannels, 1.0 + r);
       g.sum_dy_xmu.assign(kChannels, -2.0 * r);
-      backward[r] = (*group)->SyncBackward(3, 7, g);
-      failed[r] = (*group)->SyncBackward(3, 99, g);
+      backward[r] = (*group)->SyncBackward(3, 7, 0, g);
+      failed[r] = (*group)->SyncBackward(3, 99, 0, g);
       all_in[r] = (*group)->SyncForward(3, 8, LocalOf(r, kChannels));
       outside[r] = (*group)->SyncForward(3, 6, LocalOf(r, kChannels));
       stale[r] = (*group)->SyncForward(3, 4, LocalOf(r, kChannels));
@@ -462,7 +466,7 @@ TEST(NcclNodeGroupTest, BackwardSumsAreAddedInLocalRankOrder) {
         GradSums g;
         g.sum_dy.assign(2, values[r]);
         g.sum_dy_xmu.assign(2, -values[r]);
-        got[r] = group.SyncBackward(1, 2, g);
+        got[r] = group.SyncBackward(1, 2, 0, g);
       })) {
     GTEST_SKIP();
   }
@@ -470,6 +474,56 @@ TEST(NcclNodeGroupTest, BackwardSumsAreAddedInLocalRankOrder) {
     ASSERT_TRUE(got[r].ok()) << got[r].status();
     EXPECT_EQ(got[r]->sum_dy, expected.sum_dy) << "bitwise, rank " << r;
     EXPECT_EQ(got[r]->sum_dy_xmu, expected.sum_dy_xmu) << "rank " << r;
+  }
+}
+
+// Backwards through one forward are rounds of their own: each index sums
+// that index's sums of every rank and reaches the aggregator with it;
+// ranks at different indices of one step are not in the same round.
+TEST(NcclNodeGroupTest, BackwardsThroughOneForwardAreSeparateRounds) {
+  constexpr int kRanks = 3;
+  constexpr int kBackwards = 2;
+  // Rank r's sums of backward b.
+  auto part = [](int r, int b) {
+    GradSums g;
+    g.sum_dy.assign(2, 1.0 + r + 10.0 * b);
+    g.sum_dy_xmu.assign(2, -(r + 1.0) * (b + 1));
+    return g;
+  };
+  // Plain addition over the ranks, plus FakeUpstream's 1000 x index.
+  std::vector<double> want_dy(kBackwards, 0.0), want_xmu(kBackwards);
+  for (int b = 0; b < kBackwards; ++b) {
+    want_xmu[b] = 1000.0 * b;
+    for (int r = 0; r < kRanks; ++r) {
+      want_dy[b] += 1.0 + r + 10.0 * b;
+      want_xmu[b] += -(r + 1.0) * (b + 1);
+    }
+  }
+  std::vector<std::vector<absl::StatusOr<GradSums>>> got(
+      kBackwards, std::vector<absl::StatusOr<GradSums>>(kRanks));
+  std::vector<absl::StatusOr<GradSums>> apart(kRanks);
+  if (!RunNode(kRanks, NoAdjustment, [&](int r, NcclNodeGroup& group) {
+        for (int b = 0; b < kBackwards; ++b) {
+          got[b][r] = group.SyncBackward(4, 2, b, part(r, b));
+        }
+        // Rank 1 is one backward ahead of the others.
+        const int b = r == 1 ? 1 : 0;
+        apart[r] = group.SyncBackward(4, 3, b, part(r, b));
+      })) {
+    GTEST_SKIP();
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    for (int b = 0; b < kBackwards; ++b) {
+      SCOPED_TRACE(testing::Message() << "backward " << b << " rank " << r);
+      ASSERT_TRUE(got[b][r].ok()) << got[b][r].status();
+      EXPECT_THAT(got[b][r]->sum_dy, ElementsAre(want_dy[b], want_dy[b]));
+      EXPECT_THAT(got[b][r]->sum_dy_xmu, ElementsAre(want_xmu[b], want_xmu[b]));
+    }
+    EXPECT_EQ(apart[r].status().code(), absl::StatusCode::kInvalidArgument)
+        << "rank " << r << ": " << apart[r].status();
+    EXPECT_THAT(apart[r].status().message(),
+                HasSubstr("local rank 1 is at backward layer 4 step 3 "
+                          "backward 1 with 2 channels"));
   }
 }
 

@@ -10,8 +10,9 @@ namespace syncnorm {
 namespace nccl {
 namespace {
 
-// "snround2": version 2 carries a view after the outcome (ShareView).
-constexpr int64_t kMagic = 0x736e726f756e6432;
+// "snround3": version 2 carries a view after the outcome (ShareView),
+// version 3 the backward index in the header.
+constexpr int64_t kMagic = 0x736e726f756e6433;
 
 // A header as it travels: 512 bytes, all-gathered as 64 doubles.
 struct WireHeader {
@@ -24,7 +25,8 @@ struct WireHeader {
   int64_t world_size;
   int64_t upstream_ms;
   int64_t error_code;
-  char error[440];  // NUL-terminated
+  int64_t backward_index;
+  char error[432];  // NUL-terminated
 };
 static_assert(sizeof(WireHeader) == 512, "a fixed header size");
 constexpr size_t kHeaderDoubles = sizeof(WireHeader) / sizeof(double);
@@ -59,8 +61,12 @@ const char* PhaseName(int64_t phase) {
 }
 
 std::string Where(const WireHeader& h) {
+  const std::string backward =
+      h.phase == static_cast<int64_t>(Phase::kBackward)
+          ? " backward " + std::to_string(h.backward_index)
+          : "";
   return std::string(PhaseName(h.phase)) + " layer " + std::to_string(h.layer) +
-         " step " + std::to_string(h.step) + " with " +
+         " step " + std::to_string(h.step) + backward + " with " +
          std::to_string(h.channels) + " channels and world_size " +
          std::to_string(h.world_size);
 }
@@ -95,8 +101,8 @@ CommResult Verdict(const std::vector<WireHeader>& all, int me) {
   for (size_t r = 1; r < all.size(); ++r) {
     const WireHeader& h = all[r];
     if (h.phase != first.phase || h.layer != first.layer ||
-        h.step != first.step || h.channels != first.channels ||
-        h.world_size != first.world_size) {
+        h.step != first.step || h.backward_index != first.backward_index ||
+        h.channels != first.channels || h.world_size != first.world_size) {
       return Invalid(
           "the local ranks of this node are not in the same round: "
           "local rank " +
@@ -161,6 +167,7 @@ CommResult NodeRound::Gather(const RoundEntry& entry, const double* values,
   mine.phase = static_cast<int64_t>(entry.phase);
   mine.layer = entry.layer;
   mine.step = entry.step;
+  mine.backward_index = entry.backward_index;
   mine.count = entry.count;
   mine.channels = entry.channels;
   mine.world_size = entry.world_size;

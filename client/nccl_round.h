@@ -4,12 +4,12 @@
 //
 // Every local rank of the node takes part in every step, in this order:
 //  1. Gather: each rank all-gathers a fixed-size header (phase, layer,
-//     step, count, channels, the job's world_size, the leader's upstream
-//     budget, and the rank's own error if it failed locally). From the same
-//     headers every rank reaches the same verdict: the error of the lowest
-//     rank that failed (kPeer, with its code), or kInvalid when the ranks
-//     are not in the same round or disagree on the channel count or
-//     world_size; then they all stop. Only when the headers agree do the
+//     step, backward index, count, channels, the job's world_size, the
+//     leader's upstream budget, and the rank's own error if it failed
+//     locally). From the same headers every rank reaches the same verdict:
+//     the error of the lowest rank that failed (kPeer, with its code), or
+//     kInvalid when the ranks are not in the same round or disagree on the
+//     channel count or world_size; then they all stop. Only when the headers agree do the
 //     ranks all-gather their payloads (2 x channels doubles each), whose
 //     size is now the same everywhere.
 //  2. Share (after a good Gather): the leader (local rank 0) broadcasts its
@@ -43,6 +43,9 @@ struct RoundEntry {
   Phase phase = Phase::kForward;
   int64_t layer = 0;
   int64_t step = 0;
+  // Backward: which backward through the step's forward, from 0; the ranks
+  // of a round must agree on it as on the step. 0 for a forward.
+  int64_t backward_index = 0;
   int64_t count = 0;  // forward: this rank's values per channel
   int64_t channels = 0;
   int64_t world_size = 0;

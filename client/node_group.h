@@ -32,20 +32,26 @@ class NodeGroup {
   virtual absl::StatusOr<ForwardReply> SyncForwardWithUpdate(
       int layer, int64_t step, const Moments& local, const RoundUpdate& update);
 
-  // Sums the node's gradient sums and returns the global sums.
+  // Sums the node's gradient sums and returns the global sums. `backward`:
+  // which backward through the step's forward this is, from 0 (autograd
+  // may run several through one forward with retain_graph=True); each is
+  // its own round, which sums the same index of every worker. A negative
+  // index fails the round (INVALID_ARGUMENT from the aggregator's client).
   virtual absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+                                                int backward,
                                                 const GradSums& local) = 0;
 
-  // Takes part in the forward (backward) round of (layer, step) without
-  // statistics, because this worker failed before it had them (`error`,
-  // not OK): the node's other workers then fail the round at once with
-  // that error instead of waiting for this one. Returns `error`. The
-  // default tells nobody (a node of one worker has nobody to tell).
+  // Takes part in the forward round of (layer, step) (the backward round
+  // of (layer, step, backward)) without statistics, because this worker
+  // failed before it had them (`error`, not OK): the node's other workers
+  // then fail the round at once with that error instead of waiting for
+  // this one. Returns `error`. The default tells nobody (a node of one
+  // worker has nobody to tell).
   virtual absl::Status FailForward(int layer, int64_t step,
                                    const absl::Status& error) {
     return error;
   }
-  virtual absl::Status FailBackward(int layer, int64_t step,
+  virtual absl::Status FailBackward(int layer, int64_t step, int backward,
                                     const absl::Status& error) {
     return error;
   }

@@ -37,8 +37,9 @@ absl::StatusOr<ForwardReply> ShardedNodeGroup::SyncForwardWithUpdate(
 }
 
 absl::StatusOr<GradSums> ShardedNodeGroup::SyncBackward(int layer, int64_t step,
+                                                        int backward,
                                                         const GradSums& local) {
-  return For(layer).ReduceBackward(layer, step, local);
+  return For(layer).ReduceBackward(layer, step, backward, local);
 }
 
 }  // namespace syncnorm

@@ -33,7 +33,7 @@ class ShardedNodeGroup : public NodeGroup {
   absl::StatusOr<ForwardReply> SyncForwardWithUpdate(
       int layer, int64_t step, const Moments& local,
       const RoundUpdate& update) override;
-  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step, int backward,
                                         const GradSums& local) override;
 
  private:

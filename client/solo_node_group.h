@@ -30,9 +30,9 @@ class SoloNodeGroup : public NodeGroup {
       const RoundUpdate& update) override {
     return contributor_->ReduceForward(layer, step, local, update);
   }
-  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step, int backward,
                                         const GradSums& local) override {
-    return contributor_->ReduceBackward(layer, step, local);
+    return contributor_->ReduceBackward(layer, step, backward, local);
   }
 
  private:

@@ -144,7 +144,7 @@ void SyncBatchNorm::RunningStatistics() {
 absl::Status SyncBatchNorm::FailRound(bool backward, int64_t step,
                                       const absl::Status& error) {
   if (group_ == nullptr) return error;
-  return backward ? group_->FailBackward(layer_, step, error)
+  return backward ? group_->FailBackward(layer_, step, saved_.backwards, error)
                   : group_->FailForward(layer_, step, error);
 }
 
@@ -228,6 +228,7 @@ absl::Status SyncBatchNorm::Forward(const TensorRef& x, const TensorRef& y,
   saved_.device = x.device;
   saved_.geometry = *g;
   saved_.step = step_;
+  saved_.backwards = 0;
   if (sync) ++step_;
   return absl::OkStatus();
 }
@@ -283,9 +284,11 @@ absl::Status SyncBatchNorm::Backward(const TensorRef& dy,
   if (saved_.synced) {
     const absl::Time start = absl::Now();
     absl::StatusOr<GradSums> global =
-        group_->SyncBackward(layer_, saved_.step, sums);
+        group_->SyncBackward(layer_, saved_.step, saved_.backwards, sums);
     backward_sync_ = absl::Now() - start;
     if (!global.ok()) return global.status();
+    // The round is done; a failed one keeps its index for the rerun.
+    ++saved_.backwards;
     // Global count 0: every batch was empty and there is nothing to scale.
     const double n = saved_.global_count > 0
                          ? static_cast<double>(saved_.global_count)

@@ -37,7 +37,9 @@ struct TensorRef {
 // layer does not mirror: running_stats() keep what was last set
 // (running_stats_behind() says so) until the caller loads the aggregator's
 // (AwaitRunningStats in client/running_stats.h, before eval). Backward
-// syncs sum(dy) and sum(dy * (x - mean)) the same way; grad_weight and
+// syncs sum(dy) and sum(dy * (x - mean)) the same way, one round per
+// backward: several backwards through one forward (autograd's
+// retain_graph=True) are rounds 0, 1, ... of its step; grad_weight and
 // grad_bias stay local, as in torch (the trainer averages gradients).
 //
 // Not thread-safe: one worker thread drives a layer.
@@ -73,7 +75,10 @@ class SyncBatchNorm {
 
   // grad_input (and grad_z when the forward had z) from dy, for the last
   // training Forward; accumulates nothing: grad_weight() and grad_bias()
-  // are overwritten with this step's local values.
+  // are overwritten with this backward's local values. May run several
+  // times per Forward (one upstream gradient each): its round's backward
+  // index is the number of this Forward's backward rounds that completed,
+  // so a Backward whose round failed may be run again as the same round.
   absl::Status Backward(const TensorRef& dy, const TensorRef& grad_input,
                         const TensorRef* grad_z = nullptr);
 
@@ -145,6 +150,8 @@ class SyncBatchNorm {
     Device device = Device::kCpu;
     Geometry geometry;
     int64_t step = 0;
+    // Backward rounds of this forward that completed: the next one's index.
+    int backwards = 0;
     int64_t global_count = 0;
     std::vector<double> mean, invstd;
   };
@@ -156,9 +163,10 @@ class SyncBatchNorm {
   absl::Status BatchStatistics(const TensorRef& x, const Geometry& g,
                                bool sync);
   void RunningStatistics();
-  // `error`, a local failure of the forward (backward) round `step` that
-  // this worker takes part in, after telling the node's other workers
-  // (NodeGroup::FailForward/FailBackward) so that they fail it at once.
+  // `error`, a local failure of the forward round `step` (backward: of the
+  // saved forward's next backward round) that this worker takes part in,
+  // after telling the node's other workers (NodeGroup::FailForward/
+  // FailBackward) so that they fail it at once.
   absl::Status FailRound(bool backward, int64_t step,
                          const absl::Status& error);
   absl::Status CheckLike(const TensorRef& t, const TensorRef& like,

@@ -46,12 +46,12 @@ constexpr int kSteps = 3;
 // Plays the aggregator for one node: a forward round is answered with the
 // finalized merged moments and a version counter (and the set missing
 // ranks, as a quorum round), a backward round with the summed sums. Records
-// every call; a set error fails the following rounds.
+// every call (a backward's (step, backward index), also of a round failed
+// with FailBackward(layer, ...)); a set error fails the following rounds.
 class FakeAggregator : public NodeGroup {
  public:
   // The node's way to fail a round; FailForward(status) below sets the
   // fake's own answer.
-  using NodeGroup::FailBackward;
   using NodeGroup::FailForward;
 
   absl::StatusOr<ForwardReply> SyncForward(int layer, int64_t step,
@@ -76,12 +76,19 @@ class FakeAggregator : public NodeGroup {
     }
     return SyncForward(layer, step, merged);
   }
-  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step, int backward,
                                         const GradSums& summed) override {
     absl::MutexLock lock(&mu_);
     ++backward_calls_;
+    backward_rounds_.push_back({step, backward});
     if (!backward_error_.ok()) return backward_error_;
     return summed;
+  }
+  absl::Status FailBackward(int layer, int64_t step, int backward,
+                            const absl::Status& error) override {
+    absl::MutexLock lock(&mu_);
+    failed_backwards_.push_back({step, backward});
+    return error;
   }
 
   void FailForward(absl::Status s) {
@@ -118,6 +125,16 @@ class FakeAggregator : public NodeGroup {
     absl::MutexLock lock(&mu_);
     return backward_calls_;
   }
+  // (step, backward index) of each backward round, in call order.
+  std::vector<std::pair<int64_t, int>> backward_rounds() {
+    absl::MutexLock lock(&mu_);
+    return backward_rounds_;
+  }
+  // (step, backward index) of each FailBackward(layer, ...).
+  std::vector<std::pair<int64_t, int>> failed_backwards() {
+    absl::MutexLock lock(&mu_);
+    return failed_backwards_;
+  }
   // The update of each forward round (SyncForwardWithUpdate).
   std::vector<RoundUpdate> updates() {
     absl::MutexLock lock(&mu_);
@@ -131,6 +148,8 @@ class FakeAggregator : public NodeGroup {
   std::vector<int64_t> forward_counts_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> forward_steps_ ABSL_GUARDED_BY(mu_);
   int backward_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<int64_t, int>> backward_rounds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, int>> failed_backwards_ ABSL_GUARDED_BY(mu_);
   std::vector<RoundUpdate> updates_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> missing_ranks_ ABSL_GUARDED_BY(mu_);
@@ -1070,6 +1089,134 @@ TEST(SyncBatchNormErrorTest, RoundFailurePropagatesAndKeepsTheStep) {
   // The retry went out as the same step 0.
   EXPECT_EQ(service.aggregator->forward_steps(), (std::vector<int64_t>{0, 0}));
   EXPECT_EQ(service.aggregator->backward_calls(), 1);
+}
+
+// ---- several backwards through one forward ----------------------------
+
+// autograd's retain_graph=True: two backwards through one forward are
+// backward rounds 0 and 1 of its step, each with its own upstream gradient,
+// and each gives that gradient's plain batch-norm result; the next
+// forward's first backward is round 0 of the next step.
+TEST(SyncBatchNormBackwardsTest, EachBackwardThroughAForwardIsItsOwnRound) {
+  constexpr int64_t kChannels = 3;
+  constexpr int kBackwards = 2;
+  const int64_t batches[kWorkers] = {3, 0, 2};
+  std::mt19937_64 rng(31);
+  SyncBatchNormOptions options;
+  options.num_features = kChannels;
+  options.fuse_relu = true;
+  const std::vector<double> g = RandomValues(kChannels, rng, 0.5, 2);
+  const std::vector<double> b = RandomValues(kChannels, rng, -1, 1);
+  std::vector<float> gamma(g.begin(), g.end()), beta(b.begin(), b.end());
+  RefAffine affine{LongVec(gamma.begin(), gamma.end()),
+                   LongVec(beta.begin(), beta.end())};
+  // shards[k]: the same inputs with the upstream gradient of backward k.
+  std::vector<std::vector<Shard>> shards(kBackwards,
+                                         std::vector<Shard>(kWorkers));
+  for (int w = 0; w < kWorkers; ++w) {
+    const Layout l{batches[w], kChannels, {2}, false};
+    const std::vector<float> x = RandomTensor(l, rng, 1.5, 1.0);
+    for (int k = 0; k < kBackwards; ++k) {
+      shards[k][w].layout = l;
+      shards[k][w].x = x;
+      shards[k][w].dy = RandomTensor(l, rng, 0.3 - k, 1.0 + k);
+    }
+  }
+
+  struct Result {
+    absl::Status forward, next_forward;
+    absl::Status backward[kBackwards], next_backward;
+    std::vector<float> grad_input[kBackwards], next_grad_input;
+    std::vector<double> grad_weight[kBackwards], grad_bias[kBackwards];
+  };
+  FakeService service(kWorkers);
+  std::vector<Result> got(kWorkers);
+  RunWorkers(kWorkers, [&](int w) {
+    std::unique_ptr<NodeGroup> member = service.node->Member(w);
+    SyncBatchNorm layer(4, options, member.get(), nullptr);
+    layer.weight() = gamma;
+    layer.bias() = beta;
+    const Layout& l = shards[0][w].layout;
+    Result& r = got[w];
+    std::vector<float> y = Poisoned(l);
+    r.forward = layer.Forward(Ref(shards[0][w].x, l), Ref(y, l));
+    if (!r.forward.ok()) return;
+    for (int k = 0; k < kBackwards; ++k) {
+      r.grad_input[k] = Poisoned(l);
+      r.backward[k] =
+          layer.Backward(Ref(shards[k][w].dy, l), Ref(r.grad_input[k], l));
+      r.grad_weight[k] = layer.grad_weight();
+      r.grad_bias[k] = layer.grad_bias();
+    }
+    // The next step, backward once with the second gradient.
+    std::vector<float> y2 = Poisoned(l);
+    r.next_forward = layer.Forward(Ref(shards[0][w].x, l), Ref(y2, l));
+    if (!r.next_forward.ok()) return;
+    r.next_grad_input = Poisoned(l);
+    r.next_backward =
+        layer.Backward(Ref(shards[1][w].dy, l), Ref(r.next_grad_input, l));
+  });
+
+  std::vector<Layout> layouts;
+  std::vector<const std::vector<float>*> xs;
+  for (const Shard& sh : shards[0]) {
+    layouts.push_back(sh.layout);
+    xs.push_back(&sh.x);
+  }
+  const reference::Stats stats = BatchStats(layouts, xs, kChannels);
+  const Normalization n = NormOf(stats.mean, stats.Var(), affine, options.eps);
+  for (int k = 0; k < kBackwards; ++k) {
+    const std::vector<RefOutputs> ref =
+        RefBatchNorm(shards[k], n, stats.count, /*residual=*/false,
+                     /*relu=*/true, /*global_backward=*/true);
+    for (int w = 0; w < kWorkers; ++w) {
+      SCOPED_TRACE(testing::Message() << "backward " << k << " worker " << w);
+      const Result& r = got[w];
+      ASSERT_TRUE(r.forward.ok()) << r.forward;
+      ASSERT_TRUE(r.backward[k].ok()) << r.backward[k];
+      ExpectClose(r.grad_input[k], ref[w].grad_input, kOutputTol, "grad_input");
+      ExpectClose(r.grad_weight[k], ref[w].grad_weight, 1e-9, "grad_weight");
+      ExpectClose(r.grad_bias[k], ref[w].grad_bias, 1e-9, "grad_bias");
+      if (k == 1) {
+        ASSERT_TRUE(r.next_forward.ok()) << r.next_forward;
+        ASSERT_TRUE(r.next_backward.ok()) << r.next_backward;
+        ExpectClose(r.next_grad_input, ref[w].grad_input, kOutputTol,
+                    "next step's grad_input");
+      }
+    }
+  }
+  using Round = std::pair<int64_t, int>;  // step, backward index
+  EXPECT_EQ(service.aggregator->backward_rounds(),
+            (std::vector<Round>{{0, 0}, {0, 1}, {1, 0}}));
+  EXPECT_EQ(service.aggregator->forward_steps(), (std::vector<int64_t>{0, 1}));
+}
+
+// Only a completed round advances the index: a Backward that failed, in its
+// round or locally before it (telling the node with that index), is run
+// again as the same round.
+TEST(SyncBatchNormBackwardsTest, AFailedBackwardIsRunAgainWithItsIndex) {
+  SoloFixture f(/*num_features=*/2);
+  std::mt19937_64 rng(32);
+  Layout l{4, 2, {3}, false}, other{4, 2, {2}, false};
+  std::vector<float> x = RandomTensor(l, rng, 0, 1), y = Poisoned(l);
+  std::vector<float> dy = RandomTensor(l, rng, 0, 1), gi = Poisoned(l);
+  std::vector<float> dy_other = RandomTensor(other, rng, 0, 1);
+  const absl::Status aborted = absl::AbortedError("round aborted");
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  ASSERT_TRUE(f.layer->Backward(Ref(dy, l), Ref(gi, l)).ok());  // round 0
+  f.aggregator.FailBackward(aborted);
+  EXPECT_EQ(f.layer->Backward(Ref(dy, l), Ref(gi, l)), aborted);  // 1 fails
+  f.aggregator.FailBackward(absl::OkStatus());
+  EXPECT_EQ(f.layer->Backward(Ref(dy_other, other), Ref(gi, l)).code(),
+            absl::StatusCode::kInvalidArgument);  // fails 1 locally
+  ASSERT_TRUE(f.layer->Backward(Ref(dy, l), Ref(gi, l)).ok());  // 1 again
+  ASSERT_TRUE(f.layer->Backward(Ref(dy, l), Ref(gi, l)).ok());  // 2
+  ASSERT_TRUE(f.layer->Forward(Ref(x, l), Ref(y, l)).ok());
+  ASSERT_TRUE(f.layer->Backward(Ref(dy, l), Ref(gi, l)).ok());  // step 1: 0
+  using Round = std::pair<int64_t, int>;  // step, backward index
+  EXPECT_EQ(f.aggregator.backward_rounds(),
+            (std::vector<Round>{{0, 0}, {0, 1}, {0, 1}, {0, 2}, {1, 0}}));
+  EXPECT_EQ(f.aggregator.failed_backwards(), (std::vector<Round>{{0, 1}}));
 }
 
 }  // namespace

@@ -7,6 +7,18 @@
 #include "absl/strings/str_join.h"
 
 namespace syncnorm {
+namespace {
+
+// "layer L step S", and the backward index of a backward round.
+template <typename Key>
+std::string RoundName(const Key& key) {
+  return absl::StrCat("layer ", std::get<0>(key), " step ", std::get<1>(key),
+                      std::get<2>(key) == 2
+                          ? absl::StrCat(" backward ", std::get<3>(key))
+                          : "");
+}
+
+}  // namespace
 
 class ThreadNode::MemberGroup : public NodeGroup {
  public:
@@ -23,7 +35,7 @@ class ThreadNode::MemberGroup : public NodeGroup {
       const RoundUpdate& update) override {
     ThreadNode* node = node_;
     return node->Exchange<ForwardPart, ForwardReply>(
-        Key(layer, step, 1), local_rank_, ForwardPart{local, update},
+        Key(layer, step, 1, 0), local_rank_, ForwardPart{local, update},
         [](ForwardPart& acc, const ForwardPart& part) {
           MergeMoments(acc.moments, part.moments);
           acc.disagree = acc.disagree || !SameUpdate(acc.update, part.update);
@@ -42,14 +54,14 @@ class ThreadNode::MemberGroup : public NodeGroup {
         });
   }
 
-  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step, int backward,
                                         const GradSums& local) override {
     ThreadNode* node = node_;
     return node->Exchange<GradSums, GradSums>(
-        Key(layer, step, 2), local_rank_, local,
+        Key(layer, step, 2, backward), local_rank_, local,
         [](GradSums& acc, const GradSums& part) { AddGradSums(acc, part); },
-        [node, layer, step](const GradSums& summed) {
-          return node->upstream_->SyncBackward(layer, step, summed);
+        [node, layer, step, backward](const GradSums& summed) {
+          return node->upstream_->SyncBackward(layer, step, backward, summed);
         });
   }
 
@@ -86,9 +98,9 @@ absl::StatusOr<R> ThreadNode::Exchange(Key key, int local_rank, const T& local,
       round->left = local_size_;
     }
     if (round->parts[local_rank].has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "local rank ", local_rank, " joined the same round twice (layer ",
-          std::get<0>(key), ", step ", std::get<1>(key), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("local rank ", local_rank,
+                       " joined the same round twice (", RoundName(key), ")"));
     }
     round->parts[local_rank] = local;
     if (round->result.has_value()) {  // came after the round timed out
@@ -120,10 +132,10 @@ absl::StatusOr<R> ThreadNode::Exchange(Key key, int local_rank, const T& local,
     for (int r = 0; r < local_size_; ++r) {
       if (!round->parts[r].has_value()) missing.push_back(r);
     }
-    round->result = absl::DeadlineExceededError(absl::StrCat(
-        "local ranks [", absl::StrJoin(missing, ", "),
-        "] of this node did not reach layer ", std::get<0>(key), " step ",
-        std::get<1>(key), " within ", absl::FormatDuration(timeout_)));
+    round->result = absl::DeadlineExceededError(
+        absl::StrCat("local ranks [", absl::StrJoin(missing, ", "),
+                     "] of this node did not reach ", RoundName(key),
+                     " within ", absl::FormatDuration(timeout_)));
   }
   mu_.Await(absl::Condition(&ready));
   absl::StatusOr<R> result = *round->result;

@@ -39,7 +39,9 @@ class ThreadNode {
 
  private:
   class MemberGroup;
-  using Key = std::tuple<int, int64_t, int>;  // layer, step, phase
+  // layer, step, phase, backward index (0 for a forward): backwards
+  // through one forward are rounds of their own.
+  using Key = std::tuple<int, int64_t, int, int>;
 
   // A member's forward share: its moments and its round update, which must
   // be every member's (`disagree` marks a fold that met another).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -30,7 +31,8 @@ constexpr absl::Duration kLongTimeout = absl::Seconds(20);
 
 // The aggregator seen from the node: echoes the merged moments it receives
 // as they are (m2 in the var field, so members see the merged bits), returns
-// summed gradient sums unchanged, and records which thread sent. Fails with
+// summed gradient sums unchanged, and records which thread sent and each
+// backward round's (step, backward index) with its sums. Fails with
 // the configured status when one is set; names the configured missing ranks
 // (a quorum round).
 class EchoUpstream : public NodeGroup {
@@ -49,10 +51,11 @@ class EchoUpstream : public NodeGroup {
     reply.missing_ranks = missing_ranks_;
     return reply;
   }
-  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+  absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step, int backward,
                                         const GradSums& summed) override {
     absl::MutexLock lock(&mu_);
     ++backward_calls_;
+    backward_rounds_[{step, backward}].push_back(summed);
     senders_.insert(std::this_thread::get_id());
     if (!backward_error_.ok()) return backward_error_;
     return summed;
@@ -79,6 +82,11 @@ class EchoUpstream : public NodeGroup {
     absl::MutexLock lock(&mu_);
     return senders_.size();
   }
+  // The sums sent upstream for each backward round (step, backward index).
+  std::map<std::pair<int64_t, int>, std::vector<GradSums>> backward_rounds() {
+    absl::MutexLock lock(&mu_);
+    return backward_rounds_;
+  }
 
  private:
   absl::Mutex mu_;
@@ -89,6 +97,8 @@ class EchoUpstream : public NodeGroup {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> missing_ranks_ ABSL_GUARDED_BY(mu_);
   std::set<std::thread::id> senders_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<int64_t, int>, std::vector<GradSums>> backward_rounds_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // Random local moments of `channels` channels: some ranks have an empty
@@ -193,7 +203,7 @@ TEST(ThreadNodeTest, EveryArrivalOrderGivesTheRankOrderFoldBitForBit) {
         // The reverse order for the backward round of the same step.
         backward_order[i].WaitTurn(kMembers - 1 - order[i][r]);
         absl::StatusOr<GradSums> b =
-            member->SyncBackward(i % 3, i, grads[i][r]);
+            member->SyncBackward(i % 3, i, /*backward=*/0, grads[i][r]);
         if (!b.ok()) {
           errors[r] = b.status();
           return;
@@ -351,10 +361,10 @@ TEST(ThreadNodeTest, MissingPeerGivesDeadlineExceededNamingIt) {
 TEST(ThreadNodeTest, SlowUpstreamIsNotAMissingPeer) {
   class SlowUpstream : public EchoUpstream {
    public:
-    absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step,
+    absl::StatusOr<GradSums> SyncBackward(int layer, int64_t step, int backward,
                                           const GradSums& summed) override {
       absl::SleepFor(absl::Milliseconds(300));
-      return EchoUpstream::SyncBackward(layer, step, summed);
+      return EchoUpstream::SyncBackward(layer, step, backward, summed);
     }
   };
   ThreadNode node(3, std::make_unique<SlowUpstream>(), absl::Milliseconds(60));
@@ -369,13 +379,77 @@ TEST(ThreadNodeTest, SlowUpstreamIsNotAMissingPeer) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back(
-        [&, r] { got[r] = node.Member(r)->SyncBackward(0, 0, parts[r]); });
+        [&, r] { got[r] = node.Member(r)->SyncBackward(0, 0, 0, parts[r]); });
   }
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(got[r].ok()) << "member " << r << ": " << got[r].status();
     EXPECT_TRUE(SameBits(got[r]->sum_dy, want.sum_dy));
     EXPECT_TRUE(SameBits(got[r]->sum_dy_xmu, want.sum_dy_xmu));
+  }
+}
+
+// Backwards 0 and 1 through one forward are separate rounds: each member's
+// part of backward b is summed with the other members' parts of backward
+// b only, even when a member is in both rounds at once (its two calls on
+// two threads) and the rounds complete in either order.
+TEST(ThreadNodeTest, BackwardsThroughOneForwardAreSeparateRounds) {
+  constexpr int kMembers = 2;
+  constexpr int kBackwards = 2;
+  auto upstream = std::make_unique<EchoUpstream>();
+  EchoUpstream* fake = upstream.get();
+  ThreadNode node(kMembers, std::move(upstream), kLongTimeout);
+  // parts[b][r]: member r's sums of backward b, distinct powers of two so
+  // that any other pairing gives another sum.
+  GradSums parts[kBackwards][kMembers];
+  GradSums want[kBackwards];
+  for (int b = 0; b < kBackwards; ++b) {
+    for (int r = 0; r < kMembers; ++r) {
+      const double v = std::ldexp(1.0, 2 * b + r);  // 1, 2 | 4, 8
+      parts[b][r].sum_dy = {v, 3 * v};
+      parts[b][r].sum_dy_xmu = {-v, 0.5 * v};
+    }
+  }
+  want[0].sum_dy = {1 + 2, 3 * (1 + 2)};
+  want[0].sum_dy_xmu = {-(1 + 2), 0.5 * (1 + 2)};
+  want[1].sum_dy = {4 + 8, 3 * (4 + 8)};
+  want[1].sum_dy_xmu = {-(4 + 8), 0.5 * (4 + 8)};
+
+  absl::StatusOr<GradSums> got[kBackwards][kMembers];
+  // Member 0 enters backward 1 and member 1 backward 0 first, so that a
+  // node that did not tell the two rounds apart would pair them.
+  std::vector<std::thread> threads;
+  auto run = [&](int r, int b) {
+    threads.emplace_back([&, r, b] {
+      got[b][r] =
+          node.Member(r)->SyncBackward(/*layer=*/2, /*step=*/5, b, parts[b][r]);
+    });
+  };
+  run(0, 1);
+  run(1, 0);
+  absl::SleepFor(absl::Milliseconds(50));
+  run(0, 0);
+  run(1, 1);
+  for (std::thread& t : threads) t.join();
+
+  for (int b = 0; b < kBackwards; ++b) {
+    for (int r = 0; r < kMembers; ++r) {
+      SCOPED_TRACE(testing::Message() << "backward " << b << " member " << r);
+      ASSERT_TRUE(got[b][r].ok()) << got[b][r].status();
+      EXPECT_EQ(got[b][r]->sum_dy, want[b].sum_dy);
+      EXPECT_EQ(got[b][r]->sum_dy_xmu, want[b].sum_dy_xmu);
+    }
+  }
+  // One round upstream per index, carrying the index and its own sums.
+  const auto rounds = fake->backward_rounds();
+  ASSERT_EQ(rounds.size(), 2u);
+  for (int b = 0; b < kBackwards; ++b) {
+    SCOPED_TRACE(testing::Message() << "backward " << b);
+    auto it = rounds.find({5, b});
+    ASSERT_NE(it, rounds.end());
+    ASSERT_EQ(it->second.size(), 1u);
+    EXPECT_EQ(it->second[0].sum_dy, want[b].sum_dy);
+    EXPECT_EQ(it->second[0].sum_dy_xmu, want[b].sum_dy_xmu);
   }
 }
 
@@ -400,7 +474,7 @@ TEST(ThreadNodeTest, UpstreamErrorReachesEveryMember) {
     threads.emplace_back([&, r] {
       std::unique_ptr<NodeGroup> member = node.Member(r);
       forward[r] = member->SyncForward(1, 2, parts[r]).status();
-      backward[r] = member->SyncBackward(1, 2, grads[r]).status();
+      backward[r] = member->SyncBackward(1, 2, 0, grads[r]).status();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -422,7 +496,7 @@ TEST(ThreadNodeTest, LocalRankOutOfRangeIsInvalidArgument) {
   for (int r : {-1, 2, 7}) {
     std::unique_ptr<NodeGroup> member = node.Member(r);
     absl::Status f = member->SyncForward(0, 0, part).status();
-    absl::Status b = member->SyncBackward(0, 0, grad).status();
+    absl::Status b = member->SyncBackward(0, 0, 0, grad).status();
     EXPECT_EQ(f.code(), absl::StatusCode::kInvalidArgument) << f;
     EXPECT_EQ(b.code(), absl::StatusCode::kInvalidArgument) << b;
     EXPECT_THAT(f.message(), HasSubstr(absl::StrCat("local rank ", r)));

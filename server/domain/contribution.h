@@ -26,7 +26,8 @@ const char* PhaseName(Phase phase);
 // monostate when the sender gave none.
 using Payload = std::variant<std::monostate, Moments, GradSums>;
 
-// One rank's share of a round, keyed by (job_id, layer, step, phase, rank).
+// One rank's share of a round, keyed by (job_id, layer, step, phase,
+// backward, rank).
 struct Contribution {
   std::string job_id;
   int layer = 0;
@@ -37,6 +38,9 @@ struct Contribution {
   // FORWARD: this round's momentum and imported statistics, when the rank
   // sent any (Contribution.momentum, imported_stats on the wire).
   RoundUpdate update;
+  // BACKWARD: which backward through the step's forward (from 0), each its
+  // own round (Contribution.backward_index on the wire). 0 for FORWARD.
+  int backward = 0;
 };
 
 // Causes of a failed round a client may act on; values match the wire's

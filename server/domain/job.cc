@@ -94,6 +94,20 @@ absl::Status Job::Validate(const Contribution& c) const {
                      " is not valid; set FORWARD "
                      "(with moments) or BACKWARD (with grad_sums)"));
   }
+  if (c.backward < 0 || (c.phase == Phase::kForward && c.backward != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backward_index ", c.backward, " is not valid for a ",
+        PhaseName(c.phase),
+        " contribution: a BACKWARD names which backward through its step's "
+        "forward it is, from 0; a FORWARD leaves it 0"));
+  }
+  if (c.backward != 0 && spec_.staleness > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backward_index ", c.backward, ": job '", BoundedText(spec_.job_id),
+        "' is stale-synchronous (staleness ", spec_.staleness,
+        "), which syncs one backward per forward; sum the losses into one "
+        "backward, or run the forward again for each"));
+  }
   return ValidatePayload(c);
 }
 

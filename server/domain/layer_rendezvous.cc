@@ -16,6 +16,17 @@ LayerRendezvous::GroupState::GroupState(const LayerConfig& layer, int capacity)
   state.stats.var = layer.initial_running_var;
 }
 
+namespace {
+
+// " 2" (read "BACKWARD 2") for a later backward through a step's forward;
+// nothing for the first, so that the messages of one backward per forward
+// read as they always have.
+std::string BackwardLabel(int backward) {
+  return backward == 0 ? std::string() : absl::StrCat(" ", backward);
+}
+
+}  // namespace
+
 LayerRendezvous::LayerRendezvous(const JobSpec& spec, const GroupLayout& groups,
                                  int layer, int recent_capacity,
                                  StateStore* store, RoundObserver* observer,
@@ -48,15 +59,19 @@ void LayerRendezvous::Load(const StoredLayer& stored) {
   group.state = stored.slot.state;
   for (const StoredRound& r : stored.rounds) {
     PhaseState& phase = group.phases[PhaseIndex(r.phase)];
-    if (phase.recent.Find(r.step) != nullptr) continue;
+    if (phase.recent.Find(r.step, r.backward) != nullptr) continue;
     RecentRounds::Entry entry{r.step,
                               std::make_shared<const RoundOutcome>(r.outcome),
-                              r.fingerprints, nullptr, r.fingerprint_kind};
+                              r.fingerprints,
+                              nullptr,
+                              r.fingerprint_kind,
+                              r.backward};
     if (r.stats_after.has_value()) {
       entry.stats_after = std::make_shared<const RunningStats>(*r.stats_after);
     }
     phase.recent.Add(std::move(entry));
-    phase.persisted.push_back(r.step);  // the store lists them by step
+    // The store lists them by step.
+    phase.persisted.push_back(RoundId{r.step, r.backward});
   }
 }
 
@@ -76,7 +91,8 @@ std::string LayerRendezvous::RoundLabel(const RoundKey& key) const {
       spec_.num_groups() > 1 ? absl::StrCat(", group ", std::get<0>(key)) : "";
   return absl::StrCat("round (job ", BoundedText(spec_.job_id), group,
                       ", layer ", layer_, ", step ", std::get<1>(key), ", ",
-                      PhaseName(std::get<2>(key)), ")");
+                      PhaseName(std::get<2>(key)),
+                      BackwardLabel(std::get<3>(key)), ")");
 }
 
 LayerRendezvous::PhaseState& LayerRendezvous::StateOf(const RoundKey& key) {
@@ -101,19 +117,19 @@ absl::Status LayerRendezvous::BeforeForward(const RoundKey& key,
 }
 
 absl::Status LayerRendezvous::Conflict(const Contribution& c) const {
-  return absl::AbortedError(
-      absl::StrCat("a different payload was already received for (job ",
-                   BoundedText(spec_.job_id), ", layer ", c.layer, ", step ",
-                   c.step, ", ", PhaseName(c.phase), ", rank ", c.rank,
-                   "); a retry must resend the identical contribution"));
+  return absl::AbortedError(absl::StrCat(
+      "a different payload was already received for (job ",
+      BoundedText(spec_.job_id), ", layer ", c.layer, ", step ", c.step, ", ",
+      PhaseName(c.phase), BackwardLabel(c.backward), ", rank ", c.rank,
+      "); a retry must resend the identical contribution"));
 }
 
 absl::Status LayerRendezvous::Replaced(const Contribution& c) const {
   return absl::AbortedError(absl::StrCat(
       "a newer retry of this contribution (job ", BoundedText(spec_.job_id),
       ", layer ", c.layer, ", step ", c.step, ", ", PhaseName(c.phase),
-      ", rank ", c.rank, ") took its place: at most ",
-      Round::kMaxWaitersPerRank,
+      BackwardLabel(c.backward), ", rank ", c.rank,
+      ") took its place: at most ", Round::kMaxWaitersPerRank,
       " retries of one rank wait for a round, the newest ones get its "
       "result"));
 }
@@ -239,7 +255,7 @@ void LayerRendezvous::ContributeLocked(Contribution c,
       SameMomentum(*c.update.momentum, MomentumOf(config_.rule))) {
     c.update.momentum.reset();
   }
-  const RoundKey key(layout_.GroupOf(c.rank), c.step, c.phase);
+  const RoundKey key(layout_.GroupOf(c.rank), c.step, c.phase, c.backward);
   if (auto it = rounds_.find(key); it != rounds_.end()) {
     AddToRound(key, it->second, std::move(c), std::move(done), now, out,
                applied);
@@ -248,7 +264,7 @@ void LayerRendezvous::ContributeLocked(Contribution c,
   const std::array<int64_t, 2>& latest =
       groups_[std::get<0>(key)].state.latest_completed;
   PhaseState& state = StateOf(key);
-  if (const RecentRounds::Entry* e = state.recent.Find(c.step)) {
+  if (const RecentRounds::Entry* e = state.recent.Find(c.step, c.backward)) {
     AnswerRetry(*e, c, std::move(done), out);
     return;
   }
@@ -358,6 +374,7 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
   StoredRound record;
   record.phase = phase;
   record.step = std::get<1>(key);
+  record.backward = std::get<3>(key);
   RoundOutcome& outcome = record.outcome;
   if (phase == Phase::kForward) {
     ApplyForward(key, round, next.state, outcome);
@@ -367,7 +384,8 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
     outcome.status = Refused(key, CheckFiniteResult(outcome.grad_sums));
     if (!outcome.status.ok()) outcome.grad_sums = GradSums();
     const RecentRounds::Entry* forward =
-        group.phases[PhaseIndex(Phase::kForward)].recent.Find(std::get<1>(key));
+        group.phases[PhaseIndex(Phase::kForward)].recent.Find(std::get<1>(key),
+                                                              0);
     outcome.version = forward != nullptr && forward->outcome->status.ok()
                           ? forward->outcome->version
                           : group.state.stats.num_batches_tracked;
@@ -461,7 +479,7 @@ absl::Status LayerRendezvous::Persist(const RoundKey& key,
   PhaseState& phase = StateOf(key);
   // The store keeps the same window of rounds as memory: the newest ones.
   // Once the window is full, every round evicts one.
-  absl::InlinedVector<int64_t, 4> evicted;
+  absl::InlinedVector<RoundId, 4> evicted;
   while (phase.persisted.size() - evicted.size() >=
          static_cast<size_t>(recent_capacity_)) {
     evicted.push_back(phase.persisted[evicted.size()]);
@@ -471,7 +489,7 @@ absl::Status LayerRendezvous::Persist(const RoundKey& key,
   if (!s.ok()) return s;
   phase.persisted.erase(phase.persisted.begin(),
                         phase.persisted.begin() + evicted.size());
-  phase.persisted.push_back(std::get<1>(key));
+  phase.persisted.push_back(RoundId{std::get<1>(key), std::get<3>(key)});
   return absl::OkStatus();
 }
 
@@ -502,8 +520,10 @@ void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
   auto it = rounds_.find(key);
   Round& round = it->second;
   auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
-  StateOf(key).recent.Add(RecentRounds::Entry{
-      std::get<1>(key), shared, std::move(fingerprints), std::move(after)});
+  RecentRounds::Entry entry{std::get<1>(key), shared, std::move(fingerprints),
+                            std::move(after)};
+  entry.backward = std::get<3>(key);
+  StateOf(key).recent.Add(std::move(entry));
   out.reserve(out.size() + round.waiters());
   round.TakeWaiters([&](RoundCallback&& done) {
     out.push_back(Delivery{std::move(done), shared});

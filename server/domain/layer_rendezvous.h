@@ -172,15 +172,15 @@ class LayerRendezvous {
   bool Frozen(int group) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // (group, step, phase)
-  using RoundKey = std::tuple<int, int64_t, Phase>;
+  // (group, step, phase, backward)
+  using RoundKey = std::tuple<int, int64_t, Phase, int>;
 
   struct PhaseState {
     explicit PhaseState(int capacity) : recent(capacity) {}
     RecentRounds recent;
-    // Steps of this phase's rounds in the store, in the order they were
-    // stored (ascending after a restart), the first to go first.
-    std::deque<int64_t> persisted;
+    // This phase's rounds in the store, in the order they were stored
+    // (ascending after a restart), the first to go first.
+    std::deque<RoundId> persisted;
   };
 
   // A contribution of a job with staleness > 0, kept while answers may use

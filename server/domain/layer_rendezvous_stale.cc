@@ -19,7 +19,7 @@ void LayerRendezvous::ContributeStale(Contribution c, const Membership& members,
   std::map<int64_t, StaleEntry>& mine = stale.entries[p][pos];
   const uint64_t fingerprint =
       ContributionFingerprint(c.payload, RoundUpdate());
-  const RoundKey key(g, c.step, c.phase);
+  const RoundKey key(g, c.step, c.phase, 0);
   if (auto it = mine.find(c.step); it != mine.end()) {
     StaleEntry& e = it->second;
     if (e.fingerprint != fingerprint) {
@@ -84,7 +84,7 @@ void LayerRendezvous::AddToSyncRound(int group, int rank, int64_t step,
                                      const Payload& payload,
                                      const Membership& members, absl::Time now,
                                      Deliveries& out, bool& applied) {
-  const RoundKey key(group, step, Phase::kForward);
+  const RoundKey key(group, step, Phase::kForward, 0);
   // A step already applied (a contribution resent after a restart that
   // lost its answer but kept the step's merge) merges nothing again.
   if (step <=
@@ -136,7 +136,7 @@ std::optional<RoundOutcome> LayerRendezvous::StaleForward(
     const Moments& m = std::get<Moments>(it->second.payload);
     if (absl::Status s = CheckMergeable(acc, m); !s.ok()) {
       o.status = Refused(
-          RoundKey(group, step, Phase::kForward),
+          RoundKey(group, step, Phase::kForward, 0),
           absl::InvalidArgumentError(absl::StrCat(
               "rank ", ranks[i], "'s count does not fit: ", s.message())));
       return o;
@@ -144,7 +144,7 @@ std::optional<RoundOutcome> LayerRendezvous::StaleForward(
     MergeMoments(acc, m);
     o.view.push_back(ViewEntry{ranks[i], it->first});
   }
-  const RoundKey key(group, step, Phase::kForward);
+  const RoundKey key(group, step, Phase::kForward, 0);
   o.status = Refused(key, CheckUpdatable(config_.rule, acc.count));
   if (!o.status.ok()) {
     o.reason = RoundErrorReason::kSingleValuePerChannel;
@@ -171,7 +171,7 @@ std::optional<RoundOutcome> LayerRendezvous::StaleBackward(int group, int pos,
     // Its forward fell out of the window while it waited (a rank that
     // sent its forwards far ahead of its backwards).
     o.status = absl::FailedPreconditionError(absl::StrCat(
-        RoundLabel(RoundKey(group, step, Phase::kBackward)),
+        RoundLabel(RoundKey(group, step, Phase::kBackward, 0)),
         ": its FORWARD's answer is no longer kept (the slowest rank is more "
         "than 2 staleness steps and the recent rounds past it)"));
     return o;
@@ -188,7 +188,7 @@ std::optional<RoundOutcome> LayerRendezvous::StaleBackward(int group, int pos,
   }
   o.view = forward.answer->view;
   o.version = forward.answer->version;
-  o.status = Refused(RoundKey(group, step, Phase::kBackward),
+  o.status = Refused(RoundKey(group, step, Phase::kBackward, 0),
                      CheckFiniteResult(o.grad_sums));
   if (!o.status.ok()) {
     o.grad_sums = GradSums();
@@ -270,7 +270,7 @@ void LayerRendezvous::GiveStaleAnswer(int group, Phase phase, int pos,
   if (absl::Status s = store_->PutStaleAnswer(spec_.job_id, record, evicted);
       !s.ok()) {
     const absl::Status failed(
-        s.code(), absl::StrCat(RoundLabel(RoundKey(group, step, phase)),
+        s.code(), absl::StrCat(RoundLabel(RoundKey(group, step, phase, 0)),
                                ": the answer to rank ", rank,
                                " could not be stored: ", s.message()));
     for (RoundCallback& done : entry.waiters) {
@@ -403,7 +403,7 @@ absl::Status LayerRendezvous::StaleLate(int group, int p, int pos,
     if (stale.latest[p][i] < needed) behind.push_back(ranks[i]);
   }
   return absl::DeadlineExceededError(absl::StrCat(
-      RoundLabel(RoundKey(group, step, phase)), ": rank ", ranks[pos],
+      RoundLabel(RoundKey(group, step, phase, 0)), ": rank ", ranks[pos],
       "'s contribution missed its ",
       absl::ToInt64Milliseconds(spec_.round_timeout),
       " ms deadline waiting for ranks ", RankList(behind), " to come within ",

@@ -9,9 +9,10 @@ void RecentRounds::Add(Entry entry) {
   if (entries_.size() > capacity_) entries_.erase(entries_.begin());
 }
 
-const RecentRounds::Entry* RecentRounds::Find(int64_t step) const {
+const RecentRounds::Entry* RecentRounds::Find(int64_t step,
+                                              int backward) const {
   for (const Entry& e : entries_) {
-    if (e.step == step) return &e;
+    if (e.step == step && e.backward == backward) return &e;
   }
   return nullptr;
 }

@@ -31,17 +31,20 @@ class RecentRounds {
     // How `fingerprints` were computed: kFingerprintKind, or an older kind
     // for rounds loaded from a data dir written by an older build.
     FingerprintKind fingerprint_kind = kFingerprintKind;
+    // BACKWARD: which backward through the step's forward (Contribution).
+    int backward = 0;
   };
 
   // Keeps at most `capacity` entries. REQUIRES: capacity > 0.
   explicit RecentRounds(int capacity) : capacity_(capacity) {}
 
   // Adds `entry`; when over capacity, drops the entry added first.
-  // REQUIRES: no entry for entry.step yet.
+  // REQUIRES: no entry for (entry.step, entry.backward) yet.
   void Add(Entry entry);
 
-  // The entry for `step`, or nullptr when not (or no longer) kept.
-  const Entry* Find(int64_t step) const;
+  // The entry for (`step`, `backward`), or nullptr when not (or no longer)
+  // kept.
+  const Entry* Find(int64_t step, int backward) const;
 
   // Every kept entry, in no particular order.
   const std::vector<Entry>& entries() const { return entries_; }

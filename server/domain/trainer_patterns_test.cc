@@ -1,8 +1,9 @@
 // The aggregator under what torch trainers do: process groups as rank
 // lists, a momentum changed between steps, buffers reset or loaded
-// (imports), a layer called twice per step (backwards in any order), and a
-// job re-created from a model reloaded mid-training. Over an in-memory
-// state store, restarted where durability matters.
+// (imports), a layer called twice per step (backwards in any order),
+// several backwards through one forward, and a job re-created from a model
+// reloaded mid-training. Over an in-memory state store, restarted where
+// durability matters.
 #include <memory>
 #include <string>
 #include <vector>
@@ -271,6 +272,82 @@ TEST_F(TrainerPatternsTest, BackwardRoundsCompleteInAnyOrderAfterTheirForward) {
   EXPECT_EQ(stale->status.code(), absl::StatusCode::kAborted);  // conflict
   stale = Send(Forward("twice", 0, 0, Batch(2, 9, 2)));
   EXPECT_EQ(stale->status.code(), absl::StatusCode::kAborted);
+}
+
+// retain_graph=True, as PCGrad or GradNorm run it: three backwards through
+// step 0's forward are three rounds, each summing the same backward of
+// every rank, in any order. Each has its own retry identity, which holds
+// across a restart, and backward 0 keeps the meaning it always had.
+TEST_F(TrainerPatternsTest, EachBackwardThroughOneForwardIsItsOwnRound) {
+  Create(Spec("pcgrad", 3));
+  for (int r = 0; r < 3; ++r) Send(Forward("pcgrad", 0, r, Batch(2, r, 1)));
+  const auto backward = [](int rank, int index) {
+    Contribution c = Backward("pcgrad", 0, rank, (index + 1) * 100.0 + rank);
+    c.backward = index;
+    return c;
+  };
+  // Ranks run their backwards at different paces: rank 2 is through all
+  // three before rank 0 starts.
+  std::vector<std::shared_ptr<RoundOutcome>> got(3);
+  for (int b : {0, 1, 2}) Send(backward(2, b));
+  for (int b : {2, 1}) Send(backward(1, b));
+  got[2] = Send(backward(0, 2));
+  got[0] = Send(backward(0, 0));
+  EXPECT_EQ(got[0]->status.code(), absl::StatusCode::kUnknown)
+      << "backward 0 still waits for rank 1: " << got[0]->status;
+  got[1] = Send(backward(0, 1));
+  Send(backward(1, 0));
+  for (int b = 0; b < 3; ++b) {
+    ASSERT_TRUE(got[b]->status.ok()) << b << ": " << got[b]->status;
+    // (b+1)*100 per rank plus 0 + 1 + 2.
+    EXPECT_EQ(got[b]->grad_sums.sum_dy[0], 3 * (b + 1) * 100.0 + 3) << b;
+    EXPECT_EQ(got[b]->grad_sums.sum_dy_xmu[0], 2 * (3 * (b + 1) * 100.0 + 3));
+    EXPECT_EQ(got[b]->version, 1);
+  }
+  Restart();
+  // A retry gets its own round's answer; a different payload for a
+  // finished backward conflicts and says which backward it was.
+  EXPECT_EQ(Send(backward(1, 2))->grad_sums.sum_dy[0], 903.0);
+  EXPECT_EQ(Send(backward(0, 0))->grad_sums.sum_dy[0], 303.0);
+  Contribution changed = backward(0, 1);
+  std::get<GradSums>(changed.payload).sum_dy[0] = 5;
+  auto conflict = Send(changed);
+  EXPECT_EQ(conflict->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(conflict->status.message()),
+              HasSubstr("step 0, BACKWARD 1, rank 0"));
+  // A fourth backward is a new round; a deadline names it.
+  auto fourth = Send(backward(0, 3));
+  clock_.Advance(absl::Seconds(6));
+  agg_->ExpireRounds(clock_.Now());
+  EXPECT_EQ(fourth->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(fourth->status.message()),
+              HasSubstr("step 0, BACKWARD 3)"));
+}
+
+TEST_F(TrainerPatternsTest, ABackwardIndexIsRefusedWhereItMeansNothing) {
+  Create(Spec("plain", 1));
+  JobSpec stale = Spec("ssp", 1);
+  stale.staleness = 1;
+  Create(stale);
+  Contribution forward = Forward("plain", 0, 0, Batch(2, 0, 1));
+  forward.backward = 1;
+  Contribution negative = Backward("plain", 0, 0, 1);
+  negative.backward = -1;
+  Contribution in_stale_job = Backward("ssp", 0, 0, 1);
+  in_stale_job.backward = 1;
+  const std::vector<std::pair<Contribution, std::string>> cases = {
+      {forward, "backward_index 1 is not valid for a FORWARD contribution"},
+      {negative, "backward_index -1 is not valid for a BACKWARD"},
+      {in_stale_job,
+       "is stale-synchronous (staleness 1), which syncs one "
+       "backward per forward"},
+  };
+  for (const auto& [c, message] : cases) {
+    auto o = Send(c);
+    EXPECT_EQ(o->status.code(), absl::StatusCode::kInvalidArgument)
+        << message << ": " << o->status;
+    EXPECT_THAT(std::string(o->status.message()), HasSubstr(message));
+  }
 }
 
 // torch's DDP SyncBatchNorm test saves the model after step 2, reloads it

@@ -144,6 +144,7 @@ Contribution ContributionFromProto(v1::Contribution&& proto) {
   c.step = proto.step();
   c.phase = static_cast<Phase>(proto.phase());
   c.rank = proto.rank();
+  c.backward = proto.backward_index();
   c.update = RoundUpdateFromProto(proto);
   if (proto.has_moments()) {
     c.payload = FromProto(proto.moments());
@@ -159,6 +160,7 @@ void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
   result.set_layer(key.layer);
   result.set_step(key.step);
   result.set_phase(static_cast<v1::Phase>(key.phase));
+  result.set_backward_index(key.backward);
   if (!outcome.status.ok()) {
     RoundErrorToProto(outcome.status, outcome.missing_ranks,
                       static_cast<v1::RoundError::Reason>(outcome.reason),

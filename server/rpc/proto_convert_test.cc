@@ -127,10 +127,12 @@ TEST(ProtoConvertTest, ContributionAndResult) {
   c.set_step(9);
   c.set_phase(v1::BACKWARD);
   c.set_rank(3);
+  c.set_backward_index(2);
   c.mutable_grad_sums()->add_sum_dy(1.5);
   c.mutable_grad_sums()->add_sum_dy_xmu(-2);
   Contribution d = ContributionFromProto(std::move(c));
   EXPECT_EQ(d.phase, Phase::kBackward);
+  EXPECT_EQ(d.backward, 2);
   ASSERT_TRUE(std::holds_alternative<GradSums>(d.payload));
   EXPECT_EQ(std::get<GradSums>(d.payload).sum_dy_xmu[0], -2);
 
@@ -140,6 +142,7 @@ TEST(ProtoConvertTest, ContributionAndResult) {
   v1::RoundResult result;
   RoundResultToProto(d, ok, result);
   EXPECT_EQ(result.step(), 9);
+  EXPECT_EQ(result.backward_index(), 2);  // the client matches results by it
   EXPECT_EQ(result.version(), 4);
   EXPECT_EQ(result.grad_sums().sum_dy(0), 1.5);
 
@@ -151,6 +154,7 @@ TEST(ProtoConvertTest, ContributionAndResult) {
   EXPECT_EQ(error.error().code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(error.error().missing_ranks_size(), 2);
   EXPECT_EQ(error.layer(), 1);
+  EXPECT_EQ(error.backward_index(), 2);
 
   v1::Contribution empty;
   EXPECT_TRUE(std::holds_alternative<std::monostate>(

@@ -21,6 +21,7 @@ ReduceOnceReactor::ReduceOnceReactor(UnaryFinisher* call,
   key.layer = c.layer;
   key.step = c.step;
   key.phase = c.phase;
+  key.backward = c.backward;
   aggregator->Contribute(
       std::move(c), [this, key = std::move(key)](const RoundOutcome& outcome) {
         Answer(key, outcome);

@@ -136,6 +136,7 @@ void ReduceReactor::OnReadDone(bool ok) {
   key.layer = c.layer;
   key.step = c.step;
   key.phase = c.phase;
+  key.backward = c.backward;
   if (refused.ok() && auth_ != nullptr) {
     refused = auth_->AuthorizeJob(authorization_, c.job_id);
   }

@@ -34,10 +34,15 @@ std::string LayerKey(absl::string_view job, int group, int layer) {
   return absl::StrCat("l/", job, "/", group, "/", layer);
 }
 
+// A round of backward 0 (every FORWARD) has the key it had before there
+// were several backwards per forward; a later backward's key adds its index.
 std::string RoundKey(absl::string_view job, int group, int layer, Phase phase,
-                     int64_t step) {
-  return absl::StrCat("r/", job, "/", group, "/", layer, "/",
-                      static_cast<int>(phase), "/", PaddedStep(step).view());
+                     RoundId id) {
+  std::string key =
+      absl::StrCat("r/", job, "/", group, "/", layer, "/",
+                   static_cast<int>(phase), "/", PaddedStep(id.step).view());
+  if (id.backward != 0) absl::StrAppend(&key, "/", id.backward);
+  return key;
 }
 
 std::string MembershipKey(absl::string_view job) {
@@ -178,9 +183,10 @@ absl::Status KvStateStore::LoadRounds(std::vector<StoredJob>& jobs) {
       [&](absl::string_view key, absl::string_view value) -> absl::Status {
         std::string id;
         std::vector<int64_t> n;
-        if (!ParseKey(key, 4, id, n)) {
+        if (!ParseKey(key, 4, id, n) && !ParseKey(key, 5, id, n)) {
           return Corrupt(key, absl::DataLossError("malformed key"));
         }
+        const int64_t backward = n.size() == 5 ? n[4] : 0;
         StoredJob* job = FindJob(jobs, id);
         if (job == nullptr) return absl::OkStatus();
         StoredLayer* layer = nullptr;
@@ -193,7 +199,8 @@ absl::Status KvStateStore::LoadRounds(std::vector<StoredJob>& jobs) {
         absl::StatusOr<StoredRound> round =
             DecodeRound(value, job->spec, layer->slot.group, layer->slot.layer);
         if (!round.ok()) return Corrupt(key, round.status());
-        if (static_cast<int64_t>(round->phase) != n[2] || round->step != n[3]) {
+        if (static_cast<int64_t>(round->phase) != n[2] || round->step != n[3] ||
+            round->backward != backward || (n.size() == 5 && backward == 0)) {
           return Corrupt(key,
                          absl::DataLossError("the key and value disagree"));
         }
@@ -363,7 +370,7 @@ absl::Status KvStateStore::PutJobImage(const JobImage& image) {
               EncodeLayer(layer.slot.state));
     for (const StoredRound& round : layer.rounds) {
       batch.Put(RoundKey(spec.job_id, layer.slot.group, layer.slot.layer,
-                         round.phase, round.step),
+                         round.phase, RoundId{round.step, round.backward}),
                 EncodeRound(round));
     }
   }
@@ -397,7 +404,7 @@ absl::StatusOr<std::vector<JobImage>> KvStateStore::LoadImages() {
 absl::Status KvStateStore::CommitRound(const std::string& job_id,
                                        const LayerSlot& slot,
                                        const StoredRound& round,
-                                       absl::Span<const int64_t> evicted) {
+                                       absl::Span<const RoundId> evicted) {
   KvBatch batch;
   batch.Reserve(2 + evicted.size());  // once per round: on the hot path
   // A forward round's stats_after are the layer's new statistics: stored
@@ -412,11 +419,11 @@ absl::Status KvStateStore::CommitRound(const std::string& job_id,
   // it from RocksDB until then, and then keep both from RocksDB. A round's
   // key is written once, as PutTransient asks: a step is not run again
   // unless a restore or a new job of the name deleted its rounds first.
-  batch.PutTransient(
-      RoundKey(job_id, slot.group, slot.layer, round.phase, round.step),
-      EncodeRound(round));
-  for (int64_t step : evicted) {
-    batch.Delete(RoundKey(job_id, slot.group, slot.layer, round.phase, step));
+  batch.PutTransient(RoundKey(job_id, slot.group, slot.layer, round.phase,
+                              RoundId{round.step, round.backward}),
+                     EncodeRound(round));
+  for (const RoundId& id : evicted) {
+    batch.Delete(RoundKey(job_id, slot.group, slot.layer, round.phase, id));
   }
   return engine_->Write(batch);
 }

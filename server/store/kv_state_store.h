@@ -31,7 +31,7 @@ class KvStateStore final : public StateStore {
   absl::Status DeleteJob(const std::string& job_id) override;
   absl::Status CommitRound(const std::string& job_id, const LayerSlot& slot,
                            const StoredRound& round,
-                           absl::Span<const int64_t> evicted_steps) override;
+                           absl::Span<const RoundId> evicted) override;
   absl::Status PutLayers(
       const std::string& job_id, absl::Span<const LayerSlot> layers,
       bool drop_rounds,

@@ -393,6 +393,7 @@ void WriteRound(const StoredRound& round, WireWriter& w) {
     w.Message(11, [&s](WireWriter& m) { WriteStats(s, m); });
   }
   w.Ints(12, round.outcome.missing_ranks);
+  w.Varint(13, WireWriter::SignExtended(round.backward));
   w.Varint(20, static_cast<uint32_t>(round.fingerprint_kind));
 }
 
@@ -438,6 +439,11 @@ absl::StatusOr<StoredRound> DecodeRound(absl::string_view value,
   StoredRound r;
   r.phase = static_cast<Phase>(p.phase());
   r.step = p.step();
+  r.backward = p.backward_index();
+  if (r.backward < 0 || (forward && r.backward != 0)) {
+    return Bad(absl::StrCat("a ", forward ? "FORWARD" : "BACKWARD",
+                            " round of backward index ", r.backward));
+  }
   r.outcome.version = p.version();
   if (forward) {
     r.outcome.moments.count = p.count();

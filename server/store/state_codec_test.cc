@@ -45,6 +45,7 @@ std::string ThroughProtobuf(const StoredRound& round) {
     for (double v : round.stats_after->var) s->add_var(v);
   }
   for (int rank : round.outcome.missing_ranks) p.add_missing_ranks(rank);
+  p.set_backward_index(round.backward);
   return p.SerializeAsString();
 }
 
@@ -101,6 +102,9 @@ StoredRound RandomRound(Draw& d) {
   StoredRound r;
   r.phase = d.Coin() ? Phase::kForward : Phase::kBackward;
   r.step = d.Field();
+  if (r.phase == Phase::kBackward && d.Coin()) {
+    r.backward = static_cast<int>(d.Int(0, std::numeric_limits<int>::max()));
+  }
   r.outcome.version = d.Field();
   r.outcome.moments.count = d.Field();
   const int channels = static_cast<int>(d.Int(0, 3) == 0 ? 0 : d.Int(1, 300));

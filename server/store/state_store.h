@@ -36,10 +36,22 @@ struct LayerState {
   bool frozen = false;
 };
 
+// Which round of a (group, layer, phase) a stored round is: its step and,
+// BACKWARD, which backward through the step's forward.
+struct RoundId {
+  int64_t step = 0;
+  int backward = 0;
+};
+inline bool operator==(const RoundId& a, const RoundId& b) {
+  return a.step == b.step && a.backward == b.backward;
+}
+
 // A completed (OK) round, kept so that a retry gets the identical answer.
 struct StoredRound {
   Phase phase = Phase::kForward;
   int64_t step = 0;
+  // BACKWARD: which backward through the step's forward (Contribution).
+  int backward = 0;
   RoundOutcome outcome;
   // Per rank of the group: the fingerprint of its payload (see Round),
   // computed as fingerprint_kind says.
@@ -150,11 +162,11 @@ class StateStore {
 
   // One completed round of (job, slot.group, slot.layer): the layer's new
   // state, the round's outcome, and the removal of the same phase's rounds
-  // at `evicted_steps` (fallen out of the retry window).
+  // `evicted` (fallen out of the retry window).
   virtual absl::Status CommitRound(const std::string& job_id,
                                    const LayerSlot& slot,
                                    const StoredRound& round,
-                                   absl::Span<const int64_t> evicted_steps) = 0;
+                                   absl::Span<const RoundId> evicted) = 0;
 
   // Replaces the state of the given (group, layer)s; with `drop_rounds`,
   // also forgets every stored round of the job (a restore), and with

@@ -2,6 +2,7 @@
 // reopen, deletes remove everything of a job, and a record that does not
 // decode or fit its job stops LoadAll with DATA_LOSS naming the folder and
 // the key.
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -64,8 +65,8 @@ void Fill(StateStore& store) {
   ASSERT_TRUE(store.PutJob(Spec("a")).ok());
   ASSERT_TRUE(store.PutJob(Spec("b")).ok());
   for (int64_t step = 0; step < 3; ++step) {
-    std::vector<int64_t> evicted;
-    if (step == 2) evicted.push_back(0);
+    std::vector<RoundId> evicted;
+    if (step == 2) evicted.push_back(RoundId{0, 0});
     ASSERT_TRUE(store.CommitRound("a", Slot(step), Round(step), evicted).ok());
   }
   CheckpointData c;
@@ -234,6 +235,53 @@ TEST(StateStoreTest, ForwardCommitStoresTheStatisticsOnceAndReloadsThem) {
             (std::vector<double>{8, -8}));
 }
 
+// A BACKWARD round of step 3, backward `backward`, summing to `x`.
+StoredRound Backward(int backward, double x) {
+  StoredRound r;
+  r.phase = Phase::kBackward;
+  r.step = 3;
+  r.backward = backward;
+  r.outcome.version = 4;
+  r.outcome.grad_sums = GradSums{{x, -x}, {2 * x, 0.5}};
+  r.fingerprints = {static_cast<uint64_t>(backward), std::nullopt};
+  return r;
+}
+
+TEST(StateStoreTest, SeveralBackwardsOfOneStepAreKeptApart) {
+  // retain_graph=True: backwards 0, 1 and 2 through step 3's forward are
+  // three rounds, each its own record; evicting one leaves the others.
+  auto engine = std::make_unique<MemoryEngine>();
+  MemoryEngine* raw = engine.get();
+  KvStateStore store(std::move(engine));
+  ASSERT_TRUE(store.PutJob(Spec("a")).ok());
+  for (int b = 0; b < 3; ++b) {
+    ASSERT_TRUE(
+        store.CommitRound("a", Slot(1), Backward(b, 10.0 + b), {}).ok());
+  }
+  // The first keeps the key a round has always had.
+  auto first = raw->Get("r/a/0/0/2/00000000000000000003");
+  ASSERT_TRUE(first.ok() && first->has_value());
+  auto third = raw->Get("r/a/0/0/2/00000000000000000003/2");
+  ASSERT_TRUE(third.ok() && third->has_value());
+  ASSERT_TRUE(store
+                  .CommitRound("a", Slot(1), Backward(3, 13.0),
+                               std::vector<RoundId>{RoundId{3, 1}})
+                  .ok());
+  auto jobs = store.LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  const std::vector<StoredRound>& rounds = (*jobs)[0].layers[0].rounds;
+  ASSERT_EQ(rounds.size(), 3u);
+  std::vector<int> kept;
+  for (const StoredRound& r : rounds) {
+    kept.push_back(r.backward);
+    EXPECT_EQ(r.step, 3);
+    EXPECT_EQ(r.outcome.grad_sums.sum_dy[0], 10.0 + r.backward);
+    EXPECT_EQ(r.fingerprints[0], static_cast<uint64_t>(r.backward));
+  }
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<int>{0, 2, 3}));
+}
+
 // Writes `value` under `key` behind the store's back.
 void Poke(const std::string& dir, const std::string& key,
           const std::string& value) {
@@ -310,6 +358,8 @@ TEST(StateStoreTest, BadRecordsAreDataLossNamingFolderAndKey) {
   LayerState in_lost_round = Slot(1).state;
   in_lost_round.last_applied = 77;
   newer_bytes[1] = 9;  // format field 1, varint value 1 -> 9
+  StoredRound indexed_forward = Round(5);
+  indexed_forward.backward = 1;
   const Case cases[] = {
       {"garbage layer", "l/a/0/0", "\xff\xff\xff garbage"},
       {"wrong channel count", "l/a/0/0", EncodeLayer(three_channels)},
@@ -320,6 +370,12 @@ TEST(StateStoreTest, BadRecordsAreDataLossNamingFolderAndKey) {
       {"round under the wrong step", "r/a/0/0/1/00000000000000000007",
        EncodeRound(newer)},
       {"malformed key", "r/a/zero", "x"},
+      {"backward round under the wrong index",
+       "r/a/0/0/2/00000000000000000003/1", EncodeRound(Backward(2, 1.0))},
+      {"first backward under an index", "r/a/0/0/2/00000000000000000003/0",
+       EncodeRound(Backward(0, 1.0))},
+      {"forward round of a backward index", "r/a/0/0/1/00000000000000000005",
+       EncodeRound(indexed_forward)},
       {"garbage job", "j/c", "not a job"},
       {"garbage membership", "e/a", "\xff\xff not a membership"},
       {"membership rank out of range", "e/a",

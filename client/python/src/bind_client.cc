@@ -115,15 +115,15 @@ py::tuple SyncForward(NodeGroup& group, int layer, int64_t step, int64_t count,
 }
 
 py::tuple SyncBackward(NodeGroup& group, int layer, int64_t step,
-                       const DoubleArray& sum_dy,
-                       const DoubleArray& sum_dy_xmu) {
+                       const DoubleArray& sum_dy, const DoubleArray& sum_dy_xmu,
+                       int backward) {
   GradSums local;
   local.sum_dy = ToVector(sum_dy, sum_dy.size(), "sum_dy");
   local.sum_dy_xmu = ToVector(sum_dy_xmu, local.sum_dy.size(), "sum_dy_xmu");
   absl::StatusOr<GradSums> global = absl::UnknownError("not run");
   {
     py::gil_scoped_release release;
-    global = group.SyncBackward(layer, step, local);
+    global = group.SyncBackward(layer, step, backward, local);
   }
   ThrowIfServiceError(global.status());
   return py::make_tuple(ToArray(global->sum_dy), ToArray(global->sum_dy_xmu));
@@ -144,9 +144,11 @@ void BindNodeGroups(py::module_& m) {
            "(rank, step) pairs the answer merged, in rank order, else "
            "empty). Raises ServiceError.")
       .def("sync_backward", &SyncBackward, py::arg("layer"), py::arg("step"),
-           py::arg("sum_dy"), py::arg("sum_dy_xmu"),
-           "Sends local gradient sums; returns the group's (sum_dy, "
-           "sum_dy_xmu). Raises ServiceError.");
+           py::arg("sum_dy"), py::arg("sum_dy_xmu"), py::arg("backward") = 0,
+           "Sends local gradient sums of backward `backward` through the "
+           "step's forward (from 0: each backward through one forward, "
+           "as with retain_graph=True, is its own round); returns the "
+           "group's (sum_dy, sum_dy_xmu). Raises ServiceError.");
 
   py::class_<ThreadNode>(m, "ThreadNode",
                          "local_size workers (threads) of one process that "
