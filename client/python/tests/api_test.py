@@ -445,6 +445,21 @@ class ApiTest(unittest.TestCase):
                                     "track_running_stats changed"):
             bn(torch.randn(4, 3))
 
+    def test_a_stale_job_refuses_a_second_backward_saying_why(self):
+        """A stale-synchronous job syncs one backward per forward: the
+        second through one forward raises the service's INVALID_ARGUMENT
+        naming staleness, after the first was answered."""
+        bn = snt.SyncBatchNorm(3)
+        snt.attach(nn.Sequential(bn), self.client, job_name("ssp2"), 0, 1,
+                   staleness=1)
+        x = torch.randn(4, 3, requires_grad=True)
+        out = bn(x)
+        out.sum().backward(retain_graph=True)
+        self.assertIsNotNone(x.grad)
+        with self.assertRaisesRegex(syncnorm.ServiceError,
+                                    "INVALID_ARGUMENT.*stale-synchronous"):
+            (out * out).sum().backward()
+
     def test_momentum_none_is_cumulative_and_back(self):
         bn = snt.SyncBatchNorm(3, momentum=None)
         self.assertEqual(bn.momentum_mode, 3)

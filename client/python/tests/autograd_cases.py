@@ -8,6 +8,18 @@ import torch.nn as nn
 WORLD_SIZE = 3
 SHARDS = (3, 2, 4)
 CHANNELS = 4
+# Upstream gradients of the backwards through one forward.
+SEEDS = (1, 2, 3)
+# What is differentiated twice: the gradient penalty alone, and WGAN-GP's
+# loss plus ten times it.
+PENALTY_MODES = ("penalty", "gp")
+
+
+def penalty_loss(mode, loss, g):
+    """The loss of a double backward from `loss` and its gradient `g`
+    w.r.t. the input (create_graph=True)."""
+    penalty = g.pow(2).sum()
+    return penalty if mode == "penalty" else loss + 10.0 * penalty
 
 
 def model():
@@ -41,3 +53,24 @@ def grads(m):
     """Parameter gradients by name (None for none)."""
     return {n: None if p.grad is None else p.grad.clone()
             for n, p in m.named_parameters()}
+
+
+def apex_inputs():
+    """apex's layout: (N, H, W, C) input (channel_last) and a residual z
+    of the same shape, the global batch."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(sum(SHARDS), 3, 3, CHANNELS, generator=g) * 1.5 - 0.25
+    z = torch.randn(sum(SHARDS), 3, 3, CHANNELS, generator=g) * 0.5
+    return x, z
+
+
+def apex_affine():
+    """The apex layer's weight and bias."""
+    g = torch.Generator().manual_seed(12)
+    return (torch.rand(CHANNELS, generator=g) + 0.5,
+            torch.rand(CHANNELS, generator=g) - 0.5)
+
+
+def apex_upstream():
+    g = torch.Generator().manual_seed(13)
+    return torch.randn(sum(SHARDS), 3, 3, CHANNELS, generator=g)

@@ -15,48 +15,71 @@ import syncnorm.torch as snt
 
 
 def penalty(client, job, rank):
-    """A gradient penalty (create_graph=True through a training layer)
-    raises before its round; then the first-order backward of the same
-    forward is still the step's one backward round."""
+    """Double backward through a training layer, per step: step 0 the
+    gradient penalty alone, step 1 WGAN-GP's loss + 10 * penalty in one
+    backward (a first-order backward and the penalty's double backward
+    of one forward), step 2 a plain step after them."""
     model = snt.convert_sync_batchnorm(ac.model())
     snt.attach(model, client, job, rank, ac.WORLD_SIZE)
-    x = ac.shard(ac.batch(), rank).requires_grad_()
     dy = ac.shard(ac.upstream(1), rank)
-    out = model(x)
-    error = ""
-    try:
-        (g,) = torch.autograd.grad((out * dy).sum(), x, create_graph=True)
-        g.pow(2).sum().backward()
-    except RuntimeError as e:
-        error = str(e)
+    got = {}
+    for mode in ac.PENALTY_MODES:
+        model.zero_grad(set_to_none=True)
+        x = ac.shard(ac.batch(), rank).requires_grad_()
+        out = model(x)
+        loss = (out * dy).sum()
+        (g,) = torch.autograd.grad(loss, x, create_graph=True)
+        ac.penalty_loss(mode, loss, g).backward()
+        got[mode] = {"dx": x.grad.clone(), "grads": ac.grads(model)}
     model.zero_grad(set_to_none=True)
-    x.grad = None
-    (out * dy).sum().backward()
-    return {"error": error, "dx": x.grad.clone(), "grads": ac.grads(model)}
+    x = ac.shard(ac.batch(), rank).requires_grad_()
+    (model(x) * dy).sum().backward()
+    got["next"] = {"dx": x.grad.clone(), "grads": ac.grads(model)}
+    return got
 
 
-def twice(client, job, rank):
-    """Two backwards through one forward (retain_graph): the first is the
-    step's backward round, the second raises before any round; then the
-    next step runs."""
+def several(client, job, rank):
+    """Three backwards through one forward (retain_graph=True, as PCGrad
+    runs one per task loss), each its own round: the gradients of each,
+    taken apart; then the next step's forward and backward run."""
     model = snt.convert_sync_batchnorm(ac.model())
     snt.attach(model, client, job, rank, ac.WORLD_SIZE)
     x = ac.shard(ac.batch(), rank).requires_grad_()
     out = model(x)
-    (out * ac.shard(ac.upstream(1), rank)).sum().backward(retain_graph=True)
-    first = {"dx": x.grad.clone(), "grads": ac.grads(model)}
-    error = ""
-    try:
-        (out * ac.shard(ac.upstream(2), rank)).sum().backward()
-    except RuntimeError as e:
-        error = str(e)
+    backwards = []
+    for k, seed in enumerate(ac.SEEDS):
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        loss = (out * ac.shard(ac.upstream(seed), rank)).sum()
+        loss.backward(retain_graph=k + 1 < len(ac.SEEDS))
+        backwards.append({"dx": x.grad.clone(), "grads": ac.grads(model)})
     model.zero_grad(set_to_none=True)
     x.grad = None
     model(x).sum().backward()  # the next step's rounds
-    return {"first": first, "error": error}
+    return {"backwards": backwards,
+            "next": {"dx": x.grad.clone(), "grads": ac.grads(model)}}
 
 
-SCENARIOS = {"penalty": penalty, "twice": twice}
+def apex(client, job, rank):
+    """The gradient penalty through apex's fused layer: channel_last input,
+    a residual z and the ReLU fused in."""
+    bn = snt.SyncBatchNorm(ac.CHANNELS, channel_last=True, fuse_relu=True)
+    weight, bias = ac.apex_affine()
+    with torch.no_grad():
+        bn.weight.copy_(weight)
+        bn.bias.copy_(bias)
+    snt.attach(bn, client, job, rank, ac.WORLD_SIZE)
+    x, z = (ac.shard(t, rank).requires_grad_() for t in ac.apex_inputs())
+    out = bn(x, z)
+    loss = (out * ac.shard(ac.apex_upstream(), rank)).sum()
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)
+    ac.penalty_loss("gp", loss, g).backward()
+    return {"dx": x.grad.clone(), "dz": z.grad.clone(),
+            "grads": {"weight": bn.weight.grad.clone(),
+                      "bias": bn.bias.grad.clone()}}
+
+
+SCENARIOS = {"penalty": penalty, "several": several, "apex": apex}
 
 
 def main():

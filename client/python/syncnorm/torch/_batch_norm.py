@@ -82,8 +82,12 @@ class SyncBatchNorm(_BatchNorm):
     A forward that runs no round (eval, freeze, use_global_stats) is
     torch's F.batch_norm on the buffers: it differentiates to any order,
     and torch.jit.trace, torch.jit.script and torch.onnx.export take it
-    with the buffers as buffers. A training backward syncs one round per
-    forward and has no derivative (create_graph=True raises).
+    with the buffers as buffers. A training layer differentiates to any
+    order too: each backward through a forward is its own round
+    (retain_graph=True), and a backward with create_graph=True (a gradient
+    penalty) is differentiable, its derivative synced through rounds of
+    its own (exact on the concatenated batch, where torch's SyncBatchNorm
+    raises).
     """
 
     # Python-only (the service's spec); a scripted module has no use for it.
@@ -637,11 +641,13 @@ class SyncBatchNorm(_BatchNorm):
         else:
             self._write_buffers(self._sn_stats)
 
-    def _sync_backward(self, step, sum_dy, sum_dy_xmu):
+    def _sync_backward(self, step, backward, sum_dy, sum_dy_xmu):
+        """The backward round `backward` (0 for the first through the
+        forward of `step`; retain_graph=True runs more)."""
         session = self._sn_session
         start = time.perf_counter()
         result = session.group.sync_backward(self._sn_layer, step, sum_dy,
-                                             sum_dy_xmu)
+                                             sum_dy_xmu, backward=backward)
         self.last_backward_sync = time.perf_counter() - start
         session.sync_seconds += self.last_backward_sync
         return result
