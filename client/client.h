@@ -74,6 +74,11 @@ class Client {
       const v1::GetRunningStatsRequest& request);
   // Every job on the server, by job_id.
   absl::StatusOr<std::vector<v1::JobInfo>> ListJobs();
+  // The job's statistics health, merged over the shards (each scores the
+  // layers it holds): the flags of every shard, in force first, at most
+  // 256; counts summed; refusals summed per rank. A shard that no longer
+  // holds the job is named in missing_shards.
+  absl::StatusOr<v1::StatsHealth> GetStatsHealth(const std::string& job_id);
 
   // Waits (at most `timeout`, default rpc_timeout) until `step` is
   // committed by every layer of every group, then stores an immutable

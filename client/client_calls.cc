@@ -5,6 +5,7 @@
 #include <climits>
 #include <map>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -316,6 +317,71 @@ absl::StatusOr<v1::JobInfo> Client::GetJob(const std::string& job_id) {
     if (info != nullptr) return MergeJobInfos(by_shard);
   }
   return results[0].status();
+}
+
+absl::StatusOr<v1::StatsHealth> Client::GetStatsHealth(
+    const std::string& job_id) {
+  v1::GetStatsHealthRequest request;
+  request.set_job_id(job_id);
+  auto results = OnEveryShard<v1::StatsHealth>([&](size_t i) {
+    return UnaryOn<v1::GetStatsHealthRequest, v1::StatsHealth>(
+        i, request, &v1::Aggregator::Stub::GetStatsHealth);
+  });
+  if (results.size() == 1) return results[0];
+  v1::StatsHealth merged;
+  merged.set_job_id(job_id);
+  std::vector<v1::HealthFlag> active, cleared;
+  std::map<int, int64_t> refused;
+  bool any = false;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (!r.ok()) {
+      if (r.status().code() != absl::StatusCode::kNotFound) return r.status();
+      merged.add_missing_shards(static_cast<int>(i));
+      continue;
+    }
+    any = true;
+    merged.set_enabled(merged.enabled() || r->enabled());
+    for (const v1::HealthFlag& f : r->flags()) {
+      (f.active() ? active : cleared).push_back(f);
+    }
+    merged.set_flags_in_force(merged.flags_in_force() + r->flags_in_force());
+    for (const v1::RankRefusals& n : r->refused()) {
+      refused[n.rank()] += n.nonfinite();
+    }
+    merged.set_nonfinite_total(merged.nonfinite_total() + r->nonfinite_total());
+    merged.set_rounds_scored(merged.rounds_scored() + r->rounds_scored());
+  }
+  if (!any) return results[0].status();
+  // As one server lists them: in force by layer, group, rank; then the
+  // cleared, newest first.
+  std::stable_sort(active.begin(), active.end(),
+                   [](const v1::HealthFlag& a, const v1::HealthFlag& b) {
+                     return std::make_tuple(a.layer(), a.group(), a.rank()) <
+                            std::make_tuple(b.layer(), b.group(), b.rank());
+                   });
+  std::stable_sort(cleared.begin(), cleared.end(),
+                   [](const v1::HealthFlag& a, const v1::HealthFlag& b) {
+                     return a.cleared_step() > b.cleared_step();
+                   });
+  constexpr int kMaxListed = 256;
+  for (const auto* list : {&active, &cleared}) {
+    for (const v1::HealthFlag& f : *list) {
+      if (merged.flags_size() >= kMaxListed) break;
+      *merged.add_flags() = f;
+    }
+  }
+  std::vector<std::pair<int, int64_t>> by_count(refused.begin(), refused.end());
+  std::stable_sort(
+      by_count.begin(), by_count.end(),
+      [](const auto& a, const auto& b) { return a.second > b.second; });
+  for (const auto& [rank, n] : by_count) {
+    if (merged.refused_size() >= kMaxListed) break;
+    v1::RankRefusals* r = merged.add_refused();
+    r->set_rank(rank);
+    r->set_nonfinite(n);
+  }
+  return merged;
 }
 
 absl::Status Client::DeleteJob(const std::string& job_id) {

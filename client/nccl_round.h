@@ -9,9 +9,9 @@
 //     locally). From the same headers every rank reaches the same verdict:
 //     the error of the lowest rank that failed (kPeer, with its code), or
 //     kInvalid when the ranks are not in the same round or disagree on the
-//     channel count or world_size; then they all stop. Only when the headers agree do the
-//     ranks all-gather their payloads (2 x channels doubles each), whose
-//     size is now the same everywhere.
+//     channel count or world_size; then they all stop. Only when the headers
+//     agree do the ranks all-gather their payloads (2 x channels doubles each),
+//     whose size is now the same everywhere.
 //  2. Share (after a good Gather): the leader (local rank 0) broadcasts its
 //     outcome, a fixed-size header with its error, counts and view size,
 //     the payload and (forward) a mask of world_size bits; the other ranks

@@ -1,9 +1,10 @@
 // Every manifest under deploy/ is a valid Kubernetes object
-// (kubernetes-models), has no field the API does not know (validate() alone
-// lets those through, and the API server would drop or refuse them), and the
+// (kubernetes-models; the Prometheus Operator's kinds against the fields of
+// their CRDs), has no field the API does not know (validate() alone lets
+// those through, and the API server would drop or refuse them), and the
 // rendered kustomizations (the base and each overlay) hold together: names,
-// selectors, ports, probes, volumes, the shutdown budget, and the container
-// recipe. Run by //deploy:manifests_test from the workspace's runfiles.
+// selectors, ports, probes, volumes, the shutdown budget, the
+// ServiceMonitor, and the container recipe. Run by //deploy:manifests_test from the workspace's runfiles.
 'use strict';
 
 const assert = require('node:assert/strict');
@@ -75,7 +76,87 @@ function unknownFields(object) {
           .map((k) => `${n.where}/${k}`));
 }
 
+// ---- the Prometheus Operator's kinds ---------------------------------------
+
+// kubernetes-models has no models of custom resources, so those of the
+// Prometheus Operator (monitoring.coreos.com/v1) that deploy/monitoring
+// uses are checked against these shapes: the fields of the operator's CRDs
+// (v0.60 and later) that syncnorm's manifests may set, each with its type.
+// A field not listed is an error, as an unknown field of a built-in kind
+// is. 'duration' is the operator's Duration pattern (e.g. 15s, 1m30s).
+const LABEL_SELECTOR = {matchLabels: 'map', matchExpressions: [{
+  key: 'string', operator: 'string', values: ['string']}]};
+const OBJECT_META = {name: 'string', namespace: 'string', labels: 'map',
+  annotations: 'map'};
+const CUSTOM_KINDS = {
+  'monitoring.coreos.com/v1 ServiceMonitor': {
+    required: ['spec.selector', 'spec.endpoints'],
+    shape: {apiVersion: 'string', kind: 'string', metadata: OBJECT_META,
+      spec: {jobLabel: 'string', targetLabels: ['string'],
+        podTargetLabels: ['string'], selector: LABEL_SELECTOR,
+        namespaceSelector: {any: 'boolean', matchNames: ['string']},
+        endpoints: [{port: 'string', path: 'string', scheme: 'string',
+          interval: 'duration', scrapeTimeout: 'duration',
+          honorLabels: 'boolean'}]}},
+  },
+  'monitoring.coreos.com/v1 PrometheusRule': {
+    required: ['spec.groups'],
+    shape: {apiVersion: 'string', kind: 'string', metadata: OBJECT_META,
+      spec: {groups: [{name: 'string', interval: 'duration',
+        rules: [{alert: 'string', record: 'string', expr: 'string',
+          for: 'duration', labels: 'map', annotations: 'map'}]}]}},
+  },
+};
+
+// Where `value` departs from `shape`: unknown fields and wrong types.
+function shapeErrors(value, shape, where) {
+  if (Array.isArray(shape)) {
+    if (!Array.isArray(value)) return [`${where}: not a list`];
+    return value.flatMap((v, i) => shapeErrors(v, shape[0], `${where}/${i}`));
+  }
+  if (shape === 'map') {
+    const ok = value !== null && typeof value === 'object' &&
+        !Array.isArray(value) &&
+        Object.values(value).every((v) => typeof v === 'string');
+    return ok ? [] : [`${where}: not a map of strings`];
+  }
+  if (shape === 'duration') {
+    return /^(0|([0-9]+(ms|s|m|h|d|w|y))+)$/.test(value) ? [] :
+      [`${where}: '${value}' is not a duration`];
+  }
+  if (typeof shape === 'string') {
+    return typeof value === shape ? [] : [`${where}: not a ${shape}`];
+  }
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    return [`${where}: not an object`];
+  }
+  return Object.entries(value).flatMap(([k, v]) => (k in shape ?
+    shapeErrors(v, shape[k], `${where}/${k}`) :
+    [`${where}/${k}: a field the CRD lacks`]));
+}
+
+function assertValidCustomObject(object, where) {
+  const kind = CUSTOM_KINDS[`${object.apiVersion} ${object.kind}`];
+  assert.ok(kind, `${where}: ${idOf(object)}: no shape for ` +
+            `${object.apiVersion} ${object.kind} in manifests_test.js`);
+  assert.deepEqual(shapeErrors(object, kind.shape, ''), [],
+                   `${where}: ${idOf(object)}`);
+  for (const field of ['metadata.name', ...kind.required]) {
+    assert.notEqual(field.split('.').reduce((o, k) => o?.[k], object),
+                    undefined, `${where}: ${idOf(object)} lacks ${field}`);
+  }
+  for (const rule of (object.spec.groups ?? []).flatMap((g) => g.rules)) {
+    assert.equal(('alert' in rule) + ('record' in rule), 1,
+                 `${where}: a rule is an alert or a record`);
+    assert.ok(rule.expr, `${where}: a rule without expr`);
+  }
+}
+
 function assertValidObject(object, where) {
+  if (object.apiVersion.startsWith('monitoring.coreos.com/')) {
+    assertValidCustomObject(object, where);
+    return;
+  }
   const model = new (modelOf(object))(object);
   assert.doesNotThrow(() => model.validate(), `${where}: ${idOf(object)}`);
   assert.deepEqual(unknownFields(object), [],
@@ -88,12 +169,19 @@ function idOf(o) {
 
 // ---- the files -------------------------------------------------------------
 
+// YAML files under deploy/ that are not Kubernetes objects: Prometheus's
+// own formats (a rule file and promtool's tests of it).
+const NOT_KUBERNETES = new Set([
+  'deploy/monitoring/syncnorm-alerts.yaml',
+  'deploy/monitoring/syncnorm-alerts_test.yaml',
+]);
+
 function manifestFiles(dir) {
   return fs.readdirSync(dir, {withFileTypes: true}).flatMap((e) => {
     const p = path.join(dir, e.name);
     if (e.isDirectory()) return manifestFiles(p);
-    return /\.ya?ml$/.test(e.name) && e.name !== 'kustomization.yaml' ?
-      [p] : [];
+    return /\.ya?ml$/.test(e.name) && e.name !== 'kustomization.yaml' &&
+        !NOT_KUBERNETES.has(p) ? [p] : [];
   });
 }
 
@@ -123,6 +211,23 @@ test('patches name only fields the API knows', () => {
       assert.deepEqual(unknownFields(patch), [], file);
     }
   }
+});
+
+test('the CRD shapes catch unknown fields and wrong types', () => {
+  const [monitor] = readYamlDocuments(
+      'deploy/monitoring/operator/servicemonitor.yaml');
+  assert.doesNotThrow(() => assertValidObject(monitor, 'servicemonitor'));
+  const spoiled = structuredClone(monitor);
+  spoiled.spec.endpoints[0].intervall = '15s';
+  spoiled.spec.endpoints[0].interval = 15;
+  spoiled.spec.selectr = {};
+  assert.deepEqual(shapeErrors(spoiled,
+      CUSTOM_KINDS['monitoring.coreos.com/v1 ServiceMonitor'].shape, '')
+      .sort(), [
+    '/spec/endpoints/0/interval: \'15\' is not a duration',
+    '/spec/endpoints/0/intervall: a field the CRD lacks',
+    '/spec/selectr: a field the CRD lacks',
+  ]);
 });
 
 test('the unknown-field walk catches what validate() lets through', () => {
@@ -275,6 +380,7 @@ function checkCoherent(objects, where) {
                         `${where}: pod-specific flag in the flag file`);
   }
   checkNetworkPolicy(objects, where, flags, podLabels);
+  checkServiceMonitors(objects, where, service);
 
   // Shutdown: preStop, then the server's grace (see statefulset_args_test
   // for the value the binary reports), inside terminationGracePeriodSeconds.
@@ -287,6 +393,26 @@ function checkCoherent(objects, where) {
   assert.equal(pod.securityContext.runAsNonRoot, true);
   assert.equal(container.securityContext.allowPrivilegeEscalation, false);
   assert.equal(container.securityContext.readOnlyRootFilesystem, true);
+}
+
+// A ServiceMonitor, where an overlay has one (deploy/monitoring/operator),
+// scrapes the Service's metrics port: it selects the Service by its labels,
+// in its namespace, names the port the Service calls `metrics`, and takes
+// its job label from a label the Service has.
+function checkServiceMonitors(objects, where, service) {
+  for (const monitor of objects.filter((o) => o.kind === 'ServiceMonitor')) {
+    const id = `${where}: ${idOf(monitor)}`;
+    assert.equal(monitor.metadata.namespace, service.metadata.namespace, id);
+    assert.ok(labelsMatch(monitor.spec.selector, service.metadata.labels),
+              `${id} selects the Service`);
+    assert.equal(monitor.spec.selector.matchExpressions, undefined, id);
+    assert.deepEqual(monitor.spec.endpoints.map((e) => e.port), ['metrics'],
+                     id);
+    if (monitor.spec.jobLabel) {
+      assert.ok(service.metadata.labels[monitor.spec.jobLabel],
+                `${id}: jobLabel is a label of the Service`);
+    }
+  }
 }
 
 // A plaintext deployment (--allow_insecure) admits only the trainers (label

@@ -1,8 +1,10 @@
 // syncnormctl end to end: the aggregator binary, a job with some rounds,
 // and the CLI binary's output and exit codes, failures included.
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -116,6 +118,70 @@ TEST_F(CtlTest, ListsJobsLayersAndStatistics) {
   EXPECT_TRUE(absl::StrContains(r.out, "RUNNING_MEAN")) << r.out;
   r = Ctl({"stats", "net", "0"});
   EXPECT_EQ(r.code, 0) << r.err;
+}
+
+TEST_F(CtlTest, HealthNamesAnOutlierRankAsATableAndAsJson) {
+  // Rank 2 of 3 feeds inputs shifted by five standard deviations; rank 1
+  // sends one contribution with a NaN, which is refused and counted.
+  Client client(Options());
+  v1::CreateJobRequest r;
+  r.set_job_id("sick");
+  r.set_world_size(3);
+  v1::LayerSpec* l = r.add_layers();
+  l->set_name("stem.bn");
+  l->set_num_features(8);
+  ASSERT_TRUE(client.CreateJob(r).ok());
+  std::vector<std::unique_ptr<Contributor>> ranks;
+  for (int rank = 0; rank < 3; ++rank) {
+    ranks.push_back(client.NewContributor("sick", rank));
+  }
+  Moments nan = Moments::Zero(8);
+  nan.count = 2;
+  nan.mean[3] = std::nan("");
+  EXPECT_EQ(ranks[1]->ReduceForward(0, 0, nan).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (int64_t step = 0; step < 5; ++step) {
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 3; ++rank) {
+      threads.emplace_back([&, rank] {
+        Moments m = Moments::Zero(8);
+        m.count = 32;
+        for (int c = 0; c < 8; ++c) {
+          m.mean[c] = 0.1 * c + 0.05 * rank + 0.01 * step + (rank == 2 ? 5 : 0);
+          m.m2[c] = 31.0 * (1 + 0.1 * rank);
+        }
+        EXPECT_TRUE(ranks[rank]->ReduceForward(0, step, m).ok());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  Result table = Ctl({"health", "sick"});
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_TRUE(absl::StrContains(table.out, "job sick: 1 flag(s) in force"))
+      << table.out;
+  EXPECT_TRUE(absl::StrContains(table.out, "flagged  mean_shift")) << table.out;
+  EXPECT_TRUE(absl::StrContains(table.out, "stem.bn")) << table.out;
+  EXPECT_TRUE(absl::StrContains(
+      table.out, "rank 1: 1 contribution(s) refused as non-finite"))
+      << table.out;
+  Result json = Ctl({"health", "sick", "-o", "json"});
+  ASSERT_EQ(json.code, 0) << json.err;
+  const nlohmann::json h = nlohmann::json::parse(json.out);
+  ASSERT_TRUE(h.contains("flags")) << json.out;
+  ASSERT_EQ(h["flags"].size(), 1u) << json.out;
+  const nlohmann::json& flag = h["flags"][0];
+  EXPECT_EQ(flag["kind"], "MEAN_SHIFT");
+  EXPECT_EQ(flag["rank"], 2);
+  EXPECT_EQ(flag["layer_name"], "stem.bn");
+  EXPECT_EQ(flag["first_step"], "0");
+  EXPECT_EQ(flag["last_step"], "4");
+  EXPECT_GT(flag["score"].get<double>(), 5);
+  EXPECT_EQ(h["nonfinite_total"], "1");
+  EXPECT_EQ(h["refused"][0]["rank"], 1);
+  Result unknown = Ctl({"health", "nobody"});
+  EXPECT_EQ(unknown.code, 4) << unknown.err;  // NOT_FOUND
+  EXPECT_TRUE(absl::StrContains(unknown.err, "not found")) << unknown.err;
+  EXPECT_EQ(Ctl({"delete", "sick"}).code, 0);
 }
 
 TEST_F(CtlTest, LayersSayWhetherAJobIsStaleSynchronous) {

@@ -1,5 +1,7 @@
 #include "client/ctl/commands.h"
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -9,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/ctl/backup_commands.h"
 #include "client/ctl/membership_commands.h"
@@ -332,6 +335,66 @@ absl::Status Restore(Client& client, const Args& args, std::ostream& out) {
   return absl::OkStatus();
 }
 
+// HealthFlag.Kind as the metrics and log lines name it.
+std::string KindName(v1::HealthFlag::Kind kind) {
+  std::string name = v1::HealthFlag::Kind_Name(kind);
+  for (char& c : name) c = static_cast<char>(std::tolower(c));
+  return name;
+}
+
+absl::Status Health(Client& client, const Args& args, std::ostream& out) {
+  if (absl::Status s = Need(args, 1, "JOB"); !s.ok()) return s;
+  auto json = args.Json();
+  if (!json.ok()) return json.status();
+  auto health = client.GetStatsHealth(args.positional[0]);
+  if (!health.ok()) return health.status();
+  if (*json) {
+    out << ProtoJson(*health);
+    return absl::OkStatus();
+  }
+  if (!health->enabled()) {
+    out << "job " << health->job_id()
+        << ": statistics health is off (CreateJobRequest."
+           "disable_stats_health)\n";
+    return absl::OkStatus();
+  }
+  out << absl::StrFormat(
+      "job %s: %d flag(s) in force, %d forward round(s) scored, %d "
+      "contribution(s) refused as non-finite\n",
+      health->job_id(), health->flags_in_force(), health->rounds_scored(),
+      health->nonfinite_total());
+  if (health->missing_shards_size() > 0) {
+    out << "shards without the job: "
+        << absl::StrJoin(health->missing_shards(), ",") << "\n";
+  }
+  if (health->flags_size() > 0) {
+    out << absl::StrFormat("%-8s %-15s %5s %-24s %5s %5s %7s %10s %10s %8s\n",
+                           "STATE", "KIND", "LAYER", "NAME", "GROUP", "RANK",
+                           "CHANNEL", "FIRST", "LAST", "SCORE");
+  }
+  for (const v1::HealthFlag& f : health->flags()) {
+    out << absl::StrFormat(
+        "%-8s %-15s %5d %-24s %5d %5s %7s %10d %10s %8.3g\n",
+        f.active() ? "flagged" : "cleared", KindName(f.kind()), f.layer(),
+        f.layer_name(), f.group(), f.rank() < 0 ? "-" : absl::StrCat(f.rank()),
+        f.channel() < 0 ? "-" : absl::StrCat(f.channel()), f.first_step(),
+        f.active() ? absl::StrCat(f.last_step())
+                   : absl::StrCat(f.cleared_step(), " (clr)"),
+        f.score());
+  }
+  if (health->flags_in_force() >
+      std::count_if(health->flags().begin(), health->flags().end(),
+                    [](const v1::HealthFlag& f) { return f.active(); })) {
+    out << "(more flags in force than listed)\n";
+  }
+  for (const v1::RankRefusals& r : health->refused()) {
+    out << absl::StrFormat(
+        "rank %d: %d contribution(s) refused as non-finite\n", r.rank(),
+        r.nonfinite());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Delete(Client& client, const Args& args, std::ostream& out) {
   if (absl::Status s = Need(args, 1, "JOB"); !s.ok()) return s;
   auto json = args.Json();
@@ -362,6 +425,7 @@ absl::Status Run(Client& client, const Args& args, std::ostream& out) {
       {"checkpoint", TakeCheckpoint},
       {"restore", Restore},
       {"delete", Delete},
+      {"health", Health},
       {"backup", BackupCommand},
       {"backups", ListBackupsCommand},
       {"restore-backup", RestoreBackupCommand},
@@ -398,6 +462,10 @@ Commands:
   checkpoint JOB STEP [--tag T]          wait for STEP and checkpoint it
   restore JOB STEP                       roll the job back to its checkpoint at STEP
   delete JOB                             delete a job and all of its state
+  health JOB                             statistics health: ranks whose statistics
+                                         disagree with their group's (mean shift,
+                                         variance ratio, stuck channel), dead channels,
+                                         non-finite contributions per rank
   members JOB                            an elastic job's members, version, next step
                                          and the changes it keeps
   join JOB RANK... [--step N]            RANKs contribute from step N (default: the

@@ -18,9 +18,13 @@ const path = require('node:path');
 const YAML = require('yaml');
 
 const KNOWN_FIELDS = new Set([
-  'apiVersion', 'kind', 'namespace', 'labels', 'resources', 'images',
-  'replicas', 'patches', 'configMapGenerator', 'secretGenerator',
+  'apiVersion', 'kind', 'namespace', 'labels', 'resources', 'components',
+  'images', 'replicas', 'patches', 'configMapGenerator', 'secretGenerator',
 ]);
+
+// What a component (kind: Component, as deploy/monitoring/operator) may
+// hold here: resources only, which it adds to its includer's.
+const COMPONENT_FIELDS = new Set(['apiVersion', 'kind', 'resources']);
 
 // Kinds that have no namespace (of those a deployment of ours may hold).
 const CLUSTER_SCOPED = new Set(['Namespace', 'StorageClass',
@@ -181,6 +185,15 @@ function render(dir) {
   return renderWithJs(dir);
 }
 
+// The objects of a kustomization's `resources` (files and folders).
+function readResources(dir, resources) {
+  return (resources ?? []).flatMap((resource) => {
+    const where = path.join(dir, resource);
+    return fs.statSync(where).isDirectory() ?
+      renderWithJs(where) : readYamlDocuments(where);
+  });
+}
+
 // The small renderer.
 function renderWithJs(dir) {
   const file = path.join(dir, 'kustomization.yaml');
@@ -191,14 +204,22 @@ function renderWithJs(dir) {
                       'deploy/tools/kustomize.js; add it there first');
     }
   }
-  let objects = [];
-  for (const resource of k.resources ?? []) {
-    const where = path.join(dir, resource);
-    if (fs.statSync(where).isDirectory()) {
-      objects.push(...renderWithJs(where));
-    } else {
-      objects.push(...readYamlDocuments(where));
+  let objects = readResources(dir, k.resources);
+  // As kustomize: a component's resources join after the includer's own,
+  // before its generators and transformers (which then apply to them too).
+  for (const component of k.components ?? []) {
+    const where = path.join(dir, component);
+    const [c] = readYamlDocuments(path.join(where, 'kustomization.yaml'));
+    if (c.kind !== 'Component') {
+      throw new Error(`${file}: component ${component} is not a Component`);
     }
+    for (const field of Object.keys(c)) {
+      if (!COMPONENT_FIELDS.has(field)) {
+        throw new Error(`${where}: component field '${field}' is not ` +
+                        'supported by deploy/tools/kustomize.js');
+      }
+    }
+    objects.push(...readResources(where, c.resources));
   }
   for (const generator of k.configMapGenerator ?? []) {
     applyGenerator(objects, dir, generator, 'ConfigMap');

@@ -201,6 +201,14 @@ absl::StatusOr<RunningStatsSnapshot> Aggregator::GetRunningStats(
   return job->Stats(layers, group);
 }
 
+absl::StatusOr<std::optional<StatsHealthSnapshot>> Aggregator::GetStatsHealth(
+    absl::string_view job_id, int limit) const {
+  std::shared_ptr<Job> job = FindJob(job_id);
+  if (job == nullptr) return NotFound(job_id);
+  if (job->health() == nullptr) return std::optional<StatsHealthSnapshot>();
+  return std::optional<StatsHealthSnapshot>(job->health()->Snapshot(limit));
+}
+
 absl::StatusOr<std::vector<LayerStatsSnapshot>> Aggregator::SetRunningStats(
     absl::string_view job_id, std::vector<LayerStatsSnapshot> layers) {
   std::shared_ptr<Job> job = FindJob(job_id);

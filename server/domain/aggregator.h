@@ -129,6 +129,12 @@ class Aggregator {
       std::optional<int64_t> checkpoint_step = std::nullopt) const
       ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
+  // The statistics health of a job: its flags in force and recent, and its
+  // ranks' refused contributions, each list at most `limit` long; nullopt
+  // inside when the job turned it off. NOT_FOUND for an unknown job.
+  absl::StatusOr<std::optional<StatsHealthSnapshot>> GetStatsHealth(
+      absl::string_view job_id, int limit) const ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
   // Replaces the running statistics of some (layer, group)s of a job, at
   // once (an import). See Job::SetStats.
   absl::StatusOr<std::vector<LayerStatsSnapshot>> SetRunningStats(

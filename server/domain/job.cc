@@ -24,6 +24,24 @@ absl::Status NotOwned(const JobSpec& spec, int layer) {
       spec.shard.num_shards, "); check the client's shard list"));
 }
 
+// Whether a payload holds a NaN or an infinity (statistics health counts
+// such contributions per rank).
+bool HasNonFinite(const Payload& payload) {
+  const auto bad = [](const std::vector<double>& v) {
+    for (double x : v) {
+      if (!std::isfinite(x)) return true;
+    }
+    return false;
+  };
+  if (const auto* m = std::get_if<Moments>(&payload)) {
+    return bad(m->mean) || bad(m->m2);
+  }
+  if (const auto* g = std::get_if<GradSums>(&payload)) {
+    return bad(g->sum_dy) || bad(g->sum_dy_xmu);
+  }
+  return false;
+}
+
 }  // namespace
 
 Job::Job(JobSpec spec, JobOptions options, StateStore* store,
@@ -35,11 +53,18 @@ Job::Job(JobSpec spec, JobOptions options, StateStore* store,
       clock_(clock),
       members_(
           std::make_shared<const Membership>(spec_.world_size, spec_.members)) {
+  if (spec_.stats_health) {
+    std::vector<std::string> names;
+    names.reserve(spec_.layers.size());
+    for (const LayerConfig& layer : spec_.layers) names.push_back(layer.name);
+    health_ = std::make_unique<StatsHealth>(spec_.job_id, std::move(names),
+                                            options_.observer);
+  }
   rendezvous_.reserve(spec_.layers.size());
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     rendezvous_.push_back(std::make_unique<LayerRendezvous>(
         spec_, layout_, static_cast<int>(i), options_.recent_rounds, store_,
-        options_.observer, options_.straggler_threshold));
+        options_.observer, options_.straggler_threshold, health_.get()));
   }
 }
 
@@ -108,7 +133,11 @@ absl::Status Job::Validate(const Contribution& c) const {
         "), which syncs one backward per forward; sum the losses into one "
         "backward, or run the forward again for each"));
   }
-  return ValidatePayload(c);
+  absl::Status s = ValidatePayload(c);
+  if (!s.ok() && health_ != nullptr && HasNonFinite(c.payload)) {
+    health_->CountNonFinite(c.rank);
+  }
+  return s;
 }
 
 absl::Status Job::ValidatePayload(const Contribution& c) const {

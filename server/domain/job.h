@@ -105,6 +105,10 @@ class Job {
   // LayerRendezvous::Pristine) or that another shard owns.
   bool SameSpec(const JobSpec& other) const;
 
+  // The statistics health of the job's rounds; null when the spec turned
+  // it off.
+  const StatsHealth* health() const { return health_.get(); }
+
   // Installs what the store held for this job. REQUIRES: before any other
   // call; `stored.spec` equals spec().
   void Load(const StoredJob& stored);
@@ -246,6 +250,9 @@ class Job {
   const JobOptions options_;
   StateStore* const store_;
   const Clock* const clock_;
+  // Null when spec_.stats_health is off. Before rendezvous_, which points
+  // at it.
+  std::unique_ptr<StatsHealth> health_;
   std::vector<std::unique_ptr<LayerRendezvous>> rendezvous_;
 
   mutable absl::Mutex admin_mu_ ABSL_ACQUIRED_BEFORE(state_mu_);

@@ -352,7 +352,7 @@ bool operator==(const JobSpec& a, const JobSpec& b) {
          a.group_size == b.group_size && a.groups == b.groups &&
          a.round_timeout == b.round_timeout && a.layers == b.layers &&
          a.quorum == b.quorum && a.shard == b.shard && a.members == b.members &&
-         a.staleness == b.staleness;
+         a.staleness == b.staleness && a.stats_health == b.stats_health;
 }
 
 bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }

@@ -81,6 +81,9 @@ struct JobSpec {
   // Bounded staleness tau of stale-synchronous rounds, within
   // [0, kMaxStaleness]; 0: synchronous (see LayerRendezvous).
   int staleness = 0;
+  // Statistics health scores the job's forward rounds (StatsHealth); off
+  // for a job whose ranks see differently distributed data by design.
+  bool stats_health = true;
 
   int num_groups() const {
     if (!groups.empty()) return static_cast<int>(groups.size());

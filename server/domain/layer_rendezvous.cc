@@ -30,7 +30,8 @@ std::string BackwardLabel(int backward) {
 LayerRendezvous::LayerRendezvous(const JobSpec& spec, const GroupLayout& groups,
                                  int layer, int recent_capacity,
                                  StateStore* store, RoundObserver* observer,
-                                 absl::Duration straggler_threshold)
+                                 absl::Duration straggler_threshold,
+                                 StatsHealth* health)
     : spec_(spec),
       layout_(groups),
       layer_(layer),
@@ -38,7 +39,8 @@ LayerRendezvous::LayerRendezvous(const JobSpec& spec, const GroupLayout& groups,
       recent_capacity_(recent_capacity),
       store_(store),
       observer_(observer),
-      straggler_threshold_(straggler_threshold) {
+      straggler_threshold_(straggler_threshold),
+      health_(spec.staleness == 0 ? health : nullptr) {
   groups_.reserve(spec.num_groups());
   for (int g = 0; g < spec.num_groups(); ++g) {
     groups_.emplace_back(config_, recent_capacity);
@@ -419,9 +421,28 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
         std::make_shared<const RunningStats>(*std::move(record.stats_after));
   }
   Report(key, round, outcome, now);
+  std::shared_ptr<HealthSample> sample;
+  if (phase == Phase::kForward && health_ != nullptr) {
+    // Taken before Finish forgets the round; scored after the answers.
+    sample = std::make_shared<HealthSample>();
+    sample->group = std::get<0>(key);
+    sample->layer = layer_;
+    sample->step = std::get<1>(key);
+    sample->global = outcome.moments;
+    round.TakeMoments(sample->ranks, sample->moments);
+  }
   Finish(key, std::move(outcome), std::move(after),
          std::move(record.fingerprints), out);
   if (phase == Phase::kForward) FailSuperseded(key, out);
+  if (sample != nullptr) {
+    static const std::shared_ptr<const RoundOutcome>* const kNone =
+        new std::shared_ptr<const RoundOutcome>(
+            std::make_shared<const RoundOutcome>());
+    out.push_back(Delivery{[health = health_, sample](const RoundOutcome&) {
+                             health->Observe(*sample);
+                           },
+                           *kNone});
+  }
   applied = phase == Phase::kForward;
 }
 

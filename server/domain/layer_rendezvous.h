@@ -28,6 +28,7 @@
 #include "server/domain/recent_rounds.h"
 #include "server/domain/round.h"
 #include "server/domain/round_observer.h"
+#include "server/domain/stats_health.h"
 #include "server/store/state_store.h"
 
 namespace syncnorm {
@@ -45,11 +46,14 @@ class LayerRendezvous {
   // not null) must outlive the rendezvous. `recent_capacity` finished rounds
   // are kept per (group, phase) for retries. `observer` hears of every round
   // that ends, with its contributors that arrived more than
-  // `straggler_threshold` after the first.
+  // `straggler_threshold` after the first. `health` (if not null, and the
+  // job synchronous) scores every forward round that completes, after its
+  // answers: the last Delivery the round appends does it.
   // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
   LayerRendezvous(const JobSpec& spec, const GroupLayout& groups, int layer,
                   int recent_capacity, StateStore* store,
-                  RoundObserver* observer, absl::Duration straggler_threshold);
+                  RoundObserver* observer, absl::Duration straggler_threshold,
+                  StatsHealth* health = nullptr);
 
   LayerRendezvous(const LayerRendezvous&) = delete;
   LayerRendezvous& operator=(const LayerRendezvous&) = delete;
@@ -362,6 +366,7 @@ class LayerRendezvous {
   StateStore* const store_;
   RoundObserver* const observer_;  // may be null
   const absl::Duration straggler_threshold_;
+  StatsHealth* const health_;  // may be null
 
   mutable absl::Mutex mu_;
   // Each round lives in its map node (one allocation per round; a node

@@ -175,6 +175,17 @@ absl::StatusOr<Moments> Round::MergedMoments(int channels) const {
   return acc;
 }
 
+void Round::TakeMoments(std::vector<int>& ranks,
+                        std::vector<Moments>& moments) {
+  ranks.reserve(received_);
+  moments.reserve(received_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].payload.has_value()) continue;
+    ranks.push_back(ranks_[i]);
+    moments.push_back(std::get<Moments>(std::move(*slots_[i].payload)));
+  }
+}
+
 GradSums Round::SummedGradSums(int channels) const {
   GradSums acc;
   acc.sum_dy.assign(channels, 0.0);

@@ -114,6 +114,11 @@ class Round {
   // Fingerprints() afterwards.
   std::vector<std::optional<uint64_t>> TakeFingerprints();
 
+  // Moves out the FORWARD payloads present, in rank order, with their
+  // global ranks (statistics health). REQUIRES: the round is finished and
+  // merged; nothing reads its payloads afterwards.
+  void TakeMoments(std::vector<int>& ranks, std::vector<Moments>& moments);
+
   // Callbacks collected so far (retries included).
   size_t waiters() const { return waiters_.size(); }
   // Moves out every callback collected so far, oldest first: into a

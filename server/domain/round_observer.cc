@@ -4,10 +4,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "server/domain/bounded_text.h"
+#include "server/domain/stats_health.h"
 
 namespace syncnorm {
 namespace {
@@ -131,6 +133,22 @@ void LoggingRoundObserver::WriteSummary(const WindowKey& key, const Window& w) {
       .Add("last_step", w.last_step)
       .Add(quorum ? "missing" : "stragglers", ShownRanks(w.ranks))
       .Add("max_latency_ms", absl::ToInt64Milliseconds(w.max_latency));
+}
+
+void LoggingRoundObserver::OnStatsHealth(const StatsHealthReport& r) {
+  const HealthFlag& f = r.flag;
+  LogLine line(r.raised ? "stats_health_flag" : "stats_health_cleared",
+               r.raised ? LogLevel::kWarn : LogLevel::kInfo, sink_);
+  line.Add("job", BoundedText(r.job_id))
+      .Add("group", f.group)
+      .Add("layer", f.layer)
+      .Add("layer_name", BoundedText(f.layer_name))
+      .Add("rank", f.rank)
+      .Add("kind", HealthKindName(f.kind));
+  if (f.channel >= 0) line.Add("channel", f.channel);
+  line.Add("first_step", f.first_step)
+      .Add("step", r.raised ? f.last_step : f.cleared_step)
+      .Add("score", absl::StrFormat("%.3g", f.score));
 }
 
 void LoggingRoundObserver::OnTick(absl::Time now) {

@@ -19,6 +19,8 @@
 
 namespace syncnorm {
 
+struct StatsHealthReport;  // server/domain/stats_health.h
+
 // What happened to one round of one (job, group, layer, step, phase).
 struct RoundReport {
   std::string job_id;
@@ -120,6 +122,15 @@ class RoundObserver {
   // the default ignores it.
   virtual void OnStaleAnswer(const StaleAnswerReport& report) {}
 
+  // Statistics health raised or cleared a flag (StatsHealth). Called with
+  // no lock of the job held, after the round's answers went out; the
+  // default ignores it.
+  virtual void OnStatsHealth(const StatsHealthReport& report) {}
+
+  // A contribution of `rank` was refused for a non-finite value (counted
+  // by statistics health). The default ignores it.
+  virtual void OnNonFinite(const std::string& job_id, int rank) {}
+
   // Time passes: called by the aggregator's reaper thread every reaper
   // period with its clock's time, and with InfiniteFuture() when the
   // aggregator stops (the last call). The default ignores it.
@@ -169,6 +180,9 @@ class LoggingRoundObserver final : public RoundObserver {
   void OnDeadline(const RoundReport& report) override;
   // Writes the summary of every interval that ended at or before `now`.
   void OnTick(absl::Time now) override ABSL_LOCKS_EXCLUDED(mu_);
+  // One line per flag raised (event=stats_health_flag, level=warn) and
+  // cleared (event=stats_health_cleared, level=info).
+  void OnStatsHealth(const StatsHealthReport& report) override;
 
   // The line logged for `report` under `event` (straggler, quorum,
   // round_failed, deadline), without its '\n'; exposed for tests.
@@ -225,6 +239,12 @@ class FanoutRoundObserver final : public RoundObserver {
   }
   void OnStaleAnswer(const StaleAnswerReport& report) override {
     for (RoundObserver* o : observers_) o->OnStaleAnswer(report);
+  }
+  void OnStatsHealth(const StatsHealthReport& report) override {
+    for (RoundObserver* o : observers_) o->OnStatsHealth(report);
+  }
+  void OnNonFinite(const std::string& job_id, int rank) override {
+    for (RoundObserver* o : observers_) o->OnNonFinite(job_id, rank);
   }
   void OnTick(absl::Time now) override {
     for (RoundObserver* o : observers_) o->OnTick(now);

@@ -51,6 +51,14 @@ TEST(MetricsTest, ServesRoundAndCheckpointMetrics) {
       CheckpointReport{"j", 7, absl::Milliseconds(4), 6, absl::OkStatus()});
   observer->OnMembershipChange(MembershipReport{"j", 1, 10, 5, 2, 0, 1});
   observer->OnMembershipChange(MembershipReport{"j", 2, 12, 4, 0, 1, 0});
+  // Two stuck channels flagged, one cleared; one rank's NaN refused.
+  StatsHealthReport flag;
+  flag.flag.kind = HealthKind::kStuckChannel;
+  observer->OnStatsHealth(flag);
+  observer->OnStatsHealth(flag);
+  flag.raised = false;
+  observer->OnStatsHealth(flag);
+  observer->OnNonFinite("j", 3);
 
   const std::string text = ScrapeMetrics((*metrics)->port());
   for (const char* want : {
@@ -67,6 +75,10 @@ TEST(MetricsTest, ServesRoundAndCheckpointMetrics) {
            "syncnorm_membership_ranks_total{change=\"joined\"} 2",
            "syncnorm_membership_ranks_total{change=\"left\"} 1",
            "syncnorm_membership_ranks_total{change=\"removed\"} 1",
+           "syncnorm_stats_health_flags{kind=\"stuck_channel\"} 1",
+           "syncnorm_stats_health_flags{kind=\"mean_shift\"} 0",
+           "syncnorm_stats_health_flags_raised_total{kind=\"stuck_channel\"} 2",
+           "syncnorm_nonfinite_contributions_total 1",
        }) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }

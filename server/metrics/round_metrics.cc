@@ -123,6 +123,45 @@ RoundMetrics::RoundMetrics(prometheus::Registry& registry) {
   joined_ = &ranks.Add({{"change", "joined"}});
   left_ = &ranks.Add({{"change", "left"}});
   removed_ = &ranks.Add({{"change", "removed"}});
+  auto& flags = prometheus::BuildGauge()
+                    .Name("syncnorm_stats_health_flags")
+                    .Help(
+                        "Statistics-health flags in force: ranks whose "
+                        "moments disagree with their group's (mean_shift, "
+                        "variance_ratio), stuck channels of a rank, dead "
+                        "channels of a layer.")
+                    .Register(registry);
+  auto& raised = prometheus::BuildCounter()
+                     .Name("syncnorm_stats_health_flags_raised_total")
+                     .Help("Statistics-health flags raised.")
+                     .Register(registry);
+  for (int k = 0; k < kNumHealthKinds; ++k) {
+    const char* kind = HealthKindName(static_cast<HealthKind>(k + 1));
+    health_flags_[k] = &flags.Add({{"kind", kind}});
+    health_raised_[k] = &raised.Add({{"kind", kind}});
+  }
+  nonfinite_ = &prometheus::BuildCounter()
+                    .Name("syncnorm_nonfinite_contributions_total")
+                    .Help(
+                        "Contributions refused for a non-finite value (NaN "
+                        "or infinity), all jobs.")
+                    .Register(registry)
+                    .Add({});
+}
+
+void RoundMetrics::OnStatsHealth(const StatsHealthReport& report) {
+  const int k = static_cast<int>(report.flag.kind) - 1;
+  if (k < 0 || k >= kNumHealthKinds) return;
+  if (report.raised) {
+    health_flags_[k]->Increment();
+    health_raised_[k]->Increment();
+  } else {
+    health_flags_[k]->Decrement();
+  }
+}
+
+void RoundMetrics::OnNonFinite(const std::string& job_id, int rank) {
+  nonfinite_->Increment();
 }
 
 void RoundMetrics::OnMembershipChange(const MembershipReport& report) {

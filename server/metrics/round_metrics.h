@@ -3,9 +3,11 @@
 #define SYNCNORM_SERVER_METRICS_ROUND_METRICS_H_
 
 #include "prometheus/counter.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/domain/round_observer.h"
+#include "server/domain/stats_health.h"
 
 namespace syncnorm {
 
@@ -32,6 +34,13 @@ namespace syncnorm {
 //   syncnorm_stale_clock_waits_total{phase}  stale-synchronous
 //                                        contributions not answered on
 //                                        arrival (the clock condition)
+//   syncnorm_stats_health_flags{kind}    gauge: statistics-health flags in
+//                                        force (kind: mean_shift,
+//                                        variance_ratio, stuck_channel,
+//                                        dead_channel)
+//   syncnorm_stats_health_flags_raised_total{kind}  flags raised
+//   syncnorm_nonfinite_contributions_total  contributions refused for a
+//                                        non-finite value
 // phase is FORWARD or BACKWARD. Thread-safe; `registry` must outlive it.
 class RoundMetrics final : public RoundObserver {
  public:
@@ -42,6 +51,8 @@ class RoundMetrics final : public RoundObserver {
   void OnCheckpoint(const CheckpointReport& report) override;
   void OnMembershipChange(const MembershipReport& report) override;
   void OnStaleAnswer(const StaleAnswerReport& report) override;
+  void OnStatsHealth(const StatsHealthReport& report) override;
+  void OnNonFinite(const std::string& job_id, int rank) override;
 
  private:
   enum Outcome { kOk, kQuorum, kFailed, kDeadline, kNumOutcomes };
@@ -71,6 +82,10 @@ class RoundMetrics final : public RoundObserver {
   prometheus::Counter* joined_;
   prometheus::Counter* left_;
   prometheus::Counter* removed_;
+  // By HealthKind - 1.
+  prometheus::Gauge* health_flags_[kNumHealthKinds];
+  prometheus::Counter* health_raised_[kNumHealthKinds];
+  prometheus::Counter* nonfinite_;
 };
 
 }  // namespace syncnorm

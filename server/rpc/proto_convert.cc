@@ -62,6 +62,7 @@ JobSpec JobSpecFromProto(const v1::CreateJobRequest& request) {
   }
   spec.members.assign(request.members().begin(), request.members().end());
   spec.staleness = request.staleness();
+  spec.stats_health = !request.disable_stats_health();
   return spec;
 }
 
@@ -101,6 +102,7 @@ void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
   }
   info.set_next_step(job.next_step);
   info.set_staleness(spec.staleness);
+  info.set_disable_stats_health(!spec.stats_health);
   if (!job.membership.empty()) {
     MembershipToProto(job.membership, *info.mutable_membership());
   }
@@ -179,6 +181,36 @@ void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,
   } else {
     ToProto(outcome.grad_sums, *result.mutable_grad_sums());
   }
+}
+
+void StatsHealthToProto(const std::string& job_id,
+                        const std::optional<StatsHealthSnapshot>& health,
+                        v1::StatsHealth& out) {
+  out.set_job_id(job_id);
+  out.set_enabled(health.has_value());
+  if (!health.has_value()) return;
+  for (const HealthFlag& f : health->flags) {
+    v1::HealthFlag* flag = out.add_flags();
+    flag->set_kind(static_cast<v1::HealthFlag::Kind>(f.kind));
+    flag->set_layer(f.layer);
+    flag->set_layer_name(f.layer_name);
+    flag->set_group(f.group);
+    flag->set_rank(f.rank);
+    flag->set_channel(f.channel);
+    flag->set_first_step(f.first_step);
+    flag->set_last_step(f.last_step);
+    flag->set_score(f.score);
+    flag->set_active(f.active);
+    flag->set_cleared_step(f.active ? 0 : f.cleared_step);
+  }
+  out.set_flags_in_force(health->flags_in_force);
+  for (const auto& [rank, n] : health->refused) {
+    v1::RankRefusals* r = out.add_refused();
+    r->set_rank(rank);
+    r->set_nonfinite(n);
+  }
+  out.set_nonfinite_total(health->nonfinite_total);
+  out.set_rounds_scored(health->rounds_scored);
 }
 
 void LayerStatsToProto(const LayerStatsSnapshot& layer, v1::LayerStats& out) {

@@ -5,12 +5,15 @@
 #define SYNCNORM_SERVER_RPC_PROTO_CONVERT_H_
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "server/domain/aggregator.h"
 #include "server/domain/contribution.h"
 #include "server/domain/job.h"
 #include "server/domain/job_spec.h"
+#include "server/domain/stats_health.h"
 #include "server/store/backup_root.h"
 #include "server/store/state_store.h"
 #include "syncnorm/v1/aggregator.pb.h"
@@ -50,6 +53,14 @@ void LayerStatsToProto(const LayerStatsSnapshot& layer, v1::LayerStats& out);
 // The entries of an import, as sent (validated by the domain).
 std::vector<LayerStatsSnapshot> LayerStatsFromProto(
     const v1::SetRunningStatsRequest& request);
+
+// The flags and refusals a GetStatsHealth answer lists at most.
+inline constexpr int kMaxHealthListed = 256;
+
+// A job's statistics health; nullopt: the job turned it off.
+void StatsHealthToProto(const std::string& job_id,
+                        const std::optional<StatsHealthSnapshot>& health,
+                        v1::StatsHealth& out);
 
 void CheckpointToProto(const CheckpointMeta& meta, v1::CheckpointInfo& info);
 

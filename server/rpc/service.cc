@@ -111,6 +111,8 @@ void AggregatorService::Listen(RpcLoop* loop) {
   ListenOnWorkers(this, loop, &A::RequestSetRunningStats,
                   &S::ServeSetRunningStats, keep);
   ListenOnWorkers(this, loop, &A::RequestListJobs, &S::ServeListJobs, keep);
+  ListenOnWorkers(this, loop, &A::RequestGetStatsHealth,
+                  &S::ServeGetStatsHealth, keep);
   ListenOnWorkers(this, loop, &A::RequestListCheckpoints,
                   &S::ServeListCheckpoints, keep);
   ListenOnWorkers(this, loop, &A::RequestRestoreCheckpoint,
@@ -260,6 +262,21 @@ absl::Status AggregatorService::ServeGetRunningStats(
       request.job_id(), layers, request.group(), checkpoint);
   if (stats.ok()) RunningStatsToProto(*stats, response);
   return stats.status();
+}
+
+absl::Status AggregatorService::ServeGetStatsHealth(
+    const grpc::ServerContextBase& context,
+    const v1::GetStatsHealthRequest& request, v1::StatsHealth& response) {
+  if (absl::Status s =
+          Admit(context, request, "a GetStatsHealth request", request.job_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::optional<StatsHealthSnapshot>> health =
+      aggregator_->GetStatsHealth(request.job_id(), kMaxHealthListed);
+  if (!health.ok()) return health.status();
+  StatsHealthToProto(request.job_id(), *health, response);
+  return absl::OkStatus();
 }
 
 absl::Status AggregatorService::ServeSetRunningStats(

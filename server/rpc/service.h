@@ -111,6 +111,9 @@ class AggregatorService final : public v1::Aggregator::AsyncService {
   absl::Status ServeSetRunningStats(const grpc::ServerContextBase& context,
                                     const v1::SetRunningStatsRequest& request,
                                     v1::RunningStats& response);
+  absl::Status ServeGetStatsHealth(const grpc::ServerContextBase& context,
+                                   const v1::GetStatsHealthRequest& request,
+                                   v1::StatsHealth& response);
   absl::Status ServeBackup(const grpc::ServerContextBase& context,
                            const v1::BackupRequest& request,
                            v1::BackupInfo& response);

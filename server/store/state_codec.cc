@@ -214,6 +214,7 @@ std::string EncodeJob(const JobSpec& spec) {
     p.set_format(kMembershipFormat);
     p.set_staleness(spec.staleness);
   }
+  p.set_stats_health_off(!spec.stats_health);
   return p.SerializeAsString();
 }
 
@@ -242,6 +243,7 @@ absl::StatusOr<JobSpec> DecodeJob(absl::string_view value) {
   }
   spec.members.assign(p.members().begin(), p.members().end());
   spec.staleness = p.staleness();
+  spec.stats_health = !p.stats_health_off();
   // A stored spec was resolved before it was written: resolving it again
   // must change nothing, which also validates it.
   absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, absl::Seconds(1));

@@ -221,6 +221,10 @@ void BindClientClass(py::module_& m) {
            [](PyClient& c, const std::string& job_id) {
              return JsonCall([&] { return c.client.GetJob(job_id); });
            })
+      .def("get_stats_health_json",
+           [](PyClient& c, const std::string& job_id) {
+             return JsonCall([&] { return c.client.GetStatsHealth(job_id); });
+           })
       .def("delete_job",
            [](PyClient& c, const std::string& job_id) {
              absl::Status s;

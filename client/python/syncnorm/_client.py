@@ -29,7 +29,9 @@ _MODE_WIRE = {1: "MOMENTUM_TORCH", 2: "MOMENTUM_DECAY",
 _INT64_FIELDS = frozenset(
     ["committed_step", "step", "num_batches_tracked", "round_timeout_ms",
      "created_unix_ms", "count", "checkpoint_step", "grace_ms", "next_step",
-     "version", "membership_version"])
+     "version", "membership_version", "first_step", "last_step",
+     "cleared_step", "flags_in_force", "nonfinite", "nonfinite_total",
+     "rounds_scored"])
 
 
 def momentum_mode_code(mode):
@@ -209,7 +211,7 @@ class Client:
 
     def create_job(self, job_id, world_size, layers, group_size=0,
                    round_timeout_ms=0, quorum=None, groups=None,
-                   members=None, staleness=0):
+                   members=None, staleness=0, stats_health=True):
         """Creates the job (idempotent: the same spec again returns it).
 
         layers: LayerSpec dicts, e.g. from :func:`layer_spec`. group_size 0:
@@ -231,7 +233,9 @@ class Client:
         with the merge of each member's latest forward within [s - tau, s]
         (the answer's view); the running statistics are still every step's
         full merge, in step order. Such a job takes no quorum and no
-        per-round momentum or imported statistics.
+        per-round momentum or imported statistics. stats_health: False
+        turns statistics health off (:meth:`stats_health`), for ranks that
+        see differently distributed data by design.
         Returns the JobInfo dict. ServiceError ALREADY_EXISTS when the job
         exists with another spec.
         """
@@ -256,6 +260,8 @@ class Client:
                                  "(members=None means every rank)")
         if staleness:
             request["staleness"] = staleness
+        if not stats_health:
+            request["disable_stats_health"] = True
         if quorum:
             request["quorum"] = {
                 "min_ranks": int(quorum.get("min_ranks", 0)),
@@ -270,6 +276,13 @@ class Client:
 
     def delete_job(self, job_id):
         self._raw.delete_job(job_id)
+
+    def stats_health(self, job_id):
+        """The job's StatsHealth dict: "flags" (each with kind, layer,
+        layer_name, group, rank, channel, first_step, last_step, score,
+        active, cleared_step), "flags_in_force", "refused" (rank,
+        nonfinite), "nonfinite_total", "rounds_scored", "enabled"."""
+        return _ints(json.loads(self._raw.get_stats_health_json(job_id)))
 
     def get_running_stats(self, job_id, layers=None, checkpoint_step=0,
                           group=0):

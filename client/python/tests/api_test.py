@@ -494,6 +494,63 @@ class ApiTest(unittest.TestCase):
             os.environ.clear()
             os.environ.update(saved)
 
+    def test_stats_health_warns_of_a_shifted_rank(self):
+        """Rank 2 of 3 (a model, this thread) feeds inputs shifted by five
+        standard deviations; ranks 0 and 1 (threads sending the moments of
+        normal batches) do not. Its session logs a warning naming it, and
+        stats_health() lists the flag."""
+        job = job_name("health")
+        model = nn.Sequential(snt.SyncBatchNorm(4))
+        session = snt.attach(model, self.client, job, 2, 3)
+        session.health_interval = 1e-9  # poll at every step
+        steps = 6
+        errors = []
+
+        def peer(rank):
+            try:
+                group = self.client.node_group(job, rank)
+                g = torch.Generator().manual_seed(rank)
+                for step in range(steps):
+                    x = torch.randn(16, 4, generator=g).double()
+                    mean = x.mean(0)
+                    m2 = ((x - mean) ** 2).sum(0)
+                    group.sync_forward(0, step, 16, mean.numpy(), m2.numpy())
+            except Exception as e:  # surfaced below
+                errors.append(e)
+
+        peers = [threading.Thread(target=peer, args=(r,)) for r in (0, 1)]
+        for t in peers:
+            t.start()
+        g = torch.Generator().manual_seed(2)
+        with self.assertLogs("syncnorm", "WARNING") as logs:
+            for _ in range(steps):
+                model(torch.randn(16, 4, generator=g) + 5.0)
+        for t in peers:
+            t.join()
+        self.assertEqual(errors, [])
+        warned = [m for m in logs.output if "statistics health" in m]
+        self.assertEqual(len(warned), 1, logs.output)
+        self.assertIn("rank 2 of job %s, layer 0" % job, warned[0])
+        self.assertIn("mean_shift", warned[0])
+        health = session.stats_health()
+        self.assertTrue(health["enabled"])
+        self.assertEqual(health["flags_in_force"], 1)
+        flag = health["flags"][0]
+        self.assertEqual((flag["kind"], flag["rank"], flag["layer"]),
+                         ("MEAN_SHIFT", 2, 0))
+        self.assertEqual(flag["first_step"], 0)
+        self.assertGreater(flag["score"], 5)
+
+    def test_stats_health_off_is_part_of_the_spec(self):
+        job = job_name("domains")
+        snt.attach(nn.Sequential(snt.SyncBatchNorm(2)), self.client, job, 0,
+                   1, stats_health=False)
+        self.assertFalse(self.client.stats_health(job).get("enabled"))
+        with self.assertRaisesRegex(syncnorm.ServiceError,
+                                    "statistics health off there, on here"):
+            snt.attach(nn.Sequential(snt.SyncBatchNorm(2)), self.client, job,
+                       0, 1)
+
     def test_threads_of_one_process_as_one_node(self):
         """Two threads (local ranks) of one contributor: each blocks in a
         round until the other arrives, so the GIL must be free meanwhile."""

@@ -587,6 +587,8 @@ class SyncBatchNorm(_BatchNorm):
         except SingleValuePerChannelError as e:
             raise _single_value(shape, session, e.code, e.reason) from e
         self.last_forward_sync = time.perf_counter() - start
+        if self._sn_layer == 0:
+            session._poll_health()
         self.last_missing_ranks = missing
         self.last_view = view
         session.sync_seconds += self.last_forward_sync

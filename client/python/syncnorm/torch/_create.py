@@ -113,6 +113,11 @@ def spec_differences(info, world_size, specs, kw):
     if int(info.get("staleness", 0)) != int(kw.get("staleness") or 0):
         out.append("staleness %s there, %s here" % (
             info.get("staleness", 0), kw.get("staleness") or 0))
+    off_there = bool(info.get("disable_stats_health", False))
+    off_here = not kw.get("stats_health", True)
+    if off_there != off_here:
+        out.append("statistics health %s there, %s here" % (
+            "off" if off_there else "on", "off" if off_here else "on"))
     return out
 
 

@@ -1,5 +1,6 @@
 """attach and Session: a model's SyncBatchNorm layers on a job."""
 
+import logging
 import os
 import time
 
@@ -9,6 +10,8 @@ from .. import _syncnorm
 from .._client import Client, group_of, member_since
 from . import _create, _joinable
 from ._batch_norm import SyncBatchNorm
+
+_log = logging.getLogger("syncnorm")
 
 
 class Session(_joinable.Joinable):
@@ -62,6 +65,56 @@ class Session(_joinable.Joinable):
         self._join_left = None
         self._join_notice = None
         self._model = None
+        # Statistics health: seconds between polls from the training
+        # thread (0: never), the last poll, and the flags warned about.
+        self.health_interval = 30.0
+        self._health_polled = time.monotonic()
+        self._health_warned = set()
+
+    def stats_health(self):
+        """The job's statistics health (syncnorm.Client.stats_health): the
+        ranks whose statistics disagree with their group's, stuck and dead
+        channels, non-finite contributions per rank."""
+        return self.client.stats_health(self.job_id)
+
+    def _poll_health(self):
+        """From the first layer's forward, every health_interval seconds:
+        a warning through logging ("syncnorm") for each flag raised since,
+        on rank 0 and on the flagged rank. A failed poll is logged at
+        debug level and retried at the next interval."""
+        if not self.health_interval:
+            return
+        now = time.monotonic()
+        if now - self._health_polled < self.health_interval:
+            return
+        self._health_polled = now
+        try:
+            health = self.stats_health()
+        except Exception as e:  # a poll must never fail a training step
+            _log.debug("statistics health of job %s: %s", self.job_id, e)
+            return
+        for flag in health.get("flags", []):
+            if not flag.get("active"):
+                continue
+            key = (flag.get("kind"), flag.get("layer", 0),
+                   flag.get("group", 0), flag.get("rank", 0),
+                   flag.get("channel", 0), flag.get("first_step", 0))
+            if key in self._health_warned:
+                continue
+            self._health_warned.add(key)
+            rank = flag.get("rank", 0)
+            if self.rank != 0 and rank != self.rank:
+                continue
+            channel = flag.get("channel", -1)
+            _log.warning(
+                "statistics health: %s of job %s, layer %d (%s), group %d: "
+                "%s%s from step %d (score %.3g); see syncnormctl health %s",
+                "the layer" if rank < 0 else "rank %d" % rank, self.job_id,
+                flag.get("layer", 0), flag.get("layer_name", ""),
+                flag.get("group", 0), flag.get("kind", "").lower(),
+                " of channel %d" % channel if channel >= 0 else "",
+                flag.get("first_step", 0), flag.get("score", 0.0),
+                self.job_id)
 
     def join_hook(self, **kwargs):
         """The JoinHook torch's Join runs on a rank that has run out of
@@ -382,7 +435,7 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
            group_size=None, groups=None, round_timeout_ms=0,
            example_input=None, start_step=None, num_threads=None,
            node_group=None, quorum=None, members=None, join_timeout=60.0,
-           staleness=0):
+           staleness=0, stats_health=True):
     """Attaches every SyncBatchNorm of `model` to the job `job_id` as `rank`
     of `world_size` and returns the :class:`Session`.
 
@@ -437,6 +490,12 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     loaded from the aggregator when used: eval, state_dict() and
     Session.sync_running_stats() wait for every member to reach this
     rank's step and load them (see SyncBatchNorm).
+
+    stats_health: the service watches every rank's statistics against its
+    group's (Session.stats_health(); a warning through logging when a
+    rank is flagged, polled every Session.health_interval seconds, 30 by
+    default, 0: never). False turns it off for the job, for ranks that
+    see differently distributed data by design; part of the spec.
     """
     if example_input is not None:
         _dry_run(model, example_input)
@@ -469,7 +528,7 @@ def attach(model, client=None, job_id=None, rank=None, world_size=None, *,
     info, take_service = _create.create_job(
         client, job_id, world_size, specs, decided, group_size=group_size,
         round_timeout_ms=round_timeout_ms, quorum=quorum, groups=groups,
-        members=members, staleness=staleness)
+        members=members, staleness=staleness, stats_health=stats_health)
     # An aggregator without elastic membership reports none: every rank.
     elastic = "membership" in info
     joined, since = False, 0

@@ -1,0 +1,463 @@
+#include "server/domain/stats_health.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "server/domain/round_observer.h"
+
+namespace syncnorm {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// A chi-square variable over its degrees of freedom, x = chi2_k / k, as a
+// standard normal deviate (Wilson and Hilferty, 1931): close from k = 2
+// on, so one threshold means about the same false-alarm rate for a layer
+// of 2 channels and one of 2048, and for batches of 2 and of 64.
+double WilsonHilferty(double x, double k) {
+  const double v = 2.0 / (9.0 * k);
+  return (std::cbrt(x) - (1.0 - v)) / std::sqrt(v);
+}
+
+// The channels scored for the mean and variance: all of a small layer, an
+// evenly spaced subset of a large one.
+std::vector<int> ScoredChannels(int channels) {
+  const int n = std::min(channels, StatsHealth::kMaxScoredChannels);
+  std::vector<int> out(n);
+  for (int i = 0; i < n; ++i) {
+    out[i] = static_cast<int>(static_cast<int64_t>(i) * channels / n);
+  }
+  return out;
+}
+
+// The center of the ranks in `clean`: their pooled mean, and their pooled
+// within-rank variance (sum of m2 over sum of n - 1), which a rank's shift
+// does not inflate.
+struct Center {
+  int64_t count = 0;
+  int64_t dof = 0;
+  std::vector<double> mean;
+  std::vector<double> var;
+};
+
+Center CenterOf(const HealthSample& s, const std::vector<bool>& clean,
+                const std::vector<int>& channels) {
+  Center c;
+  c.mean.assign(channels.size(), 0.0);
+  c.var.assign(channels.size(), 0.0);
+  for (size_t i = 0; i < s.moments.size(); ++i) {
+    const Moments& m = s.moments[i];
+    if (!clean[i] || m.count < 1) continue;
+    c.count += m.count;
+    c.dof += m.count - 1;
+    const double n = static_cast<double>(m.count);
+    for (size_t k = 0; k < channels.size(); ++k) {
+      c.mean[k] += n * m.mean[channels[k]];
+      c.var[k] += m.m2[channels[k]];
+    }
+  }
+  for (size_t k = 0; k < channels.size(); ++k) {
+    c.mean[k] = c.count > 0 ? c.mean[k] / static_cast<double>(c.count) : 0;
+    c.var[k] = c.dof > 0 ? c.var[k] / static_cast<double>(c.dof) : 0;
+  }
+  return c;
+}
+
+// Rank i's (mean shift, variance ratio) against `center`; NaN where it is
+// not scored. `in_center`: whether rank i's batch is part of the center.
+std::pair<double, double> ScoreOf(const Moments& m, bool in_center,
+                                  const Center& center,
+                                  const std::vector<int>& channels) {
+  double shift = kNaN, ratio = kNaN;
+  if (m.count < 1) return {shift, ratio};
+  const double n = static_cast<double>(m.count);
+  const double total = static_cast<double>(center.count);
+  // The variance of the rank's mean minus the center's, in units of the
+  // channel's variance.
+  const double se = in_center ? 1.0 / n - 1.0 / total : 1.0 / n + 1.0 / total;
+  double s = 0, r = 0;
+  int used = 0;
+  for (size_t k = 0; k < channels.size(); ++k) {
+    const double var = center.var[k];
+    if (!(var > 0) || !std::isfinite(var)) continue;
+    const double d = m.mean[channels[k]] - center.mean[k];
+    s += d * d / (var * se);
+    if (m.count >= 2) r += m.m2[channels[k]] / (n - 1.0) / var;
+    ++used;
+  }
+  if (used == 0) return {shift, ratio};
+  if (se > 0 && (!in_center || center.count > m.count)) {
+    shift = WilsonHilferty(s / used, used);
+  }
+  // The center's variance must rest on other ranks too.
+  if (m.count >= 2 && center.dof > (in_center ? m.count - 1 : 0)) {
+    ratio = WilsonHilferty(r / used, (n - 1.0) * used);
+  }
+  return {shift, ratio};
+}
+
+// How far beyond the threshold a score is (mean shift one-sided, the
+// variance ratio both ways); NaN counts as within.
+double Excess(const std::pair<double, double>& score) {
+  double e = 0;
+  if (score.first > 0) e = std::max(e, score.first);
+  if (!std::isnan(score.second)) e = std::max(e, std::abs(score.second));
+  return e;
+}
+
+}  // namespace
+
+const char* HealthKindName(HealthKind kind) {
+  switch (kind) {
+    case HealthKind::kMeanShift:
+      return "mean_shift";
+    case HealthKind::kVarianceRatio:
+      return "variance_ratio";
+    case HealthKind::kStuckChannel:
+      return "stuck_channel";
+    case HealthKind::kDeadChannel:
+      return "dead_channel";
+  }
+  return "unknown";
+}
+
+bool StatsHealth::RankRuns::Idle() const {
+  return beyond[0] == 0 && beyond[1] == 0 && !on[0] && !on[1] &&
+         stuck_channel < 0 && !stuck_on;
+}
+
+StatsHealth::StatsHealth(std::string job_id,
+                         std::vector<std::string> layer_names,
+                         RoundObserver* observer)
+    : job_id_(std::move(job_id)),
+      layer_names_(std::move(layer_names)),
+      observer_(observer) {}
+
+StatsHealth::~StatsHealth() {
+  if (observer_ == nullptr) return;
+  const StatsHealthSnapshot snap = Snapshot(std::numeric_limits<int>::max());
+  for (HealthFlag flag : snap.flags) {
+    if (!flag.active) continue;
+    flag.active = false;
+    flag.cleared_step = flag.last_step;
+    observer_->OnStatsHealth(Report(flag, /*raised=*/false));
+  }
+}
+
+std::vector<std::pair<double, double>> StatsHealth::Scores(
+    const HealthSample& s) {
+  const size_t w = s.moments.size();
+  std::vector<std::pair<double, double>> scores(w, {kNaN, kNaN});
+  if (w < 2 || s.global.mean.empty()) return scores;
+  const std::vector<int> channels =
+      ScoredChannels(static_cast<int>(s.global.mean.size()));
+  std::vector<bool> clean(w);
+  int ranks_with_data = 0;
+  for (size_t i = 0; i < w; ++i) {
+    clean[i] = s.moments[i].count >= 1;
+    ranks_with_data += clean[i] ? 1 : 0;
+  }
+  if (ranks_with_data < 2) return scores;
+  int in_center = ranks_with_data;
+  for (int outliers = 0;; ++outliers) {
+    const Center center = CenterOf(s, clean, channels);
+    for (size_t i = 0; i < w; ++i) {
+      scores[i] = ScoreOf(s.moments[i], clean[i], center, channels);
+    }
+    // The worst rank of the center leaves it while a majority of the
+    // ranks with data stays, so that one outlier does not make the
+    // others look shifted.
+    if (outliers == kMaxOutliers || 2 * (in_center - 1) <= ranks_with_data) {
+      break;
+    }
+    int worst = -1;
+    double worst_excess = kThreshold;
+    for (size_t i = 0; i < w; ++i) {
+      if (!clean[i]) continue;
+      const double e = Excess(scores[i]);
+      if (e > worst_excess) {
+        worst = static_cast<int>(i);
+        worst_excess = e;
+      }
+    }
+    if (worst < 0) break;
+    clean[worst] = false;
+    --in_center;
+  }
+  return scores;
+}
+
+const std::string& StatsHealth::NameOf(int layer) const {
+  static const std::string* const kNone = new std::string();
+  return layer >= 0 && layer < static_cast<int>(layer_names_.size())
+             ? layer_names_[layer]
+             : *kNone;
+}
+
+StatsHealthReport StatsHealth::Report(const HealthFlag& flag,
+                                      bool raised) const {
+  StatsHealthReport r;
+  r.job_id = job_id_;
+  r.flag = flag;
+  r.flag.layer_name = NameOf(flag.layer);
+  r.raised = raised;
+  return r;
+}
+
+void StatsHealth::Cleared(HealthFlag flag, int64_t step,
+                          std::vector<StatsHealthReport>& out) {
+  flag.active = false;
+  flag.cleared_step = step;
+  flag.layer_name = NameOf(flag.layer);
+  out.push_back(Report(flag, /*raised=*/false));
+  cleared_.push_front(std::move(flag));
+  if (cleared_.size() > static_cast<size_t>(kMaxCleared)) cleared_.pop_back();
+}
+
+void StatsHealth::ScoreRanks(const HealthSample& s,
+                             std::vector<StatsHealthReport>& out) {
+  const std::vector<std::pair<double, double>> scores = Scores(s);
+  const std::vector<double>& global_var = s.global.var;
+  const int channels = static_cast<int>(global_var.size());
+  for (size_t i = 0; i < s.moments.size(); ++i) {
+    const Moments& m = s.moments[i];
+    if (m.count < 1) continue;  // no batch: neither evidence nor clearance
+    const RankKey key(s.layer, s.group, s.ranks[i]);
+    auto it = ranks_.find(key);
+    // A channel of one value where the group's values vary.
+    int stuck = -1;
+    if (m.count >= 2) {
+      const int tracked = it != ranks_.end() ? it->second.stuck_channel : -1;
+      if (tracked >= 0 && tracked < channels && m.m2[tracked] == 0 &&
+          global_var[tracked] > 0) {
+        stuck = tracked;
+      } else {
+        for (int c = 0; c < channels; ++c) {
+          if (m.m2[c] == 0 && global_var[c] > 0) {
+            stuck = c;
+            break;
+          }
+        }
+      }
+    }
+    const double excess = Excess(scores[i]);
+    if (it == ranks_.end()) {
+      if (excess <= kThreshold && stuck < 0) continue;  // healthy: nothing
+      if (static_cast<int>(ranks_.size()) >= kMaxTracked) continue;
+      it = ranks_.emplace(key, RankRuns()).first;
+    }
+    RankRuns& runs = it->second;
+    runs.last_step = s.step;
+    const double values[2] = {scores[i].first, scores[i].second};
+    const HealthKind kinds[2] = {HealthKind::kMeanShift,
+                                 HealthKind::kVarianceRatio};
+    for (int k = 0; k < 2; ++k) {
+      if (std::isnan(values[k])) continue;
+      const bool bad =
+          k == 0 ? values[k] > kThreshold : std::abs(values[k]) > kThreshold;
+      runs.score[k] = values[k];
+      HealthFlag flag;
+      flag.kind = kinds[k];
+      flag.group = s.group;
+      flag.layer = s.layer;
+      flag.rank = s.ranks[i];
+      flag.last_step = s.step;
+      flag.score = values[k];
+      if (bad) {
+        if (runs.beyond[k]++ == 0) runs.run_start[k] = s.step;
+        runs.within[k] = 0;
+        if (!runs.on[k] && runs.beyond[k] >= kRun) {
+          runs.on[k] = true;
+          runs.first[k] = runs.run_start[k];
+          flag.first_step = runs.first[k];
+          out.push_back(Report(flag, /*raised=*/true));
+        }
+      } else {
+        runs.beyond[k] = 0;
+        if (runs.on[k] && ++runs.within[k] >= kRun) {
+          runs.on[k] = false;
+          runs.within[k] = 0;
+          flag.first_step = runs.first[k];
+          Cleared(flag, s.step, out);
+        }
+      }
+    }
+    if (m.count >= 2) {
+      HealthFlag flag;
+      flag.kind = HealthKind::kStuckChannel;
+      flag.group = s.group;
+      flag.layer = s.layer;
+      flag.rank = s.ranks[i];
+      flag.last_step = s.step;
+      if (stuck >= 0 && stuck == runs.stuck_channel) {
+        runs.stuck_evidence += m.count - 1;
+      } else {
+        if (runs.stuck_on) {
+          flag.channel = runs.stuck_channel;
+          flag.first_step = runs.stuck_first;
+          flag.score = static_cast<double>(runs.stuck_evidence);
+          runs.stuck_on = false;
+          Cleared(flag, s.step, out);
+        }
+        runs.stuck_channel = stuck;
+        runs.stuck_evidence = stuck >= 0 ? m.count - 1 : 0;
+        runs.stuck_start = s.step;
+      }
+      if (stuck >= 0 && !runs.stuck_on &&
+          runs.stuck_evidence >= kStuckEvidence) {
+        runs.stuck_on = true;
+        runs.stuck_first = runs.stuck_start;
+        flag.channel = stuck;
+        flag.first_step = runs.stuck_first;
+        flag.score = static_cast<double>(runs.stuck_evidence);
+        out.push_back(Report(flag, /*raised=*/true));
+      }
+    }
+    if (runs.Idle()) ranks_.erase(it);
+  }
+}
+
+void StatsHealth::CheckDead(const HealthSample& s,
+                            std::vector<StatsHealthReport>& out) {
+  if (s.global.count < 2) return;
+  const std::vector<double>& var = s.global.var;
+  int lowest = -1, dead = 0;
+  for (size_t c = 0; c < var.size(); ++c) {
+    if (var[c] == 0) {
+      if (lowest < 0) lowest = static_cast<int>(c);
+      ++dead;
+    }
+  }
+  const LayerKey key(s.layer, s.group);
+  auto it = layers_.find(key);
+  if (it == layers_.end()) {
+    if (dead == 0) return;
+    it = layers_.emplace(key, LayerRuns()).first;
+  }
+  LayerRuns& runs = it->second;
+  HealthFlag flag;
+  flag.kind = HealthKind::kDeadChannel;
+  flag.group = s.group;
+  flag.layer = s.layer;
+  flag.last_step = s.step;
+  const int tracked = runs.dead_channel;
+  const bool still = tracked >= 0 && tracked < static_cast<int>(var.size()) &&
+                     var[tracked] == 0;
+  if (still) {
+    ++runs.dead_run;
+  } else {
+    if (runs.dead_on) {
+      flag.channel = tracked;
+      flag.first_step = runs.dead_start;
+      flag.score = runs.dead_count;
+      runs.dead_on = false;
+      Cleared(flag, s.step, out);
+    }
+    runs.dead_channel = lowest;
+    runs.dead_run = lowest >= 0 ? 1 : 0;
+    runs.dead_start = s.step;
+  }
+  runs.dead_count = dead;
+  runs.last_step = s.step;
+  if (runs.dead_channel >= 0 && !runs.dead_on && runs.dead_run >= kDeadRun) {
+    runs.dead_on = true;
+    flag.channel = runs.dead_channel;
+    flag.first_step = runs.dead_start;
+    flag.score = dead;
+    out.push_back(Report(flag, /*raised=*/true));
+  }
+  if (runs.dead_channel < 0 && !runs.dead_on) layers_.erase(it);
+}
+
+void StatsHealth::Observe(const HealthSample& sample) {
+  std::vector<StatsHealthReport> reports;
+  {
+    absl::MutexLock lock(&mu_);
+    ++rounds_scored_;
+    ScoreRanks(sample, reports);
+    CheckDead(sample, reports);
+  }
+  if (observer_ == nullptr) return;
+  for (const StatsHealthReport& r : reports) observer_->OnStatsHealth(r);
+}
+
+void StatsHealth::CountNonFinite(int rank) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++nonfinite_[rank];
+    ++nonfinite_total_;
+  }
+  if (observer_ != nullptr) observer_->OnNonFinite(job_id_, rank);
+}
+
+StatsHealthSnapshot StatsHealth::Snapshot(int limit) const {
+  absl::MutexLock lock(&mu_);
+  StatsHealthSnapshot snap;
+  snap.nonfinite_total = nonfinite_total_;
+  snap.rounds_scored = rounds_scored_;
+  const auto add = [&](HealthFlag flag) {
+    ++snap.flags_in_force;
+    if (static_cast<int>(snap.flags.size()) < limit) {
+      flag.layer_name = NameOf(flag.layer);
+      snap.flags.push_back(std::move(flag));
+    }
+  };
+  // By layer, group, rank: a layer's own flag (rank -1) first.
+  auto layer = layers_.begin();
+  const auto add_layers_before = [&](const LayerKey* upto) {
+    for (; layer != layers_.end() && (upto == nullptr || layer->first <= *upto);
+         ++layer) {
+      const LayerRuns& runs = layer->second;
+      if (!runs.dead_on) continue;
+      HealthFlag flag;
+      flag.kind = HealthKind::kDeadChannel;
+      flag.layer = layer->first.first;
+      flag.group = layer->first.second;
+      flag.channel = runs.dead_channel;
+      flag.first_step = runs.dead_start;
+      flag.last_step = runs.last_step;
+      flag.score = runs.dead_count;
+      add(std::move(flag));
+    }
+  };
+  for (const auto& [key, runs] : ranks_) {
+    const LayerKey layer_key(std::get<0>(key), std::get<1>(key));
+    add_layers_before(&layer_key);
+    HealthFlag flag;
+    flag.layer = std::get<0>(key);
+    flag.group = std::get<1>(key);
+    flag.rank = std::get<2>(key);
+    flag.last_step = runs.last_step;
+    const HealthKind kinds[2] = {HealthKind::kMeanShift,
+                                 HealthKind::kVarianceRatio};
+    for (int k = 0; k < 2; ++k) {
+      if (!runs.on[k]) continue;
+      flag.kind = kinds[k];
+      flag.first_step = runs.first[k];
+      flag.score = runs.score[k];
+      add(flag);
+    }
+    if (runs.stuck_on) {
+      flag.kind = HealthKind::kStuckChannel;
+      flag.channel = runs.stuck_channel;
+      flag.first_step = runs.stuck_first;
+      flag.score = static_cast<double>(runs.stuck_evidence);
+      add(flag);
+    }
+  }
+  add_layers_before(nullptr);
+  for (const HealthFlag& flag : cleared_) {
+    if (static_cast<int>(snap.flags.size()) >= limit) break;
+    snap.flags.push_back(flag);
+  }
+  for (const auto& [rank, n] : nonfinite_) snap.refused.emplace_back(rank, n);
+  std::stable_sort(
+      snap.refused.begin(), snap.refused.end(),
+      [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (static_cast<int>(snap.refused.size()) > limit) snap.refused.resize(limit);
+  return snap;
+}
+
+}  // namespace syncnorm
