@@ -2,6 +2,7 @@
 // JSON text of the syncnorm.v1 messages; the syncnorm package turns them
 // into dicts.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,11 +14,13 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/node_group.h"
+#include "client/precise_bn.h"
 #include "client/python/src/bindings.h"
 #include "client/python/src/json_proto.h"
 #include "client/python/src/py_round_update.h"
 #include "client/python/src/py_status.h"
 #include "client/thread_node.h"
+#include "kernels/moments.h"
 #include "pybind11/numpy.h"
 #include "pybind11/stl.h"
 
@@ -308,11 +311,125 @@ void BindClientClass(py::module_& m) {
           "The NodeGroup of a worker that is its node's only member.");
 }
 
+// A precise BN of a job and this rank's moments of each layer's input, pooled
+// over its batches by the kernels' Chan merge (MergeMoments, float64).
+struct PyPreciseBn {
+  std::unique_ptr<PreciseBn> bn;
+  std::vector<Moments> pooled;
+};
+
+Moments MomentsFrom(int64_t count, const DoubleArray& mean,
+                    const DoubleArray& m2) {
+  Moments m;
+  m.count = count;
+  m.mean = ToVector(mean, mean.size(), "mean");
+  m.m2 = ToVector(m2, m.mean.size(), "m2");
+  return m;
+}
+
+void CheckLayer(const PyPreciseBn& p, int layer) {
+  if (layer < 0 || layer >= p.bn->num_layers()) {
+    throw py::value_error(absl::StrCat("expected a layer in [0, ",
+                                       p.bn->num_layers(), "), got ", layer));
+  }
+}
+
+void AddBatch(PyPreciseBn& p, int layer, int64_t count, const DoubleArray& mean,
+              const DoubleArray& m2) {
+  CheckLayer(p, layer);
+  const Moments batch = MomentsFrom(count, mean, m2);
+  ThrowIfError(ValidateMoments(batch, p.bn->channels(layer)));
+  ThrowIfError(CheckMergeable(p.pooled[layer], batch));
+  MergeMoments(p.pooled[layer], batch);
+}
+
+py::tuple MergeLayer(PyPreciseBn& p, int layer) {
+  CheckLayer(p, layer);
+  absl::StatusOr<RunningStats> stats = absl::UnknownError("not run");
+  {
+    py::gil_scoped_release release;
+    stats = p.bn->Merge(layer, p.pooled[layer]);
+  }
+  ThrowIfServiceError(stats.status());
+  return py::make_tuple(p.bn->population_count(layer),
+                        stats->num_batches_tracked, ToArray(stats->mean),
+                        ToArray(stats->var));
+}
+
+void Released(const std::function<absl::Status()>& call) {
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    s = call();
+  }
+  ThrowIfServiceError(s);
+}
+
+void BindPreciseBn(py::module_& m) {
+  py::class_<PyPreciseBn>(m, "PreciseBn",
+                          "One precise BN of a job as one rank "
+                          "(client/precise_bn.h).")
+      .def(py::init([](PyClient& client, const std::string& job_id, int rank,
+                       int64_t serial) {
+             absl::StatusOr<std::unique_ptr<PreciseBn>> started =
+                 absl::UnknownError("not run");
+             {
+               py::gil_scoped_release release;
+               started = PreciseBn::Start(client.client, job_id, rank, serial);
+             }
+             ThrowIfServiceError(started.status());
+             auto p = std::make_unique<PyPreciseBn>();
+             p->bn = *std::move(started);
+             for (int l = 0; l < p->bn->num_layers(); ++l) {
+               p->pooled.push_back(Moments::Zero(p->bn->channels(l)));
+             }
+             return p;
+           }),
+           py::arg("client"), py::arg("job_id"), py::arg("rank"),
+           py::arg("serial"), py::keep_alive<1, 2>(),
+           "Starts precise BN `serial` of the job as `rank`: creates the "
+           "scratch job "
+           "of the rank's group. Raises ServiceError.")
+      .def("add", &AddBatch, py::arg("layer"), py::arg("count"),
+           py::arg("mean"), py::arg("m2"),
+           "Folds one batch's moments of the layer's input (count, mean, "
+           "m2, as local_moments gives them) into this rank's.")
+      .def("merge", &MergeLayer, py::arg("layer"),
+           "Merges this rank's moments of the layer with every member of "
+           "its group; returns (count, num_batches_tracked, mean, var): the "
+           "population count N, mean and unbiased var M2/(N-1) and the "
+           "job's num_batches_tracked + 1; N = 0: no member saw the layer, "
+           "and its statistics are the job's, unchanged. Raises "
+           "ServiceError.")
+      .def(
+          "commit",
+          [](PyPreciseBn& p) { Released([&] { return p.bn->Commit(); }); },
+          "Writes the merged statistics to the job (the group's committer), "
+          "waits for every member at the barrier and ends the precise BN. "
+          "Raises "
+          "ServiceError.")
+      .def(
+          "abort",
+          [](PyPreciseBn& p) { Released([&] { return p.bn->Abort(); }); },
+          "Ends a failed precise BN: deletes the scratch job.")
+      .def_property_readonly(
+          "scratch_job_id",
+          [](const PyPreciseBn& p) { return p.bn->scratch_job_id(); })
+      .def_property_readonly("group",
+                             [](const PyPreciseBn& p) { return p.bn->group(); })
+      .def_property_readonly(
+          "committer", [](const PyPreciseBn& p) { return p.bn->committer(); })
+      .def_property_readonly("num_layers", [](const PyPreciseBn& p) {
+        return p.bn->num_layers();
+      });
+}
+
 }  // namespace
 
 void BindClient(py::module_& m) {
   BindNodeGroups(m);
   BindClientClass(m);
+  BindPreciseBn(m);
 }
 
 }  // namespace syncnorm::python

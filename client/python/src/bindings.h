@@ -6,7 +6,8 @@
 
 namespace syncnorm::python {
 
-// Client, NodeGroup, ThreadNode: the service calls (bind_client.cc).
+// Client, NodeGroup, ThreadNode, PreciseBn: the service calls
+// (bind_client.cc).
 void BindClient(pybind11::module_& m);
 
 // ThreadPool and the kernel entry points on raw tensors (bind_kernels.cc).

@@ -27,10 +27,16 @@ How layers, jobs and ranks map:
   load_state_dict, writes to the buffers) goes to the aggregator with the
   layer's next training round. eval() is plain batch norm on the buffers,
   no round.
+* ``precise_bn(model, batches)`` recomputes the running statistics after
+  training: the exact population statistics of each layer's input at
+  inference, over the batches of every rank (see docs/python.md, "Precise
+  BN").
 """
 
 from ._batch_norm import SyncBatchNorm
 from ._convert import convert_sync_batchnorm
+from ._precise_bn import precise_bn
 from ._session import Session, attach
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "attach", "Session"]
+__all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "attach", "Session",
+           "precise_bn"]
