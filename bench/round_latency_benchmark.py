@@ -13,7 +13,10 @@ worker processes and C channels against, in the same run,
           the completion queue and running the rounds (bench-server
           --cq_threads=1): what the callback API's threads cost.
 Also syncnorm with --data_dir= (state in memory, not durable): the same
-rounds without the per-round commit, which shows what durability costs.
+rounds without the per-round commit, which shows what durability costs;
+and the same durable rounds of a job with statistics health off
+(disable_stats_health), run right after, which shows what scoring every
+round costs.
 Every worker times every round; percentiles are over all ranks' rounds.
 The servers' CPU time per round is reported too (the workers and the server
 share the machine's cores, so it bounds the round at larger W): for the
@@ -38,11 +41,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
-def worker_argvs(mode, address, world, channels, rounds, warmup, job):
+def worker_argvs(mode, address, world, channels, rounds, warmup, job,
+                 health=True):
     return [[common.runfile("bench/bench-round-worker"), "--mode=" + mode,
              "--address=" + address, "--job=" + job, "--rank=%d" % r,
              "--world=%d" % world, "--channels=" + channels,
-             "--rounds=%d" % rounds, "--warmup=%d" % warmup]
+             "--rounds=%d" % rounds, "--warmup=%d" % warmup,
+             "--stats_health=%s" % ("true" if health else "false")]
             for r in range(world if mode != "pingpong" else 1)]
 
 
@@ -95,6 +100,10 @@ def main():
                 "syncnorm", aggregator.address, w, a.channels, a.rounds,
                 a.warmup, "lat-w%d" % w))
             lat["syncnorm"] = common.parse_lines(outs, "LAT")
+            outs, cpu["nohealth"] = timed(aggregator, worker_argvs(
+                "syncnorm", aggregator.address, w, a.channels, a.rounds,
+                a.warmup, "nohealth-w%d" % w, health=False))
+            lat["nohealth"] = common.parse_lines(outs, "LAT")
             outs, cpu["memory"] = timed(in_memory, worker_argvs(
                 "syncnorm", in_memory.address, w, a.channels, a.rounds,
                 a.warmup, "mem-w%d" % w))
@@ -114,7 +123,8 @@ def main():
                 "pingpong", refs.address, w, a.channels, a.rounds, a.warmup, ""))
             lat["ping"] = common.parse_lines(outs, "LAT")
             cpu_rows.append([w, a.channels] + ["%.0f" % cpu[k] for k in
-                                               ("syncnorm", "memory", "lean",
+                                               ("syncnorm", "nohealth",
+                                                "memory", "lean",
                                                 "leancq", "star")] +
                             ["%.0f" % (w * cpu["ping"])])
             for c in a.channels.split(","):
@@ -136,7 +146,8 @@ def main():
                       "p50 vs star", "p50 vs in memory"], rows)
         print("\n### Server CPU per round (us; averaged over the C values "
               "run)\n")
-        common.table(["W", "C", "syncnorm", "syncnorm, state in memory",
+        common.table(["W", "C", "syncnorm", "syncnorm, health off",
+                      "syncnorm, state in memory",
                       "lean (callback API)", "lean (async API, 1 thread)",
                       "gRPC star (thread/stream)",
                       "W gRPC ping-pongs (echo server)"], cpu_rows)
@@ -164,6 +175,9 @@ def main():
                          "us", 0.7 if w == 8 else None)
             common.ratio(tag, q["syncnorm"][0], "in_memory_p50", q["memory"][0],
                          "us")
+            # Issue 34: statistics health costs no measurable latency.
+            common.ratio(tag, q["syncnorm"][0], "stats_health_off_p50",
+                         q["nohealth"][0], "us")
             common.ratio("round_p99[W=%d,C=%d]" % (w, c), q["syncnorm"][1],
                          "in_memory_p99", q["memory"][1], "us",
                          1.5 if w == 2 else None)

@@ -41,6 +41,8 @@ ABSL_FLAG(std::string, channels, "64", "comma-separated channel counts");
 ABSL_FLAG(int, rounds, 200, "measured rounds (steps for resnet)");
 ABSL_FLAG(int, warmup, 20, "unmeasured rounds first");
 ABSL_FLAG(int, batch, 32, "samples per worker (resnet counts)");
+ABSL_FLAG(bool, stats_health, true,
+          "false: the job turns statistics health off (what it costs)");
 
 namespace syncnorm::bench {
 namespace {
@@ -103,6 +105,7 @@ std::unique_ptr<Client> ConnectAndCreate(
   job.set_job_id(absl::GetFlag(FLAGS_job));
   job.set_world_size(absl::GetFlag(FLAGS_world));
   job.set_round_timeout_ms(60000);
+  job.set_disable_stats_health(!absl::GetFlag(FLAGS_stats_health));
   for (const auto& [name, channels] : layers) {
     v1::LayerSpec* spec = job.add_layers();
     spec->set_name(name);
