@@ -4,11 +4,8 @@
 // (go-grpc-prometheus names and labels) and syncnorm's own with the values
 // the run implies. Skipped, saying why, where prometheus is not installed
 // (scripts/deps.sh installs it).
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -24,28 +21,13 @@
 #include "kernels/moments.h"
 #include "syncnorm_version.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/prometheus_server.h"
 #include "tests/testing/scrape.h"
 
 namespace syncnorm::testing {
 namespace {
 
 constexpr char kPrometheus[] = "/usr/bin/prometheus";
-
-// A loopback port that was free a moment ago.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 // The value of an instant query's single sample, as Prometheus prints it
 // ("9"), once the query has one; "" if none came within the deadline.
@@ -127,7 +109,7 @@ TEST(MetricsTest, PrometheusScrapesTheAggregator) {
             std::string::npos)
       << text;
 
-  const int web_port = FreePort();
+  const int web_port = FreeLoopbackPort();
   ASSERT_GT(web_port, 0);
   const std::string config_path = dir + "/prometheus.yml";
   std::ofstream(config_path) << absl::StrCat(

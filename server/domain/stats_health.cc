@@ -405,26 +405,23 @@ StatsHealthSnapshot StatsHealth::Snapshot(int limit) const {
     }
   };
   // By layer, group, rank: a layer's own flag (rank -1) first.
-  auto layer = layers_.begin();
-  const auto add_layers_before = [&](const LayerKey* upto) {
-    for (; layer != layers_.end() && (upto == nullptr || layer->first <= *upto);
-         ++layer) {
-      const LayerRuns& runs = layer->second;
-      if (!runs.dead_on) continue;
-      HealthFlag flag;
-      flag.kind = HealthKind::kDeadChannel;
-      flag.layer = layer->first.first;
-      flag.group = layer->first.second;
-      flag.channel = runs.dead_channel;
-      flag.first_step = runs.dead_start;
-      flag.last_step = runs.last_step;
-      flag.score = runs.dead_count;
-      add(std::move(flag));
-    }
+  const auto dead = [](const LayerKey& key, const LayerRuns& runs) {
+    HealthFlag flag;
+    flag.kind = HealthKind::kDeadChannel;
+    flag.layer = key.first;
+    flag.group = key.second;
+    flag.channel = runs.dead_channel;
+    flag.first_step = runs.dead_start;
+    flag.last_step = runs.last_step;
+    flag.score = runs.dead_count;
+    return flag;
   };
+  auto layer = layers_.begin();
   for (const auto& [key, runs] : ranks_) {
     const LayerKey layer_key(std::get<0>(key), std::get<1>(key));
-    add_layers_before(&layer_key);
+    for (; layer != layers_.end() && layer->first <= layer_key; ++layer) {
+      if (layer->second.dead_on) add(dead(layer->first, layer->second));
+    }
     HealthFlag flag;
     flag.layer = std::get<0>(key);
     flag.group = std::get<1>(key);
@@ -447,7 +444,9 @@ StatsHealthSnapshot StatsHealth::Snapshot(int limit) const {
       add(flag);
     }
   }
-  add_layers_before(nullptr);
+  for (; layer != layers_.end(); ++layer) {
+    if (layer->second.dead_on) add(dead(layer->first, layer->second));
+  }
   for (const HealthFlag& flag : cleared_) {
     if (static_cast<int>(snap.flags.size()) >= limit) break;
     snap.flags.push_back(flag);
