@@ -12,6 +12,10 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// The scored kinds, by their index in StatsHealth::RankRuns.
+constexpr HealthKind kScored[2] = {HealthKind::kMeanShift,
+                                   HealthKind::kVarianceRatio};
+
 // A chi-square variable over its degrees of freedom, x = chi2_k / k, as a
 // standard normal deviate (Wilson and Hilferty, 1931): close from k = 2
 // on, so one threshold means about the same false-alarm rate for a layer
@@ -121,6 +125,38 @@ const char* HealthKindName(HealthKind kind) {
       return "dead_channel";
   }
   return "unknown";
+}
+
+HealthFlag StatsHealth::RankFlag(const RankKey& key, const RankRuns& runs,
+                                 HealthKind kind) {
+  HealthFlag flag;
+  flag.kind = kind;
+  flag.layer = std::get<0>(key);
+  flag.group = std::get<1>(key);
+  flag.rank = std::get<2>(key);
+  flag.last_step = runs.last_step;
+  if (kind == HealthKind::kStuckChannel) {
+    flag.channel = runs.stuck_channel;
+    flag.first_step = runs.stuck_first;
+    flag.score = static_cast<double>(runs.stuck_evidence);
+  } else {
+    const int k = kind == HealthKind::kMeanShift ? 0 : 1;
+    flag.first_step = runs.first[k];
+    flag.score = runs.score[k];
+  }
+  return flag;
+}
+
+HealthFlag StatsHealth::DeadFlag(const LayerKey& key, const LayerRuns& runs) {
+  HealthFlag flag;
+  flag.kind = HealthKind::kDeadChannel;
+  flag.layer = key.first;
+  flag.group = key.second;
+  flag.channel = runs.dead_channel;
+  flag.first_step = runs.dead_start;
+  flag.last_step = runs.last_step;
+  flag.score = runs.dead_count;
+  return flag;
 }
 
 bool StatsHealth::RankRuns::Idle() const {
@@ -251,55 +287,36 @@ void StatsHealth::ScoreRanks(const HealthSample& s,
     RankRuns& runs = it->second;
     runs.last_step = s.step;
     const double values[2] = {scores[i].first, scores[i].second};
-    const HealthKind kinds[2] = {HealthKind::kMeanShift,
-                                 HealthKind::kVarianceRatio};
     for (int k = 0; k < 2; ++k) {
       if (std::isnan(values[k])) continue;
       const bool bad =
           k == 0 ? values[k] > kThreshold : std::abs(values[k]) > kThreshold;
       runs.score[k] = values[k];
-      HealthFlag flag;
-      flag.kind = kinds[k];
-      flag.group = s.group;
-      flag.layer = s.layer;
-      flag.rank = s.ranks[i];
-      flag.last_step = s.step;
-      flag.score = values[k];
       if (bad) {
         if (runs.beyond[k]++ == 0) runs.run_start[k] = s.step;
         runs.within[k] = 0;
         if (!runs.on[k] && runs.beyond[k] >= kRun) {
           runs.on[k] = true;
           runs.first[k] = runs.run_start[k];
-          flag.first_step = runs.first[k];
-          out.push_back(Report(flag, /*raised=*/true));
+          out.push_back(
+              Report(RankFlag(key, runs, kScored[k]), /*raised=*/true));
         }
       } else {
         runs.beyond[k] = 0;
         if (runs.on[k] && ++runs.within[k] >= kRun) {
           runs.on[k] = false;
           runs.within[k] = 0;
-          flag.first_step = runs.first[k];
-          Cleared(flag, s.step, out);
+          Cleared(RankFlag(key, runs, kScored[k]), s.step, out);
         }
       }
     }
     if (m.count >= 2) {
-      HealthFlag flag;
-      flag.kind = HealthKind::kStuckChannel;
-      flag.group = s.group;
-      flag.layer = s.layer;
-      flag.rank = s.ranks[i];
-      flag.last_step = s.step;
       if (stuck >= 0 && stuck == runs.stuck_channel) {
         runs.stuck_evidence += m.count - 1;
       } else {
         if (runs.stuck_on) {
-          flag.channel = runs.stuck_channel;
-          flag.first_step = runs.stuck_first;
-          flag.score = static_cast<double>(runs.stuck_evidence);
           runs.stuck_on = false;
-          Cleared(flag, s.step, out);
+          Cleared(RankFlag(key, runs, HealthKind::kStuckChannel), s.step, out);
         }
         runs.stuck_channel = stuck;
         runs.stuck_evidence = stuck >= 0 ? m.count - 1 : 0;
@@ -309,10 +326,8 @@ void StatsHealth::ScoreRanks(const HealthSample& s,
           runs.stuck_evidence >= kStuckEvidence) {
         runs.stuck_on = true;
         runs.stuck_first = runs.stuck_start;
-        flag.channel = stuck;
-        flag.first_step = runs.stuck_first;
-        flag.score = static_cast<double>(runs.stuck_evidence);
-        out.push_back(Report(flag, /*raised=*/true));
+        out.push_back(Report(RankFlag(key, runs, HealthKind::kStuckChannel),
+                             /*raised=*/true));
       }
     }
     if (runs.Idle()) ranks_.erase(it);
@@ -337,11 +352,7 @@ void StatsHealth::CheckDead(const HealthSample& s,
     it = layers_.emplace(key, LayerRuns()).first;
   }
   LayerRuns& runs = it->second;
-  HealthFlag flag;
-  flag.kind = HealthKind::kDeadChannel;
-  flag.group = s.group;
-  flag.layer = s.layer;
-  flag.last_step = s.step;
+  runs.last_step = s.step;
   const int tracked = runs.dead_channel;
   const bool still = tracked >= 0 && tracked < static_cast<int>(var.size()) &&
                      var[tracked] == 0;
@@ -349,24 +360,17 @@ void StatsHealth::CheckDead(const HealthSample& s,
     ++runs.dead_run;
   } else {
     if (runs.dead_on) {
-      flag.channel = tracked;
-      flag.first_step = runs.dead_start;
-      flag.score = runs.dead_count;
       runs.dead_on = false;
-      Cleared(flag, s.step, out);
+      Cleared(DeadFlag(key, runs), s.step, out);
     }
     runs.dead_channel = lowest;
     runs.dead_run = lowest >= 0 ? 1 : 0;
     runs.dead_start = s.step;
   }
   runs.dead_count = dead;
-  runs.last_step = s.step;
   if (runs.dead_channel >= 0 && !runs.dead_on && runs.dead_run >= kDeadRun) {
     runs.dead_on = true;
-    flag.channel = runs.dead_channel;
-    flag.first_step = runs.dead_start;
-    flag.score = dead;
-    out.push_back(Report(flag, /*raised=*/true));
+    out.push_back(Report(DeadFlag(key, runs), /*raised=*/true));
   }
   if (runs.dead_channel < 0 && !runs.dead_on) layers_.erase(it);
 }
@@ -405,47 +409,19 @@ StatsHealthSnapshot StatsHealth::Snapshot(int limit) const {
     }
   };
   // By layer, group, rank: a layer's own flag (rank -1) first.
-  const auto dead = [](const LayerKey& key, const LayerRuns& runs) {
-    HealthFlag flag;
-    flag.kind = HealthKind::kDeadChannel;
-    flag.layer = key.first;
-    flag.group = key.second;
-    flag.channel = runs.dead_channel;
-    flag.first_step = runs.dead_start;
-    flag.last_step = runs.last_step;
-    flag.score = runs.dead_count;
-    return flag;
-  };
   auto layer = layers_.begin();
   for (const auto& [key, runs] : ranks_) {
     const LayerKey layer_key(std::get<0>(key), std::get<1>(key));
     for (; layer != layers_.end() && layer->first <= layer_key; ++layer) {
-      if (layer->second.dead_on) add(dead(layer->first, layer->second));
+      if (layer->second.dead_on) add(DeadFlag(layer->first, layer->second));
     }
-    HealthFlag flag;
-    flag.layer = std::get<0>(key);
-    flag.group = std::get<1>(key);
-    flag.rank = std::get<2>(key);
-    flag.last_step = runs.last_step;
-    const HealthKind kinds[2] = {HealthKind::kMeanShift,
-                                 HealthKind::kVarianceRatio};
     for (int k = 0; k < 2; ++k) {
-      if (!runs.on[k]) continue;
-      flag.kind = kinds[k];
-      flag.first_step = runs.first[k];
-      flag.score = runs.score[k];
-      add(flag);
+      if (runs.on[k]) add(RankFlag(key, runs, kScored[k]));
     }
-    if (runs.stuck_on) {
-      flag.kind = HealthKind::kStuckChannel;
-      flag.channel = runs.stuck_channel;
-      flag.first_step = runs.stuck_first;
-      flag.score = static_cast<double>(runs.stuck_evidence);
-      add(flag);
-    }
+    if (runs.stuck_on) add(RankFlag(key, runs, HealthKind::kStuckChannel));
   }
   for (; layer != layers_.end(); ++layer) {
-    if (layer->second.dead_on) add(dead(layer->first, layer->second));
+    if (layer->second.dead_on) add(DeadFlag(layer->first, layer->second));
   }
   for (const HealthFlag& flag : cleared_) {
     if (static_cast<int>(snap.flags.size()) >= limit) break;

@@ -182,6 +182,11 @@ class StatsHealth {
   void CheckDead(const HealthSample& sample,
                  std::vector<StatsHealthReport>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The flag of `kind` (of a rank, or kDeadChannel of a layer) as its
+  // runs hold it now.
+  static HealthFlag RankFlag(const RankKey& key, const RankRuns& runs,
+                             HealthKind kind);
+  static HealthFlag DeadFlag(const LayerKey& key, const LayerRuns& runs);
   StatsHealthReport Report(const HealthFlag& flag, bool raised) const;
   const std::string& NameOf(int layer) const;
   void Cleared(HealthFlag flag, int64_t step,
