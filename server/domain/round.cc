@@ -21,6 +21,7 @@ Round::Round(std::vector<int> ranks, absl::Time deadline)
     : ranks_(std::move(ranks)),
       deadline_(deadline),
       slots_(ranks_.size()),
+      tree_(ranks_),
       fingerprints_(ranks_.size()),
       awaited_(ranks_.size()),
       members_(static_cast<int>(ranks_.size())) {
@@ -32,8 +33,8 @@ void Round::SetRoles(absl::FunctionRef<Role(int rank)> role_of,
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     slot.role = role_of(ranks_[i]);
-    if (slot.role != Role::kOutside || !slot.payload.has_value()) continue;
-    slot.payload.reset();
+    if (slot.role != Role::kOutside || !slot.sent) continue;
+    slot.sent = false;
     slot.update.momentum.reset();
     slot.update.imported.reset();
     slot.arrival = absl::InfiniteFuture();
@@ -50,13 +51,14 @@ void Round::SetRoles(absl::FunctionRef<Role(int rank)> role_of,
     }
     slot.waiting = 0;
   }
+  tree_.Reset([&](int i) { return slots_[i].role != Role::kOutside; });
   awaited_ = 0;
   members_ = 0;
   first_arrival_ = absl::InfiniteFuture();
   for (const Slot& slot : slots_) {
     if (slot.role != Role::kOutside) ++members_;
-    if (slot.role == Role::kMember && !slot.payload.has_value()) ++awaited_;
-    if (slot.payload.has_value()) {
+    if (slot.role == Role::kMember && !slot.sent) ++awaited_;
+    if (slot.sent) {
       first_arrival_ = std::min(first_arrival_, slot.arrival);
     }
   }
@@ -76,8 +78,8 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
   const int index = IndexOf(rank);
   Slot& slot = slots_[index];
   *evicted = nullptr;
-  if (slot.payload.has_value()) {
-    if (!SamePayload(*slot.payload, payload) ||
+  if (slot.sent) {
+    if (!SamePayload(*tree_.Leaf(index), payload) ||
         !SameUpdate(slot.update, update)) {
       return AddResult::kConflict;
     }
@@ -98,7 +100,8 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
   // The contributing thread hashes its own payload, so the thread that
   // completes the round does not hash everyone's.
   fingerprints_[index] = ContributionFingerprint(payload, update);
-  slot.payload = std::move(payload);
+  tree_.Add(index, std::move(payload));
+  slot.sent = true;
   slot.update = std::move(update);
   slot.arrival = now;
   first_arrival_ = std::min(first_arrival_, now);
@@ -115,7 +118,7 @@ std::vector<int> Round::MissingRanks() const {
   std::vector<int> missing;
   missing.reserve(slots_.size() - received_);
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].payload.has_value() && slots_[i].role != Role::kOutside) {
+    if (!slots_[i].sent && slots_[i].role != Role::kOutside) {
       missing.push_back(ranks_[i]);
     }
   }
@@ -126,7 +129,7 @@ std::vector<int> Round::PresentRanks() const {
   std::vector<int> present;
   present.reserve(received_);  // a report per round asks for them
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].payload.has_value()) {
+    if (slots_[i].sent) {
       present.push_back(ranks_[i]);
     }
   }
@@ -137,7 +140,7 @@ std::vector<int> Round::Stragglers(absl::Duration threshold) const {
   std::vector<std::pair<absl::Time, int>> late;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
-    if (s.payload.has_value() && s.arrival - first_arrival_ > threshold) {
+    if (s.sent && s.arrival - first_arrival_ > threshold) {
       late.emplace_back(s.arrival, ranks_[i]);
     }
   }
@@ -152,56 +155,31 @@ std::vector<int> Round::Stragglers(absl::Duration threshold) const {
 absl::Duration Round::LastArrival() const {
   absl::Duration last = absl::ZeroDuration();
   for (const Slot& s : slots_) {
-    if (s.payload.has_value()) {
+    if (s.sent) {
       last = std::max(last, s.arrival - first_arrival_);
     }
   }
   return last;
 }
 
-absl::StatusOr<Moments> Round::MergedMoments(int channels) const {
-  // Rank order, always: the Chan merge is not associative in floating point,
-  // so a fixed order is what makes every arrival order give the same bits.
-  Moments acc = Moments::Zero(channels);
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].payload.has_value()) continue;  // absent (a quorum round)
-    const Moments& m = std::get<Moments>(*slots_[i].payload);
-    if (absl::Status s = CheckMergeable(acc, m); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", ranks_[i], "'s count does not fit: ", s.message()));
-    }
-    MergeMoments(acc, m);
-  }
-  return acc;
+absl::StatusOr<Moments> Round::MergedMoments(int channels) {
+  return tree_.MergedMoments(channels);
 }
 
 void Round::TakeMoments(std::vector<int>& ranks,
                         std::vector<Moments>& moments) {
-  ranks.reserve(received_);
-  moments.reserve(received_);
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].payload.has_value()) continue;
-    ranks.push_back(ranks_[i]);
-    moments.push_back(std::get<Moments>(std::move(*slots_[i].payload)));
-  }
+  tree_.TakeMoments(ranks, moments);
 }
 
-GradSums Round::SummedGradSums(int channels) const {
-  GradSums acc;
-  acc.sum_dy.assign(channels, 0.0);
-  acc.sum_dy_xmu.assign(channels, 0.0);
-  for (const Slot& s : slots_) {
-    if (!s.payload.has_value()) continue;
-    AddGradSums(acc, std::get<GradSums>(*s.payload));
-  }
-  return acc;
+GradSums Round::SummedGradSums(int channels) {
+  return tree_.SummedGradSums(channels);
 }
 
 absl::StatusOr<RoundUpdate> Round::AgreedUpdate() const {
   const RoundUpdate* first = nullptr;
   int first_rank = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].payload.has_value()) continue;
+    if (!slots_[i].sent) continue;
     if (first == nullptr) {
       first = &slots_[i].update;
       first_rank = ranks_[i];

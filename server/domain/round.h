@@ -15,6 +15,7 @@
 #include "kernels/moments.h"
 #include "kernels/round_update.h"
 #include "server/domain/contribution.h"
+#include "server/domain/merge_tree.h"
 
 namespace syncnorm {
 
@@ -92,14 +93,17 @@ class Round {
   // How long after the first payload the latest one arrived.
   absl::Duration LastArrival() const;
 
-  // The Chan merge of the moments present, folded in rank order so the
-  // result does not depend on arrival order (absent ranks are skipped: a
-  // quorum round). INVALID_ARGUMENT naming the rank when the counts sum
-  // past INT64_MAX. REQUIRES: FORWARD payloads.
-  absl::StatusOr<Moments> MergedMoments(int channels) const;
+  // The Chan merge of the moments present, in MergeTree's fixed order over
+  // the group's positions, so the result does not depend on arrival order
+  // (absent ranks are skipped: a quorum round); most of it was merged as
+  // the payloads arrived. INVALID_ARGUMENT naming the rank when the counts
+  // sum past INT64_MAX. Called once, when the round ends.
+  // REQUIRES: FORWARD payloads.
+  absl::StatusOr<Moments> MergedMoments(int channels);
 
-  // The rank-order sum of the gradient sums present. REQUIRES: BACKWARD.
-  GradSums SummedGradSums(int channels) const;
+  // The sum of the gradient sums present, in the same order; called once.
+  // REQUIRES: BACKWARD.
+  GradSums SummedGradSums(int channels);
 
   // The update every rank present sent; INVALID_ARGUMENT naming a rank
   // whose update differs from the lowest rank's.
@@ -132,16 +136,18 @@ class Round {
 
   const std::vector<int> ranks_;  // ascending
   const absl::Time deadline_;
-  // What a rank of the group sent, by position in ranks_: one allocation
-  // per round for all of it (the round is on every message's path).
+  // What a rank of the group sent besides its payload (in tree_), by
+  // position in ranks_: one allocation per round for all of it (the round
+  // is on every message's path).
   struct Slot {
-    std::optional<Payload> payload;
+    bool sent = false;  // its payload is in tree_
     RoundUpdate update;
     absl::Time arrival = absl::InfiniteFuture();
     int waiting = 0;  // callbacks of this rank in waiters_
     Role role = Role::kMember;
   };
   std::vector<Slot> slots_;
+  MergeTree tree_;  // the payloads, merged as they arrive
   std::vector<std::optional<uint64_t>> fingerprints_;  // of payload and update
   absl::Time first_arrival_ = absl::InfiniteFuture();
   size_t received_ = 0;
