@@ -641,6 +641,56 @@ TEST_F(ServiceTest, InBandErrorKeepsTheStreamUsable) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// Reduce streams carry raw bytes that the server parses itself: a message
+// that is no Contribution ends the stream with a status that says so, once
+// what came before it is answered.
+TEST_F(ServiceTest, AReduceMessageThatIsNoContributionEndsItsStream) {
+  ASSERT_TRUE(CreateJob(JobRequest("raw", 1, 2)).ok());
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  auto call = generic.PrepareCall(&ctx, "/syncnorm.v1.Aggregator/Reduce", &cq);
+  auto wait = [&cq](int expected) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, reinterpret_cast<void*>(expected));
+    return ok;
+  };
+  auto bytes = [](const std::string& s) {
+    grpc::Slice slice(s);
+    return grpc::ByteBuffer(&slice, 1);
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(wait(1));
+  const grpc::ByteBuffer good =
+      bytes(Fwd("raw", 0, 0, 0, 2, {1, 2}, {0, 0}).SerializeAsString());
+  call->Write(good, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(wait(2));
+  grpc::ByteBuffer answer;
+  call->Read(&answer, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(wait(3));
+  v1::RoundResult r;
+  ASSERT_TRUE(
+      grpc::SerializationTraits<v1::RoundResult>::Deserialize(&answer, &r)
+          .ok());
+  EXPECT_TRUE(r.has_moments()) << r.DebugString();
+  // Field 1 (job_id) said to be 16 bytes long, and 2 follow: it parses as
+  // nothing.
+  const grpc::ByteBuffer bad =
+      bytes(std::string("\x0a\x10"
+                        "ab",
+                        4));
+  call->Write(bad, reinterpret_cast<void*>(4));
+  wait(4);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  wait(5);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("no syncnorm.v1.Contribution"));
+}
+
 TEST_F(ServiceTest, BadRequestsGetPreciseStatuses) {
   ASSERT_TRUE(CreateJob(JobRequest("table", 2, 2, 2)).ok());
   ASSERT_TRUE(CreateJob(JobRequest("solo", 1, 1)).ok());

@@ -1,5 +1,6 @@
 #include "server/domain/contribution.h"
 
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 
@@ -7,6 +8,11 @@ namespace syncnorm {
 
 bool operator==(const ViewEntry& a, const ViewEntry& b) {
   return a.rank == b.rank && a.step == b.step;
+}
+
+uint64_t NextOutcomeSerial() {
+  static std::atomic<uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 namespace {

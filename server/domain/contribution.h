@@ -80,7 +80,14 @@ struct RoundOutcome {
   // OK, a job with staleness > 0: the contributions merged or summed, in
   // rank order. Empty in synchronous jobs.
   std::vector<ViewEntry> view;
+  // Nonzero when this one outcome goes to many callers (a round's): unique
+  // among the process's outcomes (NextOutcomeSerial), so that a transport
+  // can encode it once for all of them (and for their retries).
+  uint64_t serial = 0;
 };
+
+// A serial no outcome of this process had before; never 0. Thread-safe.
+uint64_t NextOutcomeSerial();
 
 // Receives a contribution's outcome; called exactly once, never under a lock
 // of the aggregator.

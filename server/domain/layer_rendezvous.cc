@@ -540,6 +540,8 @@ void LayerRendezvous::Finish(const RoundKey& key, RoundOutcome outcome,
                              Deliveries& out) {
   auto it = rounds_.find(key);
   Round& round = it->second;
+  // Every contributor and retry gets this one outcome.
+  outcome.serial = NextOutcomeSerial();
   auto shared = std::make_shared<const RoundOutcome>(std::move(outcome));
   RecentRounds::Entry entry{std::get<1>(key), shared, std::move(fingerprints),
                             std::move(after)};

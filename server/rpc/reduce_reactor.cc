@@ -4,10 +4,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/impl/codegen/proto_utils.h"  // SerializationTraits<proto>
 #include "server/domain/limits.h"
+#include "server/rpc/encoded_result.h"
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/stream_set.h"
+#include "syncnorm/v1/aggregator.pb.h"
 
 namespace syncnorm {
 
@@ -41,7 +44,7 @@ const Clock* ClockOf(const StreamSet* streams) {
 }  // namespace
 
 ReduceReactor::ReduceReactor(
-    BidiCall<v1::Contribution, v1::RoundResult>* call, Aggregator* aggregator,
+    BidiCall<grpc::ByteBuffer, grpc::ByteBuffer>* call, Aggregator* aggregator,
     const Authenticator* auth, std::string authorization, StreamSet* streams,
     int64_t max_message_bytes,
     std::vector<std::unique_ptr<CallObserver>> observers)
@@ -77,7 +80,7 @@ void ReduceReactor::FinishWith(grpc::Status status) {
   Finish(std::move(status));
 }
 
-void ReduceReactor::Write(const v1::RoundResult* result) {
+void ReduceReactor::Write(const grpc::ByteBuffer* result) {
   for (const std::unique_ptr<CallObserver>& o : observers_) o->MessageSent();
   StartWrite(result);
 }
@@ -108,13 +111,22 @@ void ReduceReactor::OnReadDone(bool ok) {
   for (const std::unique_ptr<CallObserver>& o : observers_) {
     o->MessageReceived();
   }
-  const size_t bytes = request_.ByteSizeLong();
+  const size_t bytes = request_.Length();
+  v1::Contribution message;
+  // Deserialize takes the bytes (request_ is left empty for the next read).
+  if (!grpc::SerializationTraits<v1::Contribution>::Deserialize(&request_,
+                                                                &message)
+           .ok()) {
+    CloseWith(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "a Reduce stream message of ", bytes,
+        " bytes is no syncnorm.v1.Contribution; the stream ends here"))));
+    return;
+  }
   absl::Status refused =
       CheckMessageSize(bytes, "a Reduce stream message", max_message_bytes_);
   // An oversized payload goes no further than this check.
-  if (!refused.ok()) request_.clear_payload();
-  Contribution c = ContributionFromProto(std::move(request_));
-  request_.Clear();
+  if (!refused.ok()) message.clear_payload();
+  Contribution c = ContributionFromProto(std::move(message));
   bool read_now = true;
   {
     absl::MutexLock lock(&mu_);
@@ -203,7 +215,7 @@ void ReduceReactor::ReleaseHeldRead() {
 
 void ReduceReactor::Answer(const Contribution& key, size_t bytes,
                            const RoundOutcome& outcome) {
-  const v1::RoundResult* next = nullptr;
+  const grpc::ByteBuffer* next = nullptr;
   std::optional<grpc::Status> finish;
   bool post_read = false;
   {
@@ -218,10 +230,8 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
       posting_read_ = post_read;
     }
     if (!cancelled_ && !finished_) {
-      queue_.emplace_back();
-      ReuseSpareLocked(key, outcome, queue_.back());
-      RoundResultToProto(key, outcome, queue_.back());
-      held_bytes_ += static_cast<int64_t>(queue_.back().ByteSizeLong());
+      queue_.push_back(EncodedResult(key, outcome));
+      held_bytes_ += static_cast<int64_t>(queue_.back().Length());
       if (!writing_) {
         writing_ = true;
         next = &queue_.front();
@@ -235,51 +245,20 @@ void ReduceReactor::Answer(const Contribution& key, size_t bytes,
   if (finish.has_value()) FinishWith(*std::move(finish));
 }
 
-void ReduceReactor::ReuseSpareLocked(const Contribution& key,
-                                     const RoundOutcome& outcome,
-                                     v1::RoundResult& result) {
-  // A cleared message serializes as a new one would, and RoundResultToProto
-  // sets every field it uses; it picks the payload as this does.
-  result.Swap(&spare_result_);
-  if (!outcome.status.ok()) return;
-  if (key.phase == Phase::kForward && spare_moments_ != nullptr) {
-    result.set_allocated_moments(spare_moments_.release());
-  } else if (key.phase == Phase::kBackward && spare_grad_sums_ != nullptr) {
-    result.set_allocated_grad_sums(spare_grad_sums_.release());
-  }
-}
-
-void ReduceReactor::KeepSpareLocked(v1::RoundResult& written) {
-  // A large result is not kept: an idle stream holds at most
-  // kMaxSpareBytes of spares (a result of 4096 channels).
-  if (written.GetCachedSize() > kMaxSpareBytes) return;
-  // Clear keeps a string's and a repeated field's capacity, but deletes
-  // the message in a oneof, so that is taken out first.
-  if (written.has_moments()) {
-    spare_moments_.reset(written.release_moments());
-    spare_moments_->Clear();
-  } else if (written.has_grad_sums()) {
-    spare_grad_sums_.reset(written.release_grad_sums());
-    spare_grad_sums_->Clear();
-  }
-  written.Clear();
-  spare_result_.Swap(&written);
-}
-
 void ReduceReactor::OnWriteDone(bool ok) {
-  const v1::RoundResult* next = nullptr;
+  const grpc::ByteBuffer* next = nullptr;
   std::optional<grpc::Status> finish;
   bool resume_reading = false;
   {
     absl::MutexLock lock(&mu_);
-    // Serialized already, so the size is cached.
-    held_bytes_ -= static_cast<int64_t>(queue_.front().GetCachedSize());
-    KeepSpareLocked(queue_.front());
+    held_bytes_ -= static_cast<int64_t>(queue_.front().Length());
     queue_.pop_front();
     last_active_ = Now();
     if (!ok) cancelled_ = true;  // the stream is broken
     if (cancelled_) {
-      for (const v1::RoundResult& r : queue_) held_bytes_ -= r.GetCachedSize();
+      for (const grpc::ByteBuffer& r : queue_) {
+        held_bytes_ -= static_cast<int64_t>(r.Length());
+      }
       queue_.clear();
     }
     if (read_paused_ && !cancelled_ && RoomLocked()) {
@@ -300,14 +279,18 @@ void ReduceReactor::OnWriteDone(bool ok) {
 }
 
 void ReduceReactor::Close() {
+  CloseWith(ToGrpcStatus(absl::UnavailableError(
+      "the server is shutting down; reconnect to a running server and "
+      "resend what is unanswered")));
+}
+
+void ReduceReactor::CloseWith(grpc::Status status) {
   std::optional<grpc::Status> finish;
   {
     absl::MutexLock lock(&mu_);
     if (!closing_) {
       closing_ = true;
-      close_status_ = ToGrpcStatus(absl::UnavailableError(
-          "the server is shutting down; reconnect to a running server and "
-          "resend what is unanswered"));
+      close_status_ = std::move(status);
     }
     finish = TakeFinish();
   }

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
 #include "server/domain/aggregator.h"
 #include "server/domain/clock.h"
@@ -21,7 +22,6 @@
 #include "server/rpc/call_observer.h"
 #include "server/rpc/call_outcome.h"
 #include "server/rpc/ref_counted_reactor.h"
-#include "syncnorm/v1/aggregator.pb.h"
 
 namespace syncnorm {
 
@@ -29,6 +29,9 @@ class StreamSet;
 
 // Reads contributions and hands each to the Aggregator; every outcome is
 // queued as a RoundResult and written one at a time, in completion order.
+// The stream carries serialized messages (the method is raw): it parses
+// each Contribution itself, and writes a round's answer as the bytes
+// EncodedResult made once for all of the round's streams.
 // Failed rounds go in-band; the stream ends (OK) once the client half-closes
 // and every result is written, or (CANCELLED) when the call is cancelled or a
 // write fails.
@@ -50,7 +53,8 @@ class StreamSet;
 // hold kHeldMessages x max_message_bytes (a client that sends without reading,
 // or sends faster than its rounds complete), no more contributions are
 // read. Close() (shutdown) ends the stream UNAVAILABLE once every
-// contribution it read is answered and written.
+// contribution it read is answered and written. A message that is no
+// syncnorm.v1.Contribution ends it INVALID_ARGUMENT the same way.
 //
 // Reads: the next read is posted once a contribution is with the
 // aggregator, except on a stream that sends one contribution at a time
@@ -75,19 +79,18 @@ class StreamSet;
 // aggregator callback it issued has fired (RefCountedReactor); StreamSet
 // holds a reference while it closes the stream. Thread-safe.
 class ReduceReactor final
-    : public RefCountedReactor<BidiReactor<v1::Contribution, v1::RoundResult>> {
+    : public RefCountedReactor<
+          BidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
  public:
   static constexpr int kMaxUnanswered = 256;
   static constexpr int64_t kHeldMessages = 16;
-  // The largest written result kept to be reused (KeepSpareLocked).
-  static constexpr int kMaxSpareBytes = 64 << 10;
 
   // `call` is the stream it serves. `aggregator` must outlive every
   // callback the reactor hands it; `auth` (null: no checks) and `streams`
   // (null: not counted) the reactor. `authorization` is the stream's
   // authorization metadata; `max_message_bytes` <= 0: no limit.
   // `observers` hear of its messages and outcome.
-  ReduceReactor(BidiCall<v1::Contribution, v1::RoundResult>* call,
+  ReduceReactor(BidiCall<grpc::ByteBuffer, grpc::ByteBuffer>* call,
                 Aggregator* aggregator, const Authenticator* auth,
                 std::string authorization, StreamSet* streams,
                 int64_t max_message_bytes,
@@ -135,18 +138,10 @@ class ReduceReactor final
   // Finish, noted for the observers.
   void FinishWith(grpc::Status status);
   // StartWrite, counted for the observers.
-  void Write(const v1::RoundResult* result);
-  // Turns `result`, new and about to be filled for `key` and `outcome`,
-  // into the spare result, with the spare payload message its outcome
-  // will use, if there is one.
-  void ReuseSpareLocked(const Contribution& key, const RoundOutcome& outcome,
-                        v1::RoundResult& result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps `written`, a result gRPC is done with, and its payload message,
-  // cleared, as the spares for a later result, leaving `written` empty;
-  // one over kMaxSpareBytes is left as it is.
-  void KeepSpareLocked(v1::RoundResult& written)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Write(const grpc::ByteBuffer* result);
+  // Ends the stream with `status` once what it read is answered and
+  // written, reading nothing more.
+  void CloseWith(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_);
 
   Aggregator* const aggregator_;
   const Authenticator* const auth_;
@@ -166,17 +161,18 @@ class ReduceReactor final
   const std::vector<std::unique_ptr<CallObserver>> observers_;
   const std::unique_ptr<CallOutcome> outcome_;
   // Only the read path touches it, and only one read is outstanding.
-  v1::Contribution request_;
+  grpc::ByteBuffer request_;
 
   absl::Mutex mu_;
   // Results not yet written; the front is in flight while writing_.
-  std::deque<v1::RoundResult> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  // What the stream ends with once closing_ (shutdown or idle).
+  // What the stream ends with once closing_ (shutdown, idle, a message
+  // that is no Contribution).
   grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
   // When it last read, answered or wrote anything (StreamSet's clock).
   absl::Time last_active_ ABSL_GUARDED_BY(mu_);
@@ -190,13 +186,6 @@ class ReduceReactor final
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // contributions not yet answered
   // Serialized bytes of the unanswered contributions and unwritten results.
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // A written result and its payload message (by kind), cleared but with
-  // their strings' and repeated fields' capacity, for the next result to
-  // reuse: a result per contribution is on every message's path. A payload
-  // is null when none is spare.
-  v1::RoundResult spare_result_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<v1::GlobalMoments> spare_moments_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<v1::GradSums> spare_grad_sums_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace syncnorm

@@ -61,7 +61,7 @@ void ListenOnWorkers(
 
 // What each method's calls start with; they must outlive the calls.
 struct AggregatorService::Methods {
-  BidiCall<v1::Contribution, v1::RoundResult>::Method reduce;
+  BidiCall<grpc::ByteBuffer, grpc::ByteBuffer>::Method reduce;
   UnaryCall<v1::Contribution, v1::RoundResult>::Method reduce_once;
   UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>::Method checkpoint;
   // The rest, on the workers; held here for their lifetime only.
@@ -82,13 +82,13 @@ AggregatorService::AggregatorService(Aggregator* aggregator,
 AggregatorService::~AggregatorService() = default;
 
 void AggregatorService::Listen(RpcLoop* loop) {
-  using ReduceCall = BidiCall<v1::Contribution, v1::RoundResult>;
+  using ReduceCall = BidiCall<grpc::ByteBuffer, grpc::ByteBuffer>;
   using ReduceOnceCall = UnaryCall<v1::Contribution, v1::RoundResult>;
   using CheckpointCall = UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>;
   methods_ = std::make_unique<Methods>();
   Methods& m = *methods_;
   m.reduce.request =
-      ReduceCall::Requester(this, &AsyncAggregator::RequestReduce);
+      ReduceCall::Requester(this, &AggregatorService::RequestReduce);
   m.reduce.start = [this](ReduceCall* call) { StartReduce(call); };
   m.reduce_once.request =
       ReduceOnceCall::Requester(this, &AsyncAggregator::RequestReduceOnce);
@@ -213,7 +213,7 @@ absl::Status AggregatorService::ServeDeleteJob(
 }
 
 void AggregatorService::StartReduce(
-    BidiCall<v1::Contribution, v1::RoundResult>* call) {
+    BidiCall<grpc::ByteBuffer, grpc::ByteBuffer>* call) {
   // Reported here, not by interceptors (call_observer.h).
   std::vector<std::unique_ptr<CallObserver>> observers;
   observers.reserve(call_observers_.size());

@@ -58,7 +58,9 @@ struct ServiceOptions {
 // its thread (a call that waits holds no thread), the other calls on its
 // workers, which may block on the state store. Listen() once the server is
 // built. Thread-safe.
-class AggregatorService final : public v1::Aggregator::AsyncService {
+// Reduce is raw: its streams carry serialized messages (ReduceReactor).
+class AggregatorService final : public v1::Aggregator::WithRawMethod_Reduce<
+                                    v1::Aggregator::AsyncService> {
  public:
   // `aggregator` must outlive the service and every call it serves.
   explicit AggregatorService(Aggregator* aggregator,
@@ -80,7 +82,7 @@ class AggregatorService final : public v1::Aggregator::AsyncService {
   struct Methods;
 
   // The calls. The unary ones fill `response` when they return OK.
-  void StartReduce(BidiCall<v1::Contribution, v1::RoundResult>* call);
+  void StartReduce(BidiCall<grpc::ByteBuffer, grpc::ByteBuffer>* call);
   void StartReduceOnce(UnaryCall<v1::Contribution, v1::RoundResult>* call);
   void StartCheckpoint(
       UnaryCall<v1::CheckpointRequest, v1::CheckpointInfo>* call);
