@@ -3,6 +3,9 @@
 // holds stays resident until the trimmer runs, and then goes back.
 #include "server/memory_trimmer.h"
 
+#include <malloc.h>
+#include <sys/resource.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -68,6 +71,61 @@ TEST(MemoryTrimmerTest, GivesHeapFreedBetweenLiveBlocksBackToTheKernel) {
       << "resident: " << start << " kB at the start, " << freed
       << " kB after the free, " << trimmed << " kB with the trimmer";
   for (void* p : kept) std::free(p);
+}
+
+int64_t MinorFaults() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+// A wide job's rounds: a working set allocated, used and freed again and
+// again, with the trimmer looking between rounds. Giving it back each time
+// makes the next round fault every page in again.
+TEST(MemoryTrimmerTest, LeavesTheHeapThatRoundsUseAgainAndAgain) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's allocator serves malloc, not glibc's";
+#endif
+  // As server/main.cc: glibc itself keeps the top of the heap too.
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  constexpr int kBlocks = 2048;
+  constexpr size_t kBlockBytes = 16 << 10;  // 32 MiB a round
+  constexpr int kRounds = 12;
+  constexpr int64_t kPages = kBlocks * (kBlockBytes / 4096);
+  MemoryTrimmer trimmer(absl::Milliseconds(50));
+  int64_t faults = 0;
+  std::thread([&faults] {
+    std::vector<void*> blocks(kBlocks);
+    std::vector<void*> kept;
+    for (int round = 0; round < kRounds; ++round) {
+      // The first rounds fault the working set in, and fill the window.
+      const int64_t before = MinorFaults();
+      for (void*& b : blocks) {
+        b = std::malloc(kBlockBytes);
+        std::memset(b, 1, kBlockBytes);
+      }
+      absl::SleepFor(absl::Milliseconds(25));
+      // Every 16th block outlives its round (the round's records, say), so
+      // the rest is freed between live blocks, not at the arena's top.
+      for (void* b : kept) std::free(b);
+      kept.clear();
+      for (int i = 0; i < kBlocks; ++i) {
+        if (i % 16 == 15) {
+          kept.push_back(blocks[i]);
+        } else {
+          std::free(blocks[i]);
+        }
+      }
+      // Several of the trimmer's periods between two rounds.
+      absl::SleepFor(absl::Milliseconds(120));
+      if (round >= kRounds / 2) faults += MinorFaults() - before;
+    }
+    for (void* b : kept) std::free(b);
+  }).join();
+  const int64_t per_round = faults / (kRounds - kRounds / 2);
+  EXPECT_LT(per_round, kPages / 4)
+      << "the trimmer gave the rounds' heap back between them: " << per_round
+      << " minor faults a round of " << kPages << " pages";
 }
 
 }  // namespace
