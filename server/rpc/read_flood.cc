@@ -35,34 +35,42 @@ ProcessMemory ReadProcessMemory() {
 
 namespace {
 
-// What a connection sent since `before`, and what gRPC could take from it
-// since then: that and what it held unread at `before`.
+// What was read from a connection's socket since `before` (by gRPC, or a
+// close's discard), and what gRPC could take from it since then: what it
+// sent since and what it held unread at `before`.
 struct Since {
-  int64_t sent = 0;
+  int64_t read = 0;
   int64_t cost = 0;
 };
 Since BytesSince(
     const absl::flat_hash_map<std::string, SocketCloser::Bytes>& before,
     const std::string& peer, const SocketCloser::Bytes& now) {
   const auto it = before.find(peer);
-  // A peer's count that went down is a new connection's.
+  const auto received = static_cast<int64_t>(now.received);
+  const auto unread = static_cast<int64_t>(now.unread);
+  // A peer's count that went down is a new connection's. The unread count
+  // is taken after the received one: bytes arriving between the two may
+  // make it the larger.
   if (it == before.end() || now.received < it->second.received) {
-    return Since{static_cast<int64_t>(now.received),
-                 static_cast<int64_t>(now.received)};
+    return Since{std::max<int64_t>(received - unread, 0), received};
   }
-  const auto sent = static_cast<int64_t>(now.received - it->second.received);
-  return Since{sent, sent + static_cast<int64_t>(it->second.unread)};
+  const int64_t cost = received - static_cast<int64_t>(it->second.received) +
+                       static_cast<int64_t>(it->second.unread);
+  return Since{std::max<int64_t>(cost - unread, 0), cost};
 }
 
 }  // namespace
 
 int64_t ReadFloodBreaker::Excess(int64_t growth, const Snapshot& since,
-                                 const Snapshot& now, const PeerSet* skip) {
+                                 const Snapshot& now, int64_t bytes_factor,
+                                 const PeerSet* only) const {
   int64_t excess = growth;
   for (const auto& [peer, bytes] : now) {
-    if (skip != nullptr && skip->contains(peer)) continue;
-    const int64_t sent = BytesSince(since, peer, bytes).sent;
-    if (sent > 0) excess -= sent + kPerConnection;
+    if (closed_.contains(peer) || (only != nullptr && !only->contains(peer))) {
+      continue;
+    }
+    const int64_t read = BytesSince(since, peer, bytes).read;
+    if (read > 0) excess -= bytes_factor * read + kPerConnection;
   }
   return excess;
 }
@@ -80,8 +88,11 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
   const int64_t growth = grown - grown_at_start_;
   if (growth < allowance_) return;
   Snapshot now = sockets_->BytesReceived();
-  // The memory holds what was sent.
-  if (Excess(growth, at_start_, now, /*skip=*/nullptr) < allowance_) return;
+  // The memory holds what was read.
+  if (Excess(growth, at_start_, now, kPassBytesFactor, /*only=*/nullptr) <
+      allowance_) {
+    return;
+  }
   const std::string costliest =
       Costliest(at_start_, now, /*min_cost=*/1, guard_->PeersGivingBack());
   if (costliest.empty()) return;  // every sender gives back
@@ -98,7 +109,9 @@ void ReadFloodBreaker::PassGoesOn(int64_t grown) {
 
 void ReadFloodBreaker::Serving(absl::Time now, int64_t resident) {
   if (window_start_ == absl::InfinitePast()) {
-    StartWindow(now, resident, sockets_->BytesReceived());
+    StartWindow(now, resident, sockets_->BytesReceived(),
+                guard_->PeersGivingBack());
+    closed_.clear();
     return;
   }
   window_floor_ = std::min(window_floor_, resident);
@@ -111,45 +124,71 @@ void ReadFloodBreaker::Serving(absl::Time now, int64_t resident) {
   const bool grew = growth >= std::max(kMaxExcess, judge_at_growth_) &&
                     now - judged_ >= judge_period_;
   if (!grew && !(over && now >= recheck_)) return;
+  JudgeWindow(now, resident, growth, over);
+}
+
+void ReadFloodBreaker::JudgeWindow(absl::Time now, int64_t resident,
+                                   int64_t growth, bool over) {
   judged_ = now;
   const absl::Time counting = absl::Now();
   Snapshot bytes = sockets_->BytesReceived();
   judge_period_ = kJudgeCostFactor * (absl::Now() - counting);
-  // What a connection that gives back sent was answered and freed: over a
-  // window, a trainer's rounds would excuse any growth beside them.
+  // What a connection that gives back throughout the window sent was
+  // answered and freed: a trainer's rounds would excuse any growth beside
+  // them.
   const PeerSet giving_back = guard_->PeersGivingBack();
-  const int64_t excess = Excess(growth, window_bytes_, bytes, &giving_back);
+  for (const auto& entry : bytes) {
+    if (!giving_back.contains(entry.first)) takers_.insert(entry.first);
+  }
+  const int64_t excess =
+      Excess(growth, unanswered_since_, bytes, kServedBytesFactor, &takers_);
   if (excess >= kMaxExcess) {
     const std::string costliest =
         Costliest(window_bytes_, bytes, kMinCost, giving_back);
     if (!costliest.empty()) {
       guard_->Close(costliest, CloseReason::kReadFlood);
-      closed_.insert(costliest);
-      // What the flood left is judged from here.
-      StartWindow(now, resident, std::move(bytes));
+      closed_.clear();
+      closed_.insert(costliest);  // its socket may linger
+      // What the flood left is judged from here, from the sockets as the
+      // close left them: what it discarded was read by no call.
+      StartWindow(now, resident, sockets_->BytesReceived(), giving_back);
       return;
     }
   }
   judge_at_growth_ = growth + kMinExcess;
-  // A window in which the memory grew past what was sent goes on, so that
+  // A window in which the memory grew past what was read goes on, so that
   // a flood slower than kMaxExcess a window is judged whole; up to
   // kLongestWindow, for memory the server keeps for reasons of its own.
   if (over &&
       (excess < kKeepWindowExcess || now - window_start_ >= kLongestWindow)) {
-    StartWindow(now, resident, std::move(bytes));
+    closed_.clear();
+    StartWindow(now, resident, std::move(bytes), giving_back);
   } else if (over) {
     recheck_ = now + kWindow;
   }
 }
 
 void ReadFloodBreaker::StartWindow(absl::Time now, int64_t resident,
-                                   Snapshot bytes) {
+                                   Snapshot bytes, const PeerSet& giving_back) {
+  // A connection that does not give back may still hold all it read since
+  // it last did: a round's answers come once its last rank has sent.
+  Snapshot since;
+  takers_.clear();
+  for (const auto& [peer, b] : bytes) {
+    if (giving_back.contains(peer) || closed_.contains(peer)) {
+      since[peer] = b;  // its messages answered, or discarded
+      continue;
+    }
+    takers_.insert(peer);
+    const auto it = unanswered_since_.find(peer);
+    if (it != unanswered_since_.end()) since[peer] = it->second;
+  }
+  unanswered_since_ = std::move(since);
   window_start_ = now;
   window_bytes_ = std::move(bytes);
   window_floor_ = resident;
   judge_at_growth_ = 0;
   recheck_ = absl::InfinitePast();
-  closed_.clear();
 }
 
 std::string ReadFloodBreaker::Costliest(const Snapshot& since,

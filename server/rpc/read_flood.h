@@ -16,12 +16,18 @@
 // A pass may also be long for a legitimate reason: one large message,
 // which gRPC reads whole before the loop hears of it, or a wide round's
 // first messages from thousands of connections. What tells a flood from
-// them is what the memory grew by beyond the bytes read: a message costs
-// about its own size, a flood's every request a call, kilobytes for a
-// request of a hundred bytes. Which connection floods is told by what
-// each costs without giving back, never by its useful traffic: a trainer
-// whose large message arrives in the pass of a flood sent it more bytes
-// in the pass than the flood did, whose bytes had all arrived before.
+// them is what the memory grew by beyond the bytes gRPC read: a message
+// costs a few times its own size, a flood's every request a call,
+// kilobytes for a request of a hundred bytes (18-53 kB for 40-100 bytes:
+// 180 times and more). The bytes that count are those gRPC read (the
+// kernel's count of what arrived, less what still waits in the socket):
+// a wide round's messages that reached their sockets while the thread was
+// off the CPU are read in the pass that follows (issue 35), and a flood's
+// requests that wait in its socket cost nothing until they are read.
+// Which connection floods is told by what each costs without giving back,
+// never by its useful traffic: a trainer whose large message arrives in
+// the pass of a flood sent it more bytes in the pass than the flood did,
+// whose bytes had all arrived before.
 #ifndef SYNCNORM_SERVER_RPC_READ_FLOOD_H_
 #define SYNCNORM_SERVER_RPC_READ_FLOOD_H_
 
@@ -62,10 +68,11 @@ class PassWatcher {
 
 // Closes, for CloseReason::kReadFlood, the connection that costs the most
 // without giving back, once the memory grew by kMaxExcess more than the
-// pass could have taken in messages: the bytes every connection sent in
-// it, and kPerConnection for each that sent any (its calls' bookkeeping).
-// A connection's cost is what gRPC could take from it in the pass: what it
-// had sent unread when the pass began and what it sent since. Only
+// messages read in the pass may hold: kPassBytesFactor times the bytes
+// gRPC read from each connection in it, and kPerConnection for each it
+// read from (its calls' bookkeeping). A connection's cost is what gRPC
+// could take from it in the pass: what it had sent unread when the pass
+// began and what it sent since. Only
 // connections that do not give back are judged
 // (ConnectionGuard::PeersGivingBack): one whose calls are answered is
 // never closed here, however much it sends (a trainer's large messages);
@@ -76,10 +83,12 @@ class PassWatcher {
 // flood, one beside it or after it. So from each close on the breaker
 // judges afresh, with half the allowance of the close before (down to
 // kMinExcess): the next connection goes once the memory has grown by that
-// much beyond what was sent since. Floods one after another in a pass then
+// much beyond what was read since. Floods one after another in a pass then
 // take about 2 x kMaxExcess for the first four, and kMinExcess plus what a
 // flood sends between two of the watchdog's looks (about 6 MB) for each
-// after those, instead of kMaxExcess each.
+// after those, instead of kMaxExcess each. A closed connection's bytes
+// excuse nothing: what the close discards from its socket is read by no
+// call.
 //
 // A flood need not keep the thread in one pass: one sent in bursts, or one
 // that a loaded machine's scheduler lets the server read as it comes,
@@ -87,15 +96,23 @@ class PassWatcher {
 // requests (a stream waiting for the service, a call whose answer the
 // client never reads) as a pass's flood would. So between passes the
 // breaker judges the same way over a window: the memory's growth above
-// its lowest since the window began, less the bytes every connection that
-// does not give back sent since (one that does had its calls answered and
-// their messages freed: a trainer sends hundreds of MB a window), and the
-// costliest connection that does not give back goes once
-// that excess passes kMaxExcess, provided it sent at least kMinCost (a
+// its lowest since the window began, less what the messages of the
+// connections that take in the window may hold: kServedBytesFactor times
+// what gRPC read from each since it last gave back at a window's start
+// (since it began, if it never did), and kPerConnection. A connection
+// takes in a window if it does not give back at the window's start or at
+// one of its judgments: a wide round's messages read in one window are
+// parsed, copied and answered in the next, whose memory holds them and
+// their answers though their ranks give back by then (issue 35). One that
+// gives back throughout had its calls answered and their messages freed:
+// a trainer sends hundreds of MB a window, which excuse nothing beside
+// them, nor does what it sent before once the guard dropped its record.
+// The costliest connection that does not give back goes once that excess
+// passes kMaxExcess, provided it sent at least kMinCost in the window (a
 // flood that grew the memory by kMaxExcess sent thousands of requests; a
 // client's single call that makes the server allocate, CreateJob, sent
 // less). A window lasts kWindow, longer (up to kLongestWindow) while the
-// memory it holds beyond what was sent is more than kKeepWindowExcess (a
+// memory it holds beyond what was read is more than kKeepWindowExcess (a
 // slow flood is judged whole), and ends at each close. A pass does not end
 // it: a flood in bursts makes short passes, none long enough to judge. Not
 // thread-safe: RpcLoop's watchdog only.
@@ -112,6 +129,19 @@ class ReadFloodBreaker final : public PassWatcher {
   // of connections, each with its first message) then takes no one's
   // connection.
   static constexpr int64_t kPerConnection = int64_t{128} << 10;
+  // What a legitimate connection's messages may hold per byte gRPC read
+  // from it, in a pass and between passes. In a pass gRPC only reads and
+  // frames: a message holds the buffers it was read into (8 and 64 KiB
+  // slices that its frames may fill in part) until the loop takes it.
+  // Between passes the loop parses it, the domain keeps a copy until its
+  // round completes, and its answer (as large, for Reduce) waits as a proto
+  // and serialized until written: about five times its size, eight with
+  // the allocator's slack. A flood's requests cost 180 times their bytes
+  // and more: either factor lets a flood read in a pass or a window take
+  // under 5% more requests before its close. Per byte read, not per byte
+  // sent: a flood's bytes that wait unread in its socket excuse nothing.
+  static constexpr int64_t kPassBytesFactor = 2;
+  static constexpr int64_t kServedBytesFactor = 8;
   // Between passes: how long a window lasts, and the least a connection
   // must have sent in it to be closed.
   static constexpr absl::Duration kWindow = absl::Seconds(2);
@@ -143,12 +173,20 @@ class ReadFloodBreaker final : public PassWatcher {
   // `min_cost`; "" if none.
   std::string Costliest(const Snapshot& since, const Snapshot& now,
                         int64_t min_cost, const PeerSet& giving_back) const;
-  // What the memory grew by beyond what every connection (but those in
-  // `skip`, if any) sent since `since` and kPerConnection for each that
-  // sent any.
-  static int64_t Excess(int64_t growth, const Snapshot& since,
-                        const Snapshot& now, const PeerSet* skip);
-  void StartWindow(absl::Time now, int64_t resident, Snapshot bytes);
+  // What the memory grew by beyond what the messages of the connections in
+  // `now` (only those in `only`, if any; never those in closed_) may hold:
+  // `bytes_factor` times what gRPC read from each since `since`, and
+  // kPerConnection for each it read from.
+  int64_t Excess(int64_t growth, const Snapshot& since, const Snapshot& now,
+                 int64_t bytes_factor, const PeerSet* only) const;
+  // The window's judgment, once its memory grew by `growth` or it is
+  // `over`: closes the costliest connection if the excess passes
+  // kMaxExcess, and starts the next window at a close or when it is over.
+  void JudgeWindow(absl::Time now, int64_t resident, int64_t growth, bool over);
+  // Starts a window with the sockets' `bytes` and the connections then
+  // `giving_back`.
+  void StartWindow(absl::Time now, int64_t resident, Snapshot bytes,
+                   const PeerSet& giving_back);
 
   const SocketCloser* const sockets_;
   ConnectionGuard* const guard_;
@@ -161,7 +199,11 @@ class ReadFloodBreaker final : public PassWatcher {
   // Between passes; the window starts again when window_start_ is
   // InfinitePast.
   absl::Time window_start_ = absl::InfinitePast();
-  Snapshot window_bytes_;     // at its start
+  Snapshot window_bytes_;  // at its start
+  // Each connection's bytes when it last gave back at a window's start, or
+  // was closed; none if it never did (what it read since it began).
+  Snapshot unanswered_since_;
+  PeerSet takers_;            // in this window
   int64_t window_floor_ = 0;  // the least resident memory in it
   absl::Time judged_ = absl::InfinitePast();
   absl::Duration judge_period_ = absl::ZeroDuration();
