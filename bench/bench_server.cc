@@ -1,16 +1,20 @@
 // bench-server: the reference services of the round-latency and throughput
 // benchmarks (see bench.proto). Echo and Lean use gRPC's callback API, Star
 // the synchronous API with a thread per stream, as a naive aggregator would.
+// With --floor it serves only the floor of the many-rank benchmark instead:
+// syncnorm.v1.Aggregator's CreateJob and Reduce, gather and merge only.
 #include <malloc.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -20,6 +24,7 @@
 #include "bench/bench.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/moments.h"
+#include "syncnorm/v1/aggregator.grpc.pb.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "", "the bound port is written here");
@@ -28,6 +33,9 @@ ABSL_FLAG(int, cq_threads, 0,
           "completion queues, each polled by one thread that handles what it "
           "returns (no hand-off to a callback thread; with more than one "
           "queue the threads hand events to each other again)");
+ABSL_FLAG(bool, floor, false,
+          "serve only the floor: syncnorm.v1.Aggregator's CreateJob and "
+          "Reduce, gathering and merging, nothing else");
 
 namespace syncnorm::bench {
 namespace {
@@ -352,6 +360,193 @@ class StarService final : public Star::Service {
   std::map<int64_t, StarRound> rounds_ ABSL_GUARDED_BY(mu_);
 };
 
+// ---- The floor (--floor) -----------------------------------------------
+
+class FloorReactor;
+
+// The least syncnorm.v1.Aggregator a many-rank round can run on: CreateJob
+// records the job's world size; Reduce gathers each (job, layer, step,
+// phase)'s W contributions, merges them in rank order (Chan) when the last
+// arrives and answers every rank with the same RoundResult. No store, no
+// validation beyond what keeps it from reading out of bounds, no metrics.
+// FORWARD only. As with Lean, a stream must end after its last answer.
+class FloorService final : public v1::Aggregator::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CreateJobRequest* req,
+                                      v1::JobInfo* info) override;
+  grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>* Reduce(
+      grpc::CallbackServerContext*) override;
+
+  // Takes `in` (leaving it empty); answers the round's streams when `in`
+  // completes it.
+  void Arrive(FloorReactor* stream, v1::Contribution* in);
+
+ private:
+  struct Pending {
+    std::vector<v1::Contribution> by_rank;
+    std::vector<FloorReactor*> streams;
+    int arrived = 0;
+  };
+  using Key = std::tuple<std::string, int, int64_t, int>;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int> worlds_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key, Pending> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+// One Reduce stream of the floor: reads as fast as contributions come and
+// writes answers in the order their rounds complete. It finishes once the
+// client has closed its side and every contribution read was answered (so
+// no round holds it after OnDone).
+class FloorReactor
+    : public grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult> {
+ public:
+  explicit FloorReactor(FloorService* service) : service_(service) {
+    StartRead(&in_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinish();
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++unanswered_;
+    }
+    service_->Arrive(this, &in_);
+    StartRead(&in_);
+  }
+  // The round of one of this stream's contributions completed.
+  void Reply(std::shared_ptr<const v1::RoundResult> answer) {
+    absl::MutexLock lock(&mu_);
+    if (broken_) {
+      --unanswered_;
+      MaybeFinish();
+      return;
+    }
+    queue_.push_back(std::move(answer));
+    if (queue_.size() == 1) StartWrite(queue_.front().get());
+  }
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    queue_.pop_front();
+    --unanswered_;
+    if (!ok) {  // the call is gone: the rest are dropped
+      broken_ = true;
+      unanswered_ -= static_cast<int64_t>(queue_.size());
+      queue_.clear();
+    }
+    if (!queue_.empty()) StartWrite(queue_.front().get());
+    MaybeFinish();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || unanswered_ > 0 || !(reads_done_ || broken_)) return;
+    finished_ = true;
+    Finish(broken_ ? grpc::Status::CANCELLED : grpc::Status::OK);
+  }
+
+  FloorService* const service_;
+  v1::Contribution in_;
+  absl::Mutex mu_;
+  // Answers to write, the first being written.
+  std::deque<std::shared_ptr<const v1::RoundResult>> queue_
+      ABSL_GUARDED_BY(mu_);
+  int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // read, answer not written
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerUnaryReactor* FloorService::CreateJob(
+    grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
+    v1::JobInfo* info) {
+  {
+    absl::MutexLock lock(&mu_);
+    worlds_[req->job_id()] = std::max(1, req->world_size());
+  }
+  info->set_job_id(req->job_id());
+  info->set_world_size(req->world_size());
+  *info->mutable_layers() = req->layers();
+  info->set_committed_step(-1);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>*
+FloorService::Reduce(grpc::CallbackServerContext*) {
+  return new FloorReactor(this);
+}
+
+void ToMoments(const v1::Moments& m, Moments* out) {
+  out->count = m.count();
+  out->mean.assign(m.mean().begin(), m.mean().end());
+  out->m2.assign(m.m2().begin(), m.m2().end());
+}
+
+// The round's answer: the rank-order Chan merge of `by_rank`, or an error
+// when their channel counts differ (which the merge cannot take).
+std::shared_ptr<const v1::RoundResult> FloorAnswer(
+    const std::vector<v1::Contribution>& by_rank) {
+  const v1::Contribution& first = by_rank[0];
+  auto answer = std::make_shared<v1::RoundResult>();
+  answer->set_job_id(first.job_id());
+  answer->set_layer(first.layer());
+  answer->set_step(first.step());
+  answer->set_phase(first.phase());
+  const int channels = first.moments().mean_size();
+  for (const v1::Contribution& c : by_rank) {
+    if (c.moments().mean_size() != channels ||
+        c.moments().m2_size() != channels) {
+      answer->mutable_error()->set_code(grpc::StatusCode::INVALID_ARGUMENT);
+      answer->mutable_error()->set_message("channel counts differ");
+      return answer;
+    }
+  }
+  Moments merged, next;
+  ToMoments(first.moments(), &merged);
+  for (size_t r = 1; r < by_rank.size(); ++r) {
+    ToMoments(by_rank[r].moments(), &next);
+    MergeMoments(merged, next);
+  }
+  const GlobalMoments g = Finalize(std::move(merged));
+  v1::GlobalMoments* out = answer->mutable_moments();
+  out->set_count(g.count);
+  out->mutable_mean()->Add(g.mean.begin(), g.mean.end());
+  out->mutable_var()->Add(g.var.begin(), g.var.end());
+  return answer;
+}
+
+void FloorService::Arrive(FloorReactor* stream, v1::Contribution* in) {
+  Pending round;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto job = worlds_.find(in->job_id());
+    const int world = job == worlds_.end() ? 1 : job->second;
+    Key key(in->job_id(), in->layer(), in->step(), in->phase());
+    Pending& p = pending_[key];
+    if (p.by_rank.empty()) {
+      p.by_rank.resize(world);
+      p.streams.resize(world);
+    }
+    const int rank = (in->rank() % world + world) % world;
+    p.by_rank[rank].Swap(in);
+    p.streams[rank] = stream;
+    if (++p.arrived < world) return;
+    round = std::move(p);
+    pending_.erase(key);
+  }
+  const std::shared_ptr<const v1::RoundResult> answer =
+      FloorAnswer(round.by_rank);
+  for (FloorReactor* s : round.streams) s->Reply(answer);
+}
+
 }  // namespace
 }  // namespace syncnorm::bench
 
@@ -363,9 +558,16 @@ int main(int argc, char** argv) {
   // C = 2048 here, which would weigh on the references, not on syncnorm).
   mallopt(M_MMAP_THRESHOLD, 16 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  if (absl::GetFlag(FLAGS_floor)) {
+    // As syncnorm's server does (server/main.cc): Debian's Abseil records a
+    // lock-order graph on every absl::Mutex acquisition, which the floor's
+    // W stream mutexes would pay on every contribution.
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   syncnorm::bench::EchoService echo;
   syncnorm::bench::StarService star;
   syncnorm::bench::LeanService lean;
+  syncnorm::bench::FloorService floor;
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
@@ -378,7 +580,9 @@ int main(int argc, char** argv) {
   const int cq_threads = absl::GetFlag(FLAGS_cq_threads);
   syncnorm::bench::Lean::AsyncService async_lean;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
-  if (cq_threads > 0) {
+  if (absl::GetFlag(FLAGS_floor)) {
+    builder.RegisterService(&floor);
+  } else if (cq_threads > 0) {
     builder.RegisterService(&async_lean);
     for (int i = 0; i < cq_threads; ++i)
       cqs.push_back(builder.AddCompletionQueue());
