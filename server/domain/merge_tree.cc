@@ -45,7 +45,7 @@ void MergeTree::Add(int i, Payload payload) {
   }
   // Up to the first subtree that still waits for someone.
   for (int u = leaf / 2; u >= 1 && nodes_[u].open == 0; u /= 2) {
-    if (nodes_[2 * u].present > 0 && nodes_[2 * u + 1].present > 0) Merge(u);
+    if (BothPresent(u)) Merge(u);
   }
 }
 
@@ -64,10 +64,7 @@ void MergeTree::Reset(absl::FunctionRef<bool(int)> may_send) {
     n.value.reset();
     n.open = nodes_[2 * u].open + nodes_[2 * u + 1].open;
     n.present = nodes_[2 * u].present + nodes_[2 * u + 1].present;
-    if (n.open == 0 && nodes_[2 * u].present > 0 &&
-        nodes_[2 * u + 1].present > 0) {
-      Merge(u);
-    }
+    if (n.open == 0 && BothPresent(u)) Merge(u);
   }
 }
 
@@ -125,9 +122,7 @@ void MergeTree::MergeOpen(int node) {
   if (IsLeaf(node) || n.present == 0 || n.open == 0) return;
   MergeOpen(2 * node);
   MergeOpen(2 * node + 1);
-  if (nodes_[2 * node].present > 0 && nodes_[2 * node + 1].present > 0) {
-    Merge(node);
-  }
+  if (BothPresent(node)) Merge(node);
 }
 
 Payload MergeTree::TakeResult(int holder) {

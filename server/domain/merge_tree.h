@@ -87,6 +87,11 @@ class MergeTree {
   };
 
   bool IsLeaf(int node) const { return node >= leaves_; }
+  // Both children of interior `node` have payloads below them: merging it
+  // folds two results (otherwise it is its one child's, or nothing).
+  bool BothPresent(int node) const {
+    return nodes_[2 * node].present > 0 && nodes_[2 * node + 1].present > 0;
+  }
   // The node that holds subtree `node`'s result: itself, or the one child
   // with payloads below, down to a merged node or a leaf.
   // REQUIRES: present > 0 below `node`, and its open subtrees merged.
