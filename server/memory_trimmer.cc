@@ -6,47 +6,49 @@
 #include <malloc.h>
 #endif
 
+#include "server/rpc/read_flood.h"
+
 namespace syncnorm {
 
-namespace {
-
-struct Heap {
-  int64_t in_use = 0;
-  int64_t free = 0;
-};
-
-// Every arena's, from glibc's accounting; zeros without glibc. Takes each
-// arena's lock briefly.
-Heap ReadHeap() {
-  Heap heap;
-#if defined(__GLIBC__)
-  const struct mallinfo2 info = mallinfo2();
-  heap.in_use = static_cast<int64_t>(info.uordblks);
-  heap.free = static_cast<int64_t>(info.fordblks);
-#endif
-  return heap;
+bool TrimPolicy::Sample(int64_t resident, int64_t in_use) {
+  Period& now = periods_[period_ % kWindow];
+  now.most_in_use = std::max(now.most_in_use, in_use);
+  now.least_beyond = std::min(now.least_beyond, resident - in_use);
+  if (++samples_ % kSamples != 0) return false;
+  int64_t set = INT64_MAX;
+  int64_t beyond = INT64_MAX;
+  for (const Period& p : periods_) {
+    set = std::min(set, p.most_in_use);
+    beyond = std::min(beyond, p.least_beyond);
+  }
+  ++period_;
+  periods_[period_ % kWindow] = Period{};
+  return resident > beyond + set + set / 4;
 }
 
-}  // namespace
+void TrimPolicy::Forget() {
+  for (Period& p : periods_) p.most_in_use = 0;
+}
 
 MemoryTrimmer::MemoryTrimmer(absl::Duration period)
-    : thread_(std::max(period / kSamples, absl::Milliseconds(1)),
+    : thread_(std::max(period / TrimPolicy::kSamples, absl::Milliseconds(1)),
               [this] { Tick(); }) {}
 
 MemoryTrimmer::~MemoryTrimmer() = default;
 
 void MemoryTrimmer::Tick() {
-  const Heap heap = ReadHeap();
-  int64_t& peak = peaks_[period_ % kWindow];
-  peak = std::max(peak, heap.in_use);
-  if (++ticks_ % kSamples != 0) return;
-  const int64_t recent = *std::max_element(peaks_.begin(), peaks_.end());
-  ++period_;
-  peaks_[period_ % kWindow] = 0;
+  if (forget_.exchange(false, std::memory_order_relaxed)) policy_.Forget();
+  int64_t in_use = 0;
 #if defined(__GLIBC__)
-  // Releases free pages of every arena, not only the top of the main heap.
-  if (heap.free > recent) malloc_trim(0);
+  const struct mallinfo2 info = mallinfo2();
+  in_use = static_cast<int64_t>(info.uordblks + info.hblkhd);
 #endif
+  // Releases free pages of every arena, not only the top of the main heap.
+  if (policy_.Sample(ReadProcessMemory().resident, in_use)) {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+  }
 }
 
 }  // namespace syncnorm

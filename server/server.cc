@@ -190,7 +190,12 @@ absl::Status Server::Start() {
   store_ = *std::move(store);
   aggregator_ = std::move(aggregator);
   auth_ = std::move(auth);
-  closer_ = std::make_unique<SocketCloser>();
+  if (options_.memory_trim_period > absl::ZeroDuration()) {
+    trimmer_ = std::make_unique<MemoryTrimmer>(options_.memory_trim_period);
+  }
+  closer_ = std::make_unique<SocketCloser>([trimmer = trimmer_.get()] {
+    if (trimmer != nullptr) trimmer->ConnectionClosed();
+  });
   ConnectionGuardOptions guard_options;
   guard_options.max_calls = LegitimateCalls(options_.limits);
   guard_ = std::make_unique<ConnectionGuard>(guard_options, closer_.get(),
@@ -308,9 +313,6 @@ absl::Status Server::Start() {
   loop_->Start();
   health_->SetServing(true);
   aggregator_->StartReaper();
-  if (options_.memory_trim_period > absl::ZeroDuration()) {
-    trimmer_ = std::make_unique<MemoryTrimmer>(options_.memory_trim_period);
-  }
   closer_->set_server_port(port);
   server_ = std::move(server);
   bound_port_ = port;

@@ -87,6 +87,8 @@ class Server {
   std::unique_ptr<FanoutRoundObserver> observers_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Aggregator> aggregator_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Authenticator> auth_ ABSL_GUARDED_BY(mu_);
+  // Told of each connection closed (below), so it outlives the closer.
+  std::unique_ptr<MemoryTrimmer> trimmer_ ABSL_GUARDED_BY(mu_);
   // Closes the connections of abusive clients; they outlive the gRPC
   // server, whose calls report to them.
   std::unique_ptr<SocketCloser> closer_ ABSL_GUARDED_BY(mu_);
@@ -101,7 +103,6 @@ class Server {
   // Serves every call; stopped once server_ is shut down, which ends them.
   std::unique_ptr<RpcLoop> loop_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<MemoryTrimmer> trimmer_ ABSL_GUARDED_BY(mu_);
   int bound_port_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -89,6 +89,7 @@ bool SocketCloser::Close(absl::string_view peer) {
     Discard(fd);
     return false;
   });
+  if (closed && closed_) closed_();
   return closed;
 }
 

@@ -4,7 +4,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
@@ -23,8 +25,11 @@ namespace syncnorm {
 // Thread-safe.
 class SocketCloser final : public ConnectionCloser {
  public:
-  // Matches nothing until set_server_port().
-  SocketCloser() = default;
+  // Matches nothing until set_server_port(). `closed`, if set, is called
+  // after each connection it closes (the heap trimmer's cue that what the
+  // connection held is no working set; server/memory_trimmer.h).
+  explicit SocketCloser(std::function<void()> closed = nullptr)
+      : closed_(std::move(closed)) {}
   void set_server_port(int port) { port_.store(port); }
 
   // `peer` as gRPC spells it: "ipv4:10.0.0.7:51234", "ipv6:[::1]:51234".
@@ -49,6 +54,7 @@ class SocketCloser final : public ConnectionCloser {
   template <typename Visit>
   void ForEachSocket(Visit visit) const;
 
+  const std::function<void()> closed_;
   std::atomic<int> port_{0};
 };
 
