@@ -18,6 +18,7 @@ bool TrimPolicy::Sample(int64_t resident, int64_t in_use) {
   int64_t set = INT64_MAX;
   int64_t beyond = INT64_MAX;
   for (const Period& p : periods_) {
+    if (p.most_in_use < 0) continue;  // before the server's first period
     set = std::min(set, p.most_in_use);
     beyond = std::min(beyond, p.least_beyond);
   }

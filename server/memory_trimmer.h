@@ -49,7 +49,7 @@ class TrimPolicy {
 
  private:
   struct Period {
-    int64_t most_in_use = 0;  // 0 for a forgotten one
+    int64_t most_in_use = -1;  // -1 before the first sample; 0 forgotten
     int64_t least_beyond = INT64_MAX;
   };
   int samples_ = 0;
