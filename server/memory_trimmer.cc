@@ -11,24 +11,27 @@
 namespace syncnorm {
 
 bool TrimPolicy::Sample(int64_t resident, int64_t in_use) {
-  Period& now = periods_[period_ % kWindow];
-  now.most_in_use = std::max(now.most_in_use, in_use);
+  constexpr int kPeriods = 2 * kWindow;
+  Period& now = periods_[period_ % kPeriods];
+  if (forgetting_ == 0) now.most_in_use = std::max(now.most_in_use, in_use);
   now.least_beyond = std::min(now.least_beyond, resident - in_use);
   if (++samples_ % kSamples != 0) return false;
-  int64_t set = INT64_MAX;
+  int64_t set = 0;
   int64_t beyond = INT64_MAX;
-  for (const Period& p : periods_) {
-    if (p.most_in_use < 0) continue;  // before the server's first period
-    set = std::min(set, p.most_in_use);
+  for (int back = 0; back < kPeriods; ++back) {
+    const Period& p = periods_[(period_ - back + kPeriods) % kPeriods];
+    if (back < kWindow) set = std::max(set, p.most_in_use);
     beyond = std::min(beyond, p.least_beyond);
   }
   ++period_;
-  periods_[period_ % kWindow] = Period{};
+  periods_[period_ % kPeriods] = Period{};
+  if (forgetting_ > 0) --forgetting_;
   return resident > beyond + set + set / 4;
 }
 
 void TrimPolicy::Forget() {
   for (Period& p : periods_) p.most_in_use = 0;
+  forgetting_ = kForgetPeriods;
 }
 
 MemoryTrimmer::MemoryTrimmer(absl::Duration period)

@@ -13,48 +13,53 @@ namespace syncnorm {
 
 // When to trim, apart from glibc: fed samples of the process's resident
 // memory and of its heap in use, says at the end of each period whether
-// the process holds more than its working set needs. Over the last kWindow
-// periods:
+// the process holds more than its working set needs:
 //
-//   set    = the least, over those periods, of each one's most heap in use
+//   set    = the most heap in use at a sample of the last kWindow periods
 //   beyond = the least resident memory beyond the heap in use at a sample
-//            (code, mappings, what the heap keeps at its least)
+//            of the last 2 kWindow periods (code, mappings, what the heap
+//            keeps at its least)
 //   trim  <=> resident > beyond + 5/4 * set
 //
-// `set` is the heap in use that recurs. A wide job's rounds allocate their
-// payloads and free them when they end, over and over (128 MiB a round at
-// 4096 ranks of 2048 channels), in every period of a training step;
-// trimming that between two rounds gives back what the next one faults in
-// again, page by page (an earlier build took 11 minor faults per
-// contribution there). A burst (a flood, a one-off large message) is in
-// use in some periods, not all: what it leaves is trimmed at the end of
-// the period it ends in, or of the next one if it was still in use then. Heap
-// that a trim cannot give back (at an arena's top, below M_TRIM_THRESHOLD)
-// becomes part of `beyond` once the burst's samples have left the window, so it
-// is not trimmed again and again. Until kWindow periods have passed, and for
-// kWindow periods after Forget(), no heap counts as the working set. Not
-// thread-safe.
+// A wide job's rounds allocate their payloads and free them when they
+// end, over and over (128 MiB a round at 4096 ranks of 2048 channels, a
+// round every few seconds on two cores); trimming that between two rounds
+// gives back what the next one faults in again, page by page (an earlier
+// build took 11 minor faults per contribution there). So heap in use at
+// any sample of the window is kept, and what a one-off burst leaves goes
+// back once the burst has left the window. A flood is no working set: when
+// the server closes a connection for abuse, Forget() drops the heap in use
+// so far, and the samples of the next kForgetPeriods periods, while gRPC
+// frees what the connection's calls held; what the flood left goes back at
+// the end of the period. Heap that a trim cannot give back (at an arena's
+// top, below M_TRIM_THRESHOLD) counts as held beyond once the burst has
+// left the longer window, so it is not trimmed again and again. Resident
+// memory, not glibc's count of its free heap: heap that malloc_trim gave
+// back stays free heap to glibc, and would look like a leftover forever.
+// Not thread-safe.
 class TrimPolicy {
  public:
   static constexpr int kSamples = 10;  // a period's samples
-  static constexpr int kWindow = 3;
+  static constexpr int kWindow = 6;
+  static constexpr int kForgetPeriods = 2;
 
   // A sample, in bytes. Every kSamples-th sample ends a period; returns
   // true when it does and the rule above says to trim then.
   bool Sample(int64_t resident, int64_t in_use);
 
-  // Drops the heap the last kWindow periods had in use from the working
-  // set: it belonged to connections the server has closed.
+  // The server closed a connection for abuse: see above.
   void Forget();
 
  private:
   struct Period {
-    int64_t most_in_use = -1;  // -1 before the first sample; 0 forgotten
-    int64_t least_beyond = INT64_MAX;
+    int64_t most_in_use = 0;
+    int64_t least_beyond = INT64_MAX;  // INT64_MAX: no sample yet
   };
   int samples_ = 0;
-  // The last kWindow periods, the current one at index period_ % kWindow.
-  std::array<Period, kWindow> periods_{};
+  // Periods whose heap in use is not recorded, the current one included.
+  int forgetting_ = 0;
+  // The last 2 kWindow periods, the current one at index period_ % size.
+  std::array<Period, 2 * kWindow> periods_{};
   int64_t period_ = 0;
 };
 
@@ -81,8 +86,9 @@ class MemoryTrimmer {
   MemoryTrimmer(const MemoryTrimmer&) = delete;
   MemoryTrimmer& operator=(const MemoryTrimmer&) = delete;
 
-  // The server closed a connection (a flood): what it held is no working
-  // set, however often such floods came. Applied at the next sample.
+  // The server closed a connection for abuse (a flood): what it held is no
+  // working set (TrimPolicy::Forget), however often such floods came.
+  // Applied at the next sample.
   void ConnectionClosed() { forget_.store(true, std::memory_order_relaxed); }
 
  private:

@@ -73,8 +73,8 @@ struct ServerOptions {
   // server/metrics/metrics.h); port 0 picks a free one
   // (Server::metrics_port()). Empty: no metrics endpoint. Default empty.
   std::string metrics_listen;
-  // How often the heap freed since is given back to the kernel (see
-  // MemoryTrimmer). Zero or less: never. Default 5 s.
+  // How often the heap trimmer decides whether to give freed heap back to
+  // the kernel (see MemoryTrimmer). Zero or less: never. Default 5 s.
   absl::Duration memory_trim_period = absl::Seconds(5);
   // Whether the RPC loop's watchdog closes connections that flood its
   // thread (server/rpc/read_flood.h). It judges by the process's resident
