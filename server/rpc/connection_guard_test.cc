@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -258,24 +259,94 @@ void Send(int fd, size_t bytes) {
             static_cast<ssize_t>(bytes));
 }
 
-TEST(SocketCloserTest, CountsTheBytesEachConnectionReceived) {
+// Both ways of counting, against what the test sent and read: the
+// sock_diag dump (which this machine allows) and the descriptors.
+class SocketCloserBytesTest : public ::testing::TestWithParam<bool> {
+ protected:
+  SocketCloser::BytesByPeer Bytes(const SocketCloser& sockets) {
+    if (!GetParam()) return sockets.BytesReceivedFromDescriptors();
+    std::optional<SocketCloser::BytesByPeer> bytes =
+        sockets.BytesReceivedFromSockDiag();
+    EXPECT_TRUE(bytes.has_value()) << "netlink refused the dump";
+    return bytes.value_or(SocketCloser::BytesByPeer{});
+  }
+};
+
+TEST_P(SocketCloserBytesTest, CountsTheBytesEachConnectionReceived) {
   Loopback loopback;
   const Loopback::Connection a = loopback.Connect();
   const Loopback::Connection b = loopback.Connect();
   SocketCloser sockets;
+  EXPECT_TRUE(Bytes(sockets).empty()) << "no server port yet";
   sockets.set_server_port(loopback.port());
-  const auto before = sockets.BytesReceived();
-  ASSERT_EQ(before.size(), 2u);
+  const auto before = Bytes(sockets);
+  ASSERT_EQ(before.size(), 2u) << "the server's sides, not the listener's";
+  ASSERT_TRUE(before.contains(a.peer));
+  ASSERT_TRUE(before.contains(b.peer));
   Send(a.client, 3000);
   Send(b.client, 100);
-  auto after = sockets.BytesReceived();
+  auto after = Bytes(sockets);
   EXPECT_EQ(after[a.peer].received - before.at(a.peer).received, 3000u);
   EXPECT_EQ(after[b.peer].received - before.at(b.peer).received, 100u);
   EXPECT_EQ(after[a.peer].unread, 3000u);
   char buffer[1000];
   ASSERT_EQ(::recv(a.accepted, buffer, sizeof(buffer), 0), 1000);
-  EXPECT_EQ(sockets.BytesReceived()[a.peer].unread, 2000u);
+  EXPECT_EQ(Bytes(sockets)[a.peer].unread, 2000u);
+  // A connection the server shut down still counts until it is closed.
+  ASSERT_TRUE(sockets.Close(b.peer));
+  EXPECT_TRUE(Bytes(sockets).contains(a.peer));
 }
+
+// An IPv4 client of a dual-stack (IPv6) listener: gRPC spells it IPv4.
+TEST_P(SocketCloserBytesTest, SpellsAMappedClientAsIpv4) {
+  const int listener = ::socket(AF_INET6, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  const int off = 0;
+  ::setsockopt(listener, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+  sockaddr_in6 any{};
+  any.sin6_family = AF_INET6;
+  any.sin6_addr = in6addr_any;
+  socklen_t len = sizeof(any);
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&any), len) != 0) {
+    ::close(listener);
+    GTEST_SKIP() << "no IPv6 here";
+  }
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&any), &len),
+            0);
+  const int port = ntohs(any.sin6_port);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(port);
+  ASSERT_EQ(
+      ::connect(client, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(accepted, 0);
+  sockaddr_in mine{};
+  socklen_t mine_len = sizeof(mine);
+  ASSERT_EQ(
+      ::getsockname(client, reinterpret_cast<sockaddr*>(&mine), &mine_len), 0);
+  Send(client, 500);
+  SocketCloser sockets;
+  sockets.set_server_port(port);
+  const auto bytes = Bytes(sockets);
+  const std::string peer =
+      absl::StrCat("ipv4:127.0.0.1:", ntohs(mine.sin_port));
+  EXPECT_EQ(sockets.PeerOf(accepted), peer);
+  ASSERT_TRUE(bytes.contains(peer)) << "peers: " << bytes.size();
+  EXPECT_EQ(bytes.at(peer).unread, 500u);
+  ::close(client);
+  ::close(accepted);
+  ::close(listener);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothWays, SocketCloserBytesTest,
+                         ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SockDiag" : "Descriptors";
+                         });
 
 // Reads what `fd` holds, as gRPC (or the closer's discard) does.
 void Drain(int fd) {
