@@ -92,23 +92,24 @@ TERMS = {
 # by --fit from bench/wide_benchmark.py's run of 2026-12-07 (80 rows,
 # durable aggregator, W = 8..4096, L = 1 and 4, C = 256 and 2048).
 CONSTANTS = {
-    "measured": "wide_benchmark, 2026-12-07, 40 syncnorm rows",
+    "measured": "wide_benchmark, 2026-12-07, 40 syncnorm rows, commit f5e14aa",
     "lockstep": {
-        "cpu_us": {"a": 28.7, "b": 0.007126, "g": 2.636, "h": 1.917e-05},
-        "rss_rank": {"p": 32130.0, "q": 72.87, "r": 0.0, "s": 0.0, "y": 586.3,
-                     "z": 949800.0},
-        "completion_ms": {"t0": 0.06443, "kappa": 0.9323},
+        "cpu_us": {"a": 8.588, "b": 0.01216, "g": 5.674, "h": 1.587e-06},
+        "rss_rank": {"p": 33040.0, "q": 54.93, "r": 0.0, "s": 0.0, "y": 620.3,
+                     "z": 1117000.0},
+        "completion_ms": {"t0": 0.05266, "kappa": 0.9562},
     },
     "pipelined": {
-        "cpu_us": {"a": 13.43, "b": 0.01264, "g": 4.463, "h": 1.036e-05},
-        "rss_rank": {"p": 32080.0, "q": 70.82, "r": 13970.0, "s": 2.766, "y": 890.1,
-                     "z": 1071000.0},
-        "completion_ms": {"t0": 0.08095, "kappa": 0.9591},
+        "cpu_us": {"a": 4.5, "b": 0.01199, "g": 5.869, "h": 3.078e-06},
+        "rss_rank": {"p": 32490.0, "q": 53.44, "r": 13110.0, "s": 16.0, "y": 807.4,
+                     "z": 1131000.0},
+        "completion_ms": {"t0": 0.007511, "kappa": 1.03},
     },
-    "rss_base_bytes": 95844352.0,
+    "rss_base_bytes": 97329152.0,
     "request_bytes": {"m0": 36.61, "m1": 16.0},
     "answer_bytes": {"m0": 36.31, "m1": 16.0},
 }
+
 
 
 def evaluate(kind, coefficients, x):
