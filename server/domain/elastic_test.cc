@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -401,6 +402,44 @@ TEST_F(ElasticTest, AWideChangeLogsABoundedLineAndStoresWhatItChanges) {
   auto after = again.GetJob("wide");
   ASSERT_TRUE(before.ok() && after.ok());
   EXPECT_EQ(after->membership, before->membership);
+}
+
+// Torch's Join at the end of an epoch on a wide job: 200 of 256 ranks run
+// out at one step and each leaves on its own (client/python's leave()).
+// Every leave is taken (the 64th was RESOURCE_EXHAUSTED: one kept change
+// each), the round of that step waits only for the 56 that stayed, and
+// each leave logs the rank it named.
+TEST_F(ElasticTest, HundredsOfRanksLeavingAtOneStepEachLeave) {
+  constexpr int kWorld = 256;
+  KvStateStore store(std::make_unique<MemoryEngine>());
+  Aggregator agg(AggregatorOptions(), &clock_, &store);
+  ASSERT_TRUE(agg.CreateJob(Spec("epoch", kWorld, {})).ok());
+  OutcomeRecorder first(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    agg.Contribute(Forward("epoch", 0, r), first.Slot(r));
+  }
+  for (int r = 56; r < kWorld; ++r) {
+    ::testing::internal::CaptureStderr();
+    auto job = agg.UpdateMembership("epoch", Change(1, {}, {r}));
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(job.ok()) << "rank " << r << ": " << job.status();
+    EXPECT_THAT(log, HasSubstr(absl::StrCat("left=[", r, "]"))) << log;
+    EXPECT_EQ(job->membership.back().version, r - 55);
+  }
+  auto job = agg.GetJob("epoch");
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->membership.size(), 2u) << "version 0 and the step-1 change";
+  std::vector<int> stayed(56);
+  for (int r = 0; r < 56; ++r) stayed[r] = r;
+  EXPECT_EQ(job->membership.back().members.ranks(), stayed);
+  OutcomeRecorder second(56);
+  for (int r = 0; r < 56; ++r) {
+    agg.Contribute(Forward("epoch", 1, r), second.Slot(r));
+  }
+  for (int r = 0; r < 56; ++r) {
+    ASSERT_EQ(second.calls(r), 1) << "rank " << r;
+  }
+  ExpectMergeOf(second.get(0), stayed, 1);
 }
 
 }  // namespace

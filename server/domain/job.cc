@@ -320,22 +320,25 @@ absl::StatusOr<JobSnapshot> Job::UpdateMembership(
         if (!spec_.shard.owns(static_cast<int>(l))) continue;
         rendezvous_[l]->Rebalance(*changed, now, out);
       }
+      // What this request changed: a change of the latest's step amends
+      // it (Membership::Apply), and the log and metrics count each rank
+      // once.
+      const MembershipChange& applied = changed->applied();
       LogLine("membership_changed", LogLevel::kInfo)
           .Add("job", BoundedText(spec_.job_id))
-          .Add("version", changed->version())
-          .Add("step", changed->latest().step)
-          .Add("members", RankList(changed->latest().members))
-          .Add("joined", RankList(changed->latest().joined))
-          .Add("left", RankList(changed->latest().left))
-          .Add("removed", RankList(changed->latest().removed));
-      const MembershipChange& latest = changed->latest();
+          .Add("version", applied.version)
+          .Add("step", applied.step)
+          .Add("members", RankList(applied.members))
+          .Add("joined", RankList(applied.joined))
+          .Add("left", RankList(applied.left))
+          .Add("removed", RankList(applied.removed));
       report = MembershipReport{spec_.job_id,
-                                latest.version,
-                                latest.step,
-                                static_cast<int>(latest.members.size()),
-                                static_cast<int>(latest.joined.size()),
-                                static_cast<int>(latest.left.size()),
-                                static_cast<int>(latest.removed.size())};
+                                applied.version,
+                                applied.step,
+                                static_cast<int>(applied.members.size()),
+                                static_cast<int>(applied.joined.size()),
+                                static_cast<int>(applied.left.size()),
+                                static_cast<int>(applied.removed.size())};
     }
   }
   if (report.has_value() && options_.observer != nullptr) {

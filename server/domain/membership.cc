@@ -152,7 +152,23 @@ absl::StatusOr<Membership> Membership::Apply(const MembershipRequest& request,
   }
   next.version = latest.version + 1;
   Membership out = *this;
-  out.history_.push_back(std::move(next));
+  out.applied_ = next;
+  // A change for the step of the latest one (a Join's ranks running out
+  // at one step, each leaving on its own) replaces it, as one version that
+  // changes both's ranks: no round sees the latest alone (a round of that
+  // step takes the members in force when it ends). Otherwise hundreds of
+  // ranks leaving at one step would need as many kept changes.
+  if (history_.size() >= 2 && next.step == latest.step && !latest.restored) {
+    const RankSet& before = history_[history_.size() - 2].members;
+    next.removed = RankSet::Difference(
+        RankSet::Union(latest.removed, next.removed), next.members);
+    next.joined = RankSet::Difference(next.members, before);
+    next.left = RankSet::Difference(RankSet::Difference(before, next.members),
+                                    next.removed);
+    out.history_.back() = std::move(next);
+  } else {
+    out.history_.push_back(std::move(next));
+  }
   out.Fold(committed_step);
   if (out.history_.size() > static_cast<size_t>(kMaxHistory)) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -172,6 +188,7 @@ Membership Membership::Restored(int64_t step, const RankSet& members,
   while (out.history_.size() > 1 && out.history_.back().step > step + 1) {
     out.history_.pop_back();
   }
+  out.applied_.reset();
   MembershipChange next;
   next.version = latest().version + 1;
   next.step = step + 1;

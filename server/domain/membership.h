@@ -4,6 +4,7 @@
 #define SYNCNORM_SERVER_DOMAIN_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,13 @@ class Membership {
 
   const std::vector<MembershipChange>& history() const { return history_; }
   const MembershipChange& latest() const { return history_.back(); }
+  // What the Apply that made this value changed, as its request named it
+  // (its version and step, its members after it; joined, left and removed
+  // by it alone): the latest change, unless Apply amended a change of the
+  // same step. latest() where no Apply made it.
+  const MembershipChange& applied() const {
+    return applied_.has_value() ? *applied_ : latest();
+  }
   int64_t version() const { return latest().version; }
   // Whether every rank has always been a member (no change ever made
   // anyone leave): the rounds' fast path.
@@ -102,6 +110,7 @@ class Membership {
 
   int world_size_ = 0;
   std::vector<MembershipChange> history_;
+  std::optional<MembershipChange> applied_;
   bool everyone_ = false;
 };
 

@@ -143,6 +143,65 @@ TEST(MembershipTest, TheHistoryFoldsOnlyWhatEveryLayerHasPassed) {
   EXPECT_EQ(folded->history().front().version, 1);
 }
 
+// A Join at the end of an epoch: hundreds of ranks run out at one step and
+// each leaves on its own. Each is a version, and none needs a kept change
+// of its own (session 16 found the 64th refused RESOURCE_EXHAUSTED).
+TEST(MembershipTest, ChangesForOneStepAmendTheLatest) {
+  constexpr int kWorld = 1024;
+  Membership m(kWorld, {});
+  absl::StatusOr<Membership> at_five =
+      m.Apply(Request(5, {}, {1}), kWorld, 5, 4, "j");
+  ASSERT_TRUE(at_five.ok());
+  m = *std::move(at_five);
+  for (int r = 100; r < 400; ++r) {
+    absl::StatusOr<Membership> next =
+        m.Apply(Request(9, {}, {r}), kWorld, 6, 5, "j");
+    ASSERT_TRUE(next.ok()) << "rank " << r << ": " << next.status();
+    m = *std::move(next);
+  }
+  // Version 0, the change at step 5, and one change at step 9.
+  ASSERT_EQ(m.history().size(), 3u);
+  const MembershipChange& last = m.history().back();
+  EXPECT_EQ(last.version, 301);  // one version per change all the same
+  EXPECT_EQ(last.step, 9);
+  EXPECT_EQ(last.left, RankSet::Range(100, 399));
+  EXPECT_TRUE(last.joined.empty());
+  EXPECT_EQ(m.history()[1].left, RankSet::Of(std::vector<int>{1}));
+  for (int r : {0, 1, 99, 100, 250, 399, 400, 1023}) {
+    EXPECT_EQ(m.IsMember(r, 8), r != 1) << r;
+    EXPECT_EQ(m.IsMember(r, 9), r != 1 && (r < 100 || r >= 400)) << r;
+  }
+  // A rank that left and comes back at the same step: no change for it.
+  absl::StatusOr<Membership> back =
+      m.Apply(Request(9, {250}), kWorld, 6, 5, "j");
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->IsMember(250, 9));
+  EXPECT_FALSE(back->history().back().left.contains(250));
+  EXPECT_FALSE(back->history().back().joined.contains(250));
+  // Joining rank 1 at step 9 joins it there: it left at step 5.
+  absl::StatusOr<Membership> one =
+      back->Apply(Request(9, {1}), kWorld, 6, 5, "j");
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(one->history().back().joined.contains(1));
+  EXPECT_FALSE(one->IsMember(1, 8));
+  EXPECT_TRUE(one->IsMember(1, 9));
+  // Removals union, and leave the members.
+  absl::StatusOr<Membership> removed =
+      one->Apply(Request(9, {}, {}, {500}), kWorld, 6, 5, "j");
+  ASSERT_TRUE(removed.ok());
+  absl::StatusOr<Membership> removed2 =
+      removed->Apply(Request(9, {}, {}, {501}), kWorld, 6, 5, "j");
+  ASSERT_TRUE(removed2.ok());
+  EXPECT_EQ(removed2->history().back().removed, RankSet::Range(500, 501));
+  EXPECT_FALSE(removed2->history().back().left.contains(500));
+  EXPECT_EQ(removed2->history().size(), 3u);
+  // A change for a later step is a change of its own.
+  absl::StatusOr<Membership> later =
+      removed2->Apply(Request(10, {}, {7}), kWorld, 6, 5, "j");
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->history().size(), 4u);
+}
+
 TEST(MembershipTest, ARestorePutsTheCheckpointsMembersBackAsANewVersion) {
   const Membership m0(8, std::vector<int>{0, 1, 2, 3});
   absl::StatusOr<Membership> m1 = m0.Apply(Request(6, {4}), 8, 6, 5, "j");
@@ -171,6 +230,7 @@ TEST(MembershipTest, AChangeCostsWhatItNamesNotTheHistory) {
   Membership m(kWorld, {});
   for (int i = 0; i < 62; ++i) {
     MembershipRequest change;
+    change.step = i + 1;  // one step each: changes of one step amend
     (i % 2 == 0 ? change.leave : change.join) = others;
     absl::StatusOr<Membership> next = m.Apply(change, kWorld, 0, -1, "wide");
     ASSERT_TRUE(next.ok()) << next.status();
@@ -188,7 +248,7 @@ TEST(MembershipTest, AChangeCostsWhatItNamesNotTheHistory) {
     EXPECT_EQ(latest.members.runs().size(), 1u);
     EXPECT_EQ(latest.members.size(), i % 2 == 0 ? 1 : kWorld);
     EXPECT_EQ((i % 2 == 0 ? latest.left : latest.joined).size(), kWorld - 1);
-    EXPECT_EQ(next->IsMember(kWorld - 1, 0), i % 2 == 1);
+    EXPECT_EQ(next->IsMember(kWorld - 1, i + 1), i % 2 == 1);
     m = *std::move(next);
   }
 }

@@ -59,10 +59,11 @@ class ElasticApiTest(unittest.TestCase):
         world = 65536
         job = self.create(world, None)
         others = list(range(1, world))
-        info = self.client.update_membership(job, leave=others)
+        # Two steps: changes named for one step amend each other.
+        info = self.client.update_membership(job, leave=others, step=1)
         self.assertEqual(info["membership"]["members"], [0])
         self.assertEqual(info["membership"]["history"][1]["left"], others)
-        info = self.client.update_membership(job, join=others)
+        info = self.client.update_membership(job, join=others, step=2)
         got = self.client.get_job(job)
         self.assertEqual(got, info)
         m = got["membership"]
