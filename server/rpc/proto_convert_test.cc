@@ -66,6 +66,7 @@ TEST(ProtoConvertTest, AWideMembershipGoesAsRuns) {
   every.insert(every.begin(), 0);
   for (int i = 0; i < 61; ++i) {
     MembershipRequest change;
+    change.step = i + 1;  // one step each: changes of one step amend
     (i % 2 == 0 ? change.leave : change.join) = others;
     absl::StatusOr<Membership> next = m.Apply(change, kWorld, 0, -1, "wide");
     ASSERT_TRUE(next.ok()) << next.status();
