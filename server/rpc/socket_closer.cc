@@ -22,6 +22,12 @@
 namespace syncnorm {
 namespace {
 
+// The kernel's tcp_info may be shorter (an older kernel) or longer than
+// this build's; from this length on it holds tcpi_bytes_received.
+constexpr size_t kInfoWithBytesReceived =
+    offsetof(tcp_info, tcpi_bytes_received) +
+    sizeof(tcp_info::tcpi_bytes_received);
+
 // The port of `addr` (IPv4 or IPv6).
 int PortOf(const sockaddr_storage& addr) {
   if (addr.ss_family == AF_INET) {
@@ -131,8 +137,7 @@ bool DumpSockets(int family, int port, SocketCloser::BytesByPeer& out) {
         tcp_info info{};
         std::memcpy(&info, RTA_DATA(a),
                     std::min<size_t>(RTA_PAYLOAD(a), sizeof(info)));
-        if (RTA_PAYLOAD(a) >= offsetof(tcp_info, tcpi_bytes_received) +
-                                  sizeof(info.tcpi_bytes_received)) {
+        if (RTA_PAYLOAD(a) >= kInfoWithBytesReceived) {
           bytes.received = info.tcpi_bytes_received;
         }
       }
@@ -224,9 +229,7 @@ SocketCloser::BytesByPeer SocketCloser::BytesReceivedFromDescriptors() const {
     socklen_t len = sizeof(info);
     int unread = 0;
     if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
-        len >= offsetof(struct tcp_info, tcpi_bytes_received) +
-                   sizeof(info.tcpi_bytes_received) &&
-        ::ioctl(fd, FIONREAD, &unread) == 0) {
+        len >= kInfoWithBytesReceived && ::ioctl(fd, FIONREAD, &unread) == 0) {
       bytes[peer] = Bytes{info.tcpi_bytes_received,
                           static_cast<uint64_t>(std::max(unread, 0))};
     }
