@@ -78,6 +78,23 @@ class ElasticApiTest(unittest.TestCase):
         self.assertEqual(syncnorm.member_since(got, 5),
                          m["history"][2]["step"])
 
+    def test_hundreds_of_ranks_leave_one_by_one_at_one_step(self):
+        # A Join at an epoch's end on a wide job: each rank that ran out
+        # leaves on its own, at the same step, as syncnorm.torch's leave()
+        # asks. The 64th was RESOURCE_EXHAUSTED (one kept change each).
+        world = 256
+        job = self.create(world, None)
+        for rank in range(56, world):
+            info = self.client.update_membership(job, step=1, leave=[rank])
+            self.assertEqual(info["membership"]["version"], rank - 55)
+        m = self.client.get_job(job)["membership"]
+        self.assertEqual(m["members"], list(range(56)))
+        self.assertEqual(len(m["history"]), 2)
+        self.assertEqual(m["history"][1]["left"], list(range(56, world)))
+        got = self.client.get_job(job)
+        self.assertEqual(syncnorm.member_since(got, 0), 0)
+        self.assertIsNone(syncnorm.member_since(got, 100))
+
     def test_refusals_are_service_errors_that_say_why(self):
         job = self.create(4, [0, 1])
         info = self.client.get_job(job)
