@@ -565,7 +565,9 @@ TEST_F(ReadFloodBreakerTest, ClosesAFloodThatLeavesTheLoopEvents) {
   now += absl::Seconds(1);  // past the judgment's cost
   breaker_.Serving(now, level + ReadFloodBreaker::kMinExcess - 1);
   EXPECT_TRUE(closer_.closed().empty());
-  breaker_.Serving(now + absl::Milliseconds(5),
+  // Past the last judgment's cost (10 times its real time: slow under a
+  // sanitizer on a loaded machine), still inside the window.
+  breaker_.Serving(now + absl::Milliseconds(500),
                    level + ReadFloodBreaker::kMinExcess);
   ASSERT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
   EXPECT_EQ(guard_.closed(CloseReason::kReadFlood), 1);
@@ -787,7 +789,7 @@ TEST_F(ReadFloodBreakerTest, ATrainersPastTrafficDoesNotHideAFlood) {
   ASSERT_FALSE(guard_.PeersGivingBack().contains(trainer.peer));
   Send(flood.client, 100000);
   Drain(flood.accepted);
-  now += absl::Milliseconds(5);
+  now += absl::Milliseconds(500);  // past the window-end judgment's cost
   breaker_.Serving(now, level + kMax + Served(100000));
   EXPECT_EQ(closer_.closed(), std::vector<std::string>{flood.peer});
 }
