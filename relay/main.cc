@@ -1,0 +1,162 @@
+// syncnorm_relay: parses flags into RelayOptions, serves rounds until
+// SIGTERM or SIGINT (docs/relay.md).
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "relay/relay_options.h"
+#include "relay/relay_server.h"
+#include "server/domain/log.h"
+#include "server/flags_help.h"
+
+namespace {
+
+// The defaults of the flags: RelayOptions' own, written once
+// (relay_options.h).
+const syncnorm::RelayOptions& Defaults() {
+  static const auto* const kDefaults = new syncnorm::RelayOptions();
+  return *kDefaults;
+}
+
+int64_t Ms(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+constexpr char kUsage[] =
+    "Usage: syncnorm_relay --upstream=SHARDS [--flag=value ...]\n"
+    "Serves syncnorm rounds (Reduce, ReduceOnce) to a block of ranks and "
+    "sends each\nblock's merge to the layer's aggregator shard, until "
+    "SIGTERM or SIGINT. See\ndocs/relay.md.";
+
+}  // namespace
+
+ABSL_FLAG(std::string, listen, Defaults().listen,
+          "HOST:PORT to serve the ranks on; port 0 picks a free port");
+ABSL_FLAG(std::string, upstream, Defaults().upstream,
+          "The aggregator shards, as the client's address: host:port, a "
+          "comma-separated list, or a {A..B} range");
+ABSL_FLAG(int, block_positions, Defaults().block_positions,
+          "Positions of a group merged into one upstream contribution: a "
+          "power of two");
+ABSL_FLAG(std::string, upstream_token_file, "",
+          "File holding the relay's bearer token for the shards (a `relay` "
+          "or `admin` scope); empty: none");
+ABSL_FLAG(std::string, tokens_file, Defaults().tokens_file,
+          "Tokens file (the aggregator's format) that the ranks' tokens are "
+          "checked against, reread every second; empty: no check");
+ABSL_FLAG(int64_t, job_refresh_ms, Ms(Defaults().job_refresh),
+          "How long an incomplete block waits before the relay rereads its "
+          "job (GetJob)");
+ABSL_FLAG(int64_t, pass_through_margin_ms, Ms(Defaults().pass_through_margin),
+          "An incomplete block goes through unmerged this long before the "
+          "job's quorum grace or round timeout");
+ABSL_FLAG(int, max_pending_blocks_per_job,
+          Defaults().max_pending_blocks_per_job,
+          "Block rounds of one job held at once; past it RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_jobs, Defaults().max_jobs,
+          "Jobs (per shard) the relay keeps; past it RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the bound port is written here (atomically) once serving");
+
+namespace {
+
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path);
+  std::stringstream s;
+  if (in) s << in.rdbuf();
+  if (!in || in.bad()) {
+    return absl::NotFoundError(
+        absl::StrCat("--upstream_token_file: cannot read '", path, "'"));
+  }
+  return std::string(absl::StripAsciiWhitespace(s.str()));
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string temp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << port << "\n";
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", temp));
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename to ", path));
+  }
+  return absl::OkStatus();
+}
+
+void LogError(absl::string_view event, const absl::Status& status) {
+  syncnorm::LogLine(event, syncnorm::LogLevel::kError)
+      .Add("error", status.ToString());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] {
+    return syncnorm::VersionText("syncnorm_relay");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  if (syncnorm::AsksForHelp(argc, argv)) {
+    std::fputs(syncnorm::FlagsHelp(kUsage).c_str(), stdout);
+    return 0;
+  }
+  absl::ParseCommandLine(argc, argv);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  syncnorm::RelayOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.upstream = absl::GetFlag(FLAGS_upstream);
+  options.block_positions = absl::GetFlag(FLAGS_block_positions);
+  options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  options.job_refresh = absl::Milliseconds(absl::GetFlag(FLAGS_job_refresh_ms));
+  options.pass_through_margin =
+      absl::Milliseconds(absl::GetFlag(FLAGS_pass_through_margin_ms));
+  options.max_pending_blocks_per_job =
+      absl::GetFlag(FLAGS_max_pending_blocks_per_job);
+  options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  absl::StatusOr<std::string> token =
+      ReadToken(absl::GetFlag(FLAGS_upstream_token_file));
+  if (!token.ok()) {
+    LogError("bad_config", token.status());
+    return 2;
+  }
+  options.upstream_token = *token;
+  if (absl::Status s = syncnorm::CheckRelayOptions(options); !s.ok()) {
+    LogError("bad_config", s);
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<syncnorm::RelayServer>> relay =
+      syncnorm::RelayServer::Start(options);
+  if (!relay.ok()) {
+    LogError("start_failed", relay.status());
+    return 1;
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, (*relay)->port()); !s.ok()) {
+      LogError("start_failed", s);
+      return 1;
+    }
+  }
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  syncnorm::LogLine("signal").Add("signal",
+                                  signal == SIGINT ? "SIGINT" : "SIGTERM");
+  (*relay)->Shutdown();
+  return 0;
+}

@@ -1,0 +1,389 @@
+#include "relay/relay.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/shard_router.h"
+
+namespace syncnorm {
+namespace {
+
+// Finished block rounds remembered, so that a late rank or a retry of one
+// goes through at once instead of opening the round again. A forgotten
+// one opens a block round that cannot complete and goes through at its
+// job's pass-through time: later, never wrong.
+constexpr int64_t kRememberedBlocks = 1 << 16;
+
+// How long to resend to a shard that is unreachable when the job's round
+// timeout is not known (the job could not be read).
+constexpr absl::Duration kUnknownJobRetry = absl::Seconds(30);
+
+void Run(std::vector<std::function<void()>>& actions) {
+  for (auto& action : actions) action();
+  actions.clear();
+}
+
+// Delivers one answer to every waiter.
+void AnswerAll(const std::vector<AnswerFn>& waiters, const RoundAnswer& a) {
+  for (const AnswerFn& done : waiters) done(a);
+}
+
+}  // namespace
+
+Relay::Relay(const RelayOptions& options, Upstream& upstream,
+             TimerQueue& timers)
+    : options_(options), upstream_(upstream), timers_(timers) {}
+
+RelayCounters Relay::counters() const {
+  absl::MutexLock lock(&mu_);
+  return counters_;
+}
+
+void Relay::Contribute(v1::Contribution c, AnswerFn done) {
+  if (c.has_relay()) {
+    done(ErrorAnswer(c, absl::InvalidArgumentError(
+                            "this contribution carries a relay block; a "
+                            "relay takes its ranks' own contributions only "
+                            "(relays of relays are not supported): send "
+                            "blocks to the aggregator shards")));
+    return;
+  }
+  const int shard = ShardOf(c.job_id(), c.layer(), upstream_.num_shards());
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    JobKey jk(c.job_id(), shard);
+    auto it = jobs_.find(jk);
+    if (it == jobs_.end()) {
+      if (jobs_.size() >= static_cast<size_t>(options_.max_jobs)) {
+        actions.push_back([c = std::move(c), done = std::move(done),
+                           max = options_.max_jobs] {
+          done(ErrorAnswer(
+              c, absl::ResourceExhaustedError(absl::StrCat(
+                     "the relay holds the jobs of ", max,
+                     " (job, shard) pairs, its --max_jobs; send this job's "
+                     "rounds to another relay or to the aggregator"))));
+        });
+      } else {
+        it = jobs_.emplace(jk, JobEntry()).first;
+      }
+    }
+    if (it != jobs_.end()) {
+      JobEntry& job = it->second;
+      const int64_t step = c.step();
+      const bool member =
+          job.view.has_value() && job.view->IsMember(c.rank(), step);
+      // Read the job when unknown, when the step may have a membership the
+      // view does not know yet, or for a rank it does not count; once per
+      // step.
+      const bool stale =
+          !job.view.has_value() ||
+          (step > job.fresh_step && (step >= job.view->next_step() || !member));
+      Pending p{std::move(c), std::move(done)};
+      if (stale || job.fetching) {
+        job.waiting.push_back(std::move(p));
+        if (!job.fetching) Fetch(jk, job, actions);
+      } else {
+        Place(jk, job, std::move(p), actions);
+      }
+    }
+  }
+  Run(actions);
+}
+
+void Relay::Fetch(const JobKey& jk, JobEntry& job, Actions& actions) {
+  job.fetching = true;
+  actions.push_back([this, jk] {
+    upstream_.GetJob(jk.second, jk.first,
+                     [this, jk](absl::StatusOr<v1::JobInfo> info) {
+                       Fetched(jk, std::move(info));
+                     });
+  });
+}
+
+void Relay::Fetched(const JobKey& jk, absl::StatusOr<v1::JobInfo> info) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(jk);
+    if (it == jobs_.end()) return;
+    JobEntry& job = it->second;
+    job.fetching = false;
+    std::vector<Pending> waiting = std::move(job.waiting);
+    job.waiting.clear();
+    absl::StatusOr<JobView> view =
+        info.ok() ? JobView::FromProto(*info) : info.status();
+    if (view.ok()) {
+      job.view = *std::move(view);
+      for (const Pending& p : waiting) {
+        job.fresh_step = std::max(job.fresh_step, p.contribution.step());
+      }
+      Recheck(jk, *job.view, actions);
+    }
+    for (Pending& p : waiting) {
+      if (job.view.has_value()) {
+        Place(jk, job, std::move(p), actions);
+      } else {
+        // The shard answers for a job the relay cannot read.
+        std::vector<AnswerFn> waiters;
+        waiters.push_back(std::move(p.done));
+        PassThrough(jk.second, std::move(p.contribution), std::move(waiters),
+                    RetryDeadline(nullptr, absl::Now()), actions);
+      }
+    }
+    if (!job.view.has_value() && job.open_blocks == 0 && job.waiting.empty()) {
+      jobs_.erase(it);  // nothing to keep of an unknown job
+    }
+  }
+  Run(actions);
+}
+
+void Relay::BlockRanks(const JobView& view, int group, int block, int64_t step,
+                       std::vector<int>& positions,
+                       std::vector<int>& members) const {
+  const int b = options_.block_positions;
+  positions = view.PositionRanks(group, block * b, b);
+  members.clear();
+  for (int r : positions) {
+    if (view.IsMember(r, step)) members.push_back(r);
+  }
+}
+
+void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
+                  Actions& actions) {
+  const JobView& view = *job.view;
+  const v1::Contribution& c = p.contribution;
+  const absl::Time now = absl::Now();
+  std::optional<RankPlace> place =
+      view.Place(c.rank(), options_.block_positions);
+  std::vector<int> positions;
+  std::vector<int> members;
+  if (place.has_value()) {
+    BlockRanks(view, place->group, place->block, c.step(), positions, members);
+  }
+  const bool mergeable =
+      view.accepts_relay_blocks() && view.staleness() == 0 &&
+      place.has_value() && members.size() > 1 &&
+      std::find(members.begin(), members.end(), c.rank()) != members.end();
+  std::vector<AnswerFn> one;
+  if (!mergeable) {
+    one.push_back(std::move(p.done));
+    PassThrough(jk.second, std::move(p.contribution), std::move(one),
+                RetryDeadline(&view, now), actions);
+    return;
+  }
+  const BlockKey key(c.job_id(), jk.second, c.layer(), c.step(), c.phase(),
+                     c.backward_index(), place->group, place->block);
+  auto it = blocks_.find(key);
+  if (it == blocks_.end()) {
+    if (done_.count(key) > 0) {
+      // A late rank or a retry of a block round already answered or
+      // released: the shard matches it.
+      one.push_back(std::move(p.done));
+      PassThrough(jk.second, std::move(p.contribution), std::move(one),
+                  RetryDeadline(&view, now), actions);
+      return;
+    }
+    if (job.open_blocks >= options_.max_pending_blocks_per_job) {
+      actions.push_back([c = std::move(p.contribution),
+                         done = std::move(p.done),
+                         max = options_.max_pending_blocks_per_job] {
+        done(ErrorAnswer(c,
+                         absl::ResourceExhaustedError(absl::StrCat(
+                             "the relay holds ", max,
+                             " block rounds of this job, its "
+                             "--max_pending_blocks_per_job; resend once rounds "
+                             "complete"))));
+      });
+      return;
+    }
+    ++job.open_blocks;
+    it = blocks_
+             .emplace(key, std::make_unique<BlockRound>(
+                               positions, members,
+                               place->block * options_.block_positions,
+                               options_.block_positions, now))
+             .first;
+    ScheduleCheck(key, std::min(PassAt(view, now), now + options_.job_refresh));
+  }
+  BlockRound& round = *it->second;
+  if (round.Add(p.contribution, p.done) == BlockRound::Added::kRefused) {
+    // A resend that differs, one after the block went up, or a rank the
+    // block did not count at its first arrival: the shard judges it.
+    one.push_back(std::move(p.done));
+    PassThrough(jk.second, std::move(p.contribution), std::move(one),
+                RetryDeadline(&view, round.first_arrival()), actions);
+    return;
+  }
+  if (!round.forwarded() && round.complete()) Complete(key, round, actions);
+}
+
+void Relay::Complete(const BlockKey& key, BlockRound& round, Actions& actions) {
+  absl::StatusOr<v1::Contribution> merged = round.Merge();
+  if (!merged.ok()) {
+    Release(key, actions);
+    return;
+  }
+  round.set_forwarded();
+  ++counters_.blocks_forwarded;
+  const JobEntry& job = jobs_.at(JobKey(std::get<0>(key), std::get<1>(key)));
+  const absl::Time deadline =
+      RetryDeadline(job.view ? &*job.view : nullptr, round.first_arrival());
+  const int shard = std::get<1>(key);
+  actions.push_back(
+      [this, key, shard, deadline, c = *std::move(merged)]() mutable {
+        upstream_.Reduce(
+            shard, std::move(c), deadline,
+            [this, key](const grpc::Status& status, v1::RoundResult result) {
+              BlockAnswered(key, status, std::move(result));
+            });
+      });
+}
+
+void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
+                          v1::RoundResult result) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find(key);
+    if (it == blocks_.end()) return;
+    // The shard refused the block itself (membership moved under it, or a
+    // check of the block failed): each rank goes through on its own, which
+    // is always exact.
+    if (status.error_code() == grpc::StatusCode::ABORTED ||
+        status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      Release(key, actions);
+    } else {
+      std::map<int, HeldContribution> held = it->second->TakeHeld();
+      // One answer for the whole block: it carries no rank.
+      const RoundAnswer answer =
+          status.ok()
+              ? std::make_shared<const v1::RoundResult>(std::move(result))
+              : ErrorAnswer(held.begin()->second.contribution,
+                            FromGrpc(status));
+      Forget(key);
+      actions.push_back([held = std::move(held), answer] {
+        for (const auto& [rank, h] : held) AnswerAll(h.waiters, answer);
+      });
+    }
+  }
+  Run(actions);
+}
+
+void Relay::Release(const BlockKey& key, Actions& actions) {
+  auto it = blocks_.find(key);
+  if (it == blocks_.end()) return;
+  const absl::Time first = it->second->first_arrival();
+  std::map<int, HeldContribution> held = it->second->TakeHeld();
+  Forget(key);
+  const JobEntry& job = jobs_.at(JobKey(std::get<0>(key), std::get<1>(key)));
+  const absl::Time deadline =
+      RetryDeadline(job.view ? &*job.view : nullptr, first);
+  for (auto& [rank, h] : held) {
+    PassThrough(std::get<1>(key), std::move(h.contribution),
+                std::move(h.waiters), deadline, actions);
+  }
+}
+
+void Relay::Forget(const BlockKey& key) {
+  if (blocks_.erase(key) == 0) return;
+  --jobs_.at(JobKey(std::get<0>(key), std::get<1>(key))).open_blocks;
+  const int64_t serial = ++done_serial_;
+  done_[key] = serial;
+  done_order_[serial] = key;
+  while (done_order_.size() > static_cast<size_t>(kRememberedBlocks)) {
+    auto oldest = done_order_.begin();
+    auto d = done_.find(oldest->second);
+    if (d != done_.end() && d->second == oldest->first) done_.erase(d);
+    done_order_.erase(oldest);
+  }
+}
+
+void Relay::PassThrough(int shard, v1::Contribution c,
+                        std::vector<AnswerFn> waiters, absl::Time deadline,
+                        Actions& actions) {
+  ++counters_.passed_through;
+  actions.push_back([this, shard, deadline, c = std::move(c),
+                     waiters = std::move(waiters)]() mutable {
+    v1::Contribution key;
+    key.set_job_id(c.job_id());
+    key.set_layer(c.layer());
+    key.set_step(c.step());
+    key.set_phase(c.phase());
+    key.set_backward_index(c.backward_index());
+    upstream_.Reduce(
+        shard, std::move(c), deadline,
+        [key = std::move(key), waiters = std::move(waiters)](
+            const grpc::Status& status, v1::RoundResult result) {
+          AnswerAll(waiters, status.ok() ? std::make_shared<v1::RoundResult>(
+                                               std::move(result))
+                                         : ErrorAnswer(key, FromGrpc(status)));
+        });
+  });
+}
+
+absl::Time Relay::PassAt(const JobView& view, absl::Time first) const {
+  absl::Time at = first + view.round_timeout() - options_.pass_through_margin;
+  if (view.quorum_grace().has_value()) {
+    at = std::min(at,
+                  first + *view.quorum_grace() - options_.pass_through_margin);
+  }
+  return at;
+}
+
+absl::Time Relay::RetryDeadline(const JobView* view, absl::Time first) const {
+  if (view == nullptr || view->round_timeout() <= absl::ZeroDuration()) {
+    return first + kUnknownJobRetry;
+  }
+  return first + view->round_timeout();
+}
+
+void Relay::ScheduleCheck(const BlockKey& key, absl::Time when) {
+  timers_.At(when, [this, key] { Check(key); });
+}
+
+void Relay::Check(const BlockKey& key) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find(key);
+    if (it == blocks_.end() || it->second->forwarded()) return;
+    const JobKey jk(std::get<0>(key), std::get<1>(key));
+    JobEntry& job = jobs_.at(jk);
+    const absl::Time now = absl::Now();
+    const absl::Time pass_at = PassAt(*job.view, it->second->first_arrival());
+    if (now >= pass_at) {
+      Release(key, actions);
+    } else {
+      // Reread the job: a membership change may complete the block (a
+      // rank removed) or move it.
+      if (!job.fetching) Fetch(jk, job, actions);
+      ScheduleCheck(key, std::min(pass_at, now + options_.job_refresh));
+    }
+  }
+  Run(actions);
+}
+
+void Relay::Recheck(const JobKey& jk, const JobView& view, Actions& actions) {
+  std::vector<BlockKey> release;
+  for (auto& [key, round] : blocks_) {
+    if (std::get<0>(key) != jk.first || std::get<1>(key) != jk.second ||
+        round->forwarded()) {
+      continue;
+    }
+    std::vector<int> positions;
+    std::vector<int> members;
+    BlockRanks(view, std::get<6>(key), std::get<7>(key), std::get<3>(key),
+               positions, members);
+    // A block whose members changed under it goes through: the shard's
+    // round waits for the new members (or completes without those
+    // removed) leaf by leaf.
+    if (!view.accepts_relay_blocks() || members != round->members()) {
+      release.push_back(key);
+    }
+  }
+  for (const BlockKey& key : release) Release(key, actions);
+}
+
+}  // namespace syncnorm

@@ -1,0 +1,134 @@
+// The relay's rounds (docs/relay.md): each rank's contribution is held in
+// its block round until every member of the block has sent, then the
+// block goes to the layer's shard as one merged contribution, or each
+// contribution goes through unmerged when merging would not be exact.
+#ifndef SYNCNORM_RELAY_RELAY_H_
+#define SYNCNORM_RELAY_RELAY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "relay/answers.h"
+#include "relay/block_round.h"
+#include "relay/job_view.h"
+#include "relay/relay_options.h"
+#include "relay/timer_queue.h"
+#include "relay/upstream.h"
+#include "syncnorm/v1/aggregator.pb.h"
+
+namespace syncnorm {
+
+// What the relay did, since it started.
+struct RelayCounters {
+  // Merged blocks sent to a shard.
+  int64_t blocks_forwarded = 0;
+  // Contributions sent through unmerged.
+  int64_t passed_through = 0;
+};
+
+// Thread-safe. Answers go out on gRPC's or the timer queue's threads, or
+// inline in Contribute for a refusal; never under the relay's lock.
+class Relay {
+ public:
+  // `upstream` and `timers` outlive the relay, and the timer queue stops
+  // before it goes. REQUIRES: options valid (RelayServer checks them).
+  Relay(const RelayOptions& options, Upstream& upstream, TimerQueue& timers);
+
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  // Takes one rank's contribution; `done` gets its answer exactly once:
+  // the shard's result, the shard's failure in-band (RoundResult.error),
+  // INVALID_ARGUMENT for a contribution that carries a relay block (a
+  // relay of relays is not supported), RESOURCE_EXHAUSTED past the
+  // relay's bounds.
+  void Contribute(v1::Contribution c, AnswerFn done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  RelayCounters counters() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // A job as one shard serves it: a sharded job's shards each say which
+  // steps they have completed.
+  using JobKey = std::pair<std::string, int>;  // (job_id, shard)
+  // (job, shard, layer, step, phase, backward index, group, block).
+  using BlockKey =
+      std::tuple<std::string, int, int, int64_t, int, int, int, int>;
+  using Actions = std::vector<std::function<void()>>;
+
+  struct Pending {
+    v1::Contribution contribution;
+    AnswerFn done;
+  };
+  struct JobEntry {
+    std::optional<JobView> view;
+    bool fetching = false;
+    // The highest step a GetJob was read for after it arrived: a step at
+    // or past the view's next_step rereads the job once.
+    int64_t fresh_step = -1;
+    // Contributions waiting for the fetch.
+    std::vector<Pending> waiting;
+    int open_blocks = 0;
+  };
+
+  void Place(const JobKey& jk, JobEntry& job, Pending p, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The block's members at the round's step, by position, and the ranks
+  // of its positions.
+  void BlockRanks(const JobView& view, int group, int block, int64_t step,
+                  std::vector<int>& positions, std::vector<int>& members) const;
+  void Complete(const BlockKey& key, BlockRound& round, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends every contribution the block holds through, each to its own
+  // waiters, and forgets the block.
+  void Release(const BlockKey& key, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Forget(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PassThrough(int shard, v1::Contribution c, std::vector<AnswerFn> waiters,
+                   absl::Time deadline, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fetch(const JobKey& jk, JobEntry& job, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fetched(const JobKey& jk, absl::StatusOr<v1::JobInfo> info)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Releases the job's blocks whose members the new view changed.
+  void Recheck(const JobKey& jk, const JobView& view, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Check(const BlockKey& key) ABSL_LOCKS_EXCLUDED(mu_);
+  void ScheduleCheck(const BlockKey& key, absl::Time when);
+  void BlockAnswered(const BlockKey& key, const grpc::Status& status,
+                     v1::RoundResult result) ABSL_LOCKS_EXCLUDED(mu_);
+  // When an incomplete block goes through: the quorum's grace or the round
+  // timeout, less the margin, from its first arrival.
+  absl::Time PassAt(const JobView& view, absl::Time first) const;
+  // How long to resend to a shard: the job's round timeout from `first`.
+  absl::Time RetryDeadline(const JobView* view, absl::Time first) const;
+
+  // Constant after construction.
+  const RelayOptions options_;
+  Upstream& upstream_;
+  TimerQueue& timers_;
+
+  mutable absl::Mutex mu_;
+  std::map<JobKey, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<BlockKey, std::unique_ptr<BlockRound>> blocks_ ABSL_GUARDED_BY(mu_);
+  // Block rounds answered or released, most recent last, so that a late
+  // rank or a retry goes through: at most kRememberedBlocks.
+  std::map<BlockKey, int64_t> done_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, BlockKey> done_order_ ABSL_GUARDED_BY(mu_);
+  int64_t done_serial_ ABSL_GUARDED_BY(mu_) = 0;
+  RelayCounters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_RELAY_RELAY_H_

@@ -1,0 +1,58 @@
+// Options of the relay (docs/relay.md): what main.cc's flags set.
+#ifndef SYNCNORM_RELAY_RELAY_OPTIONS_H_
+#define SYNCNORM_RELAY_RELAY_OPTIONS_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace syncnorm {
+
+struct RelayOptions {
+  // HOST:PORT the relay serves its ranks on (plaintext); port 0 picks a
+  // free port (RelayServer::port). Default 127.0.0.1:50061.
+  std::string listen = "127.0.0.1:50061";
+
+  // The aggregator shards, in ordinal order, as the client's address
+  // (client/shard_router.h ParseShardList): each (job, layer) goes to the
+  // shard the client's rendezvous hash picks. Required.
+  std::string upstream;
+
+  // B: positions per block, a power of two from 1 to 65,536. The relay
+  // merges an aligned block of B positions of a group into one upstream
+  // contribution. Default 8 (the capacity model's best fan-in).
+  int block_positions = 8;
+
+  // The relay's own bearer token for the shards (a token with the `relay`
+  // or `admin` scope takes blocks). Empty: none. Default empty.
+  std::string upstream_token;
+
+  // Tokens file of the ranks' tokens, in the aggregator's format
+  // (server/rpc/auth.h), reread every second. Empty: no check. Default
+  // empty.
+  std::string tokens_file;
+
+  // How long an incomplete block waits before the relay rereads the job
+  // (GetJob), so that a membership change completes or releases it.
+  // Positive. Default 100 ms.
+  absl::Duration job_refresh = absl::Milliseconds(100);
+
+  // How much before the job's quorum grace or round timeout (from the
+  // block's first arrival) an incomplete block is passed through, for the
+  // hop to the shard. At least 0. Default 20 ms.
+  absl::Duration pass_through_margin = absl::Milliseconds(20);
+
+  // The most block rounds of one job held at once (waiting for ranks or
+  // for the shard's answer); past it a contribution that would open
+  // another is refused RESOURCE_EXHAUSTED. Bounds what callers can make
+  // the relay hold. Positive. Default 4096.
+  int max_pending_blocks_per_job = 4096;
+
+  // The most jobs the relay holds a JobInfo of; past it a contribution of
+  // another job is refused RESOURCE_EXHAUSTED. Positive. Default 1024.
+  int max_jobs = 1024;
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_RELAY_RELAY_OPTIONS_H_

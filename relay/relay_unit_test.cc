@@ -1,0 +1,143 @@
+// The relay's pieces without a network: the job's layout and membership as
+// GetJob describes them, the missing ranks of a ReduceOnce error, the
+// timer queue.
+#include <atomic>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "relay/answers.h"
+#include "relay/job_view.h"
+#include "relay/timer_queue.h"
+
+namespace syncnorm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+TEST(JobViewTest, ConsecutiveGroupsPlaceRanksInBlocks) {
+  v1::JobInfo info;
+  info.set_world_size(24);
+  info.set_group_size(12);
+  absl::StatusOr<JobView> v = JobView::FromProto(info);
+  ASSERT_TRUE(v.ok()) << v.status();
+  std::optional<RankPlace> p = v->Place(21, 8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->group, 1);
+  EXPECT_EQ(p->position, 9);
+  EXPECT_EQ(p->block, 1);
+  // The last block of a group of 12 holds 4 positions.
+  EXPECT_THAT(v->PositionRanks(1, 8, 8), ElementsAre(20, 21, 22, 23));
+  EXPECT_FALSE(v->Place(24, 8).has_value());
+  EXPECT_FALSE(v->Place(-1, 8).has_value());
+}
+
+TEST(JobViewTest, ExplicitGroupsUseTheirListsPositions) {
+  v1::JobInfo info;
+  info.set_world_size(4);
+  for (auto ranks : {std::vector<int>{0, 2}, std::vector<int>{1, 3}}) {
+    v1::RankGroup* g = info.add_groups();
+    for (int r : ranks) g->add_ranks(r);
+  }
+  absl::StatusOr<JobView> v = JobView::FromProto(info);
+  ASSERT_TRUE(v.ok()) << v.status();
+  std::optional<RankPlace> p = v->Place(3, 2);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->group, 1);
+  EXPECT_EQ(p->position, 1);
+  EXPECT_THAT(v->PositionRanks(1, 0, 2), ElementsAre(1, 3));
+}
+
+TEST(JobViewTest, MembershipChangesApplyFromTheirStep) {
+  v1::JobInfo info;
+  info.set_world_size(8);
+  v1::MembershipChange* first = info.mutable_membership()->add_history();
+  first->set_step(0);
+  for (int r : {0, 7}) first->add_member_runs(r);
+  v1::MembershipChange* second = info.mutable_membership()->add_history();
+  second->set_step(5);
+  for (int r : {0, 2, 4, 7}) second->add_member_runs(r);  // 3 left
+  absl::StatusOr<JobView> v = JobView::FromProto(info);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->IsMember(3, 4));
+  EXPECT_FALSE(v->IsMember(3, 5));
+  EXPECT_TRUE(v->IsMember(4, 100));
+}
+
+TEST(JobViewTest, RefusesBadRuns) {
+  v1::JobInfo info;
+  info.set_world_size(4);
+  v1::MembershipChange* c = info.mutable_membership()->add_history();
+  for (int r : {0, 9}) c->add_member_runs(r);
+  EXPECT_FALSE(JobView::FromProto(info).ok());
+}
+
+TEST(MissingRanksOfTest, ReadsRankListsAndRuns) {
+  EXPECT_THAT(MissingRanksOf("deadline waiting for ranks [2, 5-7]"),
+              ElementsAre(2, 5, 6, 7));
+  EXPECT_THAT(MissingRanksOf("round failed (missing ranks [3])"),
+              ElementsAre(3));
+  // Only some named: none rather than a wrong list.
+  EXPECT_THAT(MissingRanksOf("waiting for ranks [0, 2, and 993 more]"),
+              IsEmpty());
+  EXPECT_THAT(MissingRanksOf("no ranks here"), IsEmpty());
+  EXPECT_THAT(MissingRanksOf("ranks [4, 2]"), IsEmpty());
+}
+
+TEST(ErrorAnswerTest, EchoesTheKeyAndNamesTheMissingRanks) {
+  v1::Contribution key;
+  key.set_job_id("j");
+  key.set_layer(3);
+  key.set_step(9);
+  key.set_phase(v1::BACKWARD);
+  key.set_backward_index(1);
+  RoundAnswer a = ErrorAnswer(
+      key, absl::DeadlineExceededError("deadline waiting for ranks [1, 4]"));
+  EXPECT_EQ(a->job_id(), "j");
+  EXPECT_EQ(a->layer(), 3);
+  EXPECT_EQ(a->step(), 9);
+  EXPECT_EQ(a->phase(), v1::BACKWARD);
+  EXPECT_EQ(a->backward_index(), 1);
+  EXPECT_EQ(a->error().code(),
+            static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_THAT(a->error().missing_ranks(), ElementsAre(1, 4));
+  const grpc::Status s = UnaryStatus(*a);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(s.error_message(), "deadline waiting for ranks [1, 4]");
+}
+
+TEST(TimerQueueTest, RunsInTimeOrderAndDropsAfterStop) {
+  TimerQueue timers;
+  std::vector<int> order;
+  absl::Mutex mu;
+  absl::Notification done;
+  const absl::Time now = absl::Now();
+  timers.At(now + absl::Milliseconds(60), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(3);
+    done.Notify();
+  });
+  timers.At(now + absl::Milliseconds(30), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(2);
+  });
+  timers.At(now - absl::Seconds(1), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(1);
+  });
+  done.WaitForNotification();
+  EXPECT_GE(absl::Now() - now, absl::Milliseconds(60));
+  timers.Stop();
+  std::atomic<bool> ran{false};
+  timers.At(now, [&] { ran = true; });
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(ran);
+  absl::MutexLock l(&mu);
+  EXPECT_THAT(order, ElementsAre(1, 2, 3));
+}
+
+}  // namespace
+}  // namespace syncnorm

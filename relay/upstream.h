@@ -1,0 +1,98 @@
+// The relay's calls to the aggregator shards: one channel per shard, the
+// callback API (no thread waits on a call), resends of what a shard could
+// not take.
+#ifndef SYNCNORM_RELAY_UPSTREAM_H_
+#define SYNCNORM_RELAY_UPSTREAM_H_
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "relay/timer_queue.h"
+#include "syncnorm/v1/aggregator.grpc.pb.h"
+
+namespace syncnorm {
+
+// Thread-safe. Callbacks run on gRPC's or the timer queue's threads, never
+// inline in the call that starts them, and never under a lock of this
+// class.
+class Upstream {
+ public:
+  // Resends start after this and double up to kMaxBackoff.
+  static constexpr absl::Duration kInitialBackoff = absl::Milliseconds(20);
+  static constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+  // GetJob's deadline.
+  static constexpr absl::Duration kGetJobTimeout = absl::Seconds(10);
+
+  // `shards`: addresses in ordinal order (not empty); `token`: sent as
+  // `authorization: Bearer` when not empty. `timers` outlives this.
+  Upstream(std::vector<std::string> shards, std::string token,
+           TimerQueue& timers);
+  // Shutdown().
+  ~Upstream();
+
+  Upstream(const Upstream&) = delete;
+  Upstream& operator=(const Upstream&) = delete;
+
+  int num_shards() const { return static_cast<int>(stubs_.size()); }
+
+  // The shard's answer to one ReduceOnce: its status and, when OK, result.
+  using ReduceDone = std::function<void(const grpc::Status&, v1::RoundResult)>;
+  // Sends `c` to shard `shard` (ReduceOnce, no deadline of its own) and
+  // resends it while the shard is unreachable (UNAVAILABLE: not started,
+  // or a connection that broke) until `deadline`: the shard's idempotency
+  // makes a resend of the same contribution safe. `done` runs once.
+  void Reduce(int shard, v1::Contribution c, absl::Time deadline,
+              ReduceDone done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  using JobDone = std::function<void(absl::StatusOr<v1::JobInfo>)>;
+  // GetJob of `job_id` on shard `shard`, within kGetJobTimeout.
+  void GetJob(int shard, const std::string& job_id, JobDone done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Cancels the calls in flight and waits until their callbacks returned;
+  // later calls fail UNAVAILABLE. Idempotent.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct ReduceCall;
+
+  void Attempt(std::shared_ptr<ReduceCall> call) ABSL_LOCKS_EXCLUDED(mu_);
+  void Attempted(std::shared_ptr<ReduceCall> call, const grpc::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers a call's context; false once shutting down.
+  bool Begin(const std::shared_ptr<grpc::ClientContext>& context)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // After the call's callback did all it does.
+  void End(const std::shared_ptr<grpc::ClientContext>& context)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A context with the token and `deadline` (none when infinite).
+  std::shared_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
+
+  // Constant after construction.
+  const std::string authorization_;  // "Bearer <token>", or empty
+  TimerQueue& timers_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;
+
+  absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Calls in flight (a resend waiting for its time is the timer queue's:
+  // stop it before destroying this).
+  // Shared, so that Shutdown may cancel one outside the lock (a cancel
+  // may run the call's callback on its own thread).
+  std::set<std::shared_ptr<grpc::ClientContext>> in_flight_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace syncnorm
+
+#endif  // SYNCNORM_RELAY_UPSTREAM_H_
