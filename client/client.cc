@@ -123,6 +123,11 @@ Client::Client(const ClientOptions& options) : options_(options) {
     shards_.push_back(
         Shard{std::move(address), std::move(channel), std::move(stub)});
   }
+  if (!options_.relay.empty()) {
+    ClientOptions relay = options_;
+    relay.address = options_.relay;
+    relay_channel_ = MakeChannel(relay);
+  }
 }
 
 std::vector<std::string> Client::shards() const {
@@ -137,13 +142,15 @@ int Client::ShardOf(const std::string& job_id, int layer) const {
 
 std::unique_ptr<Contributor> Client::NewContributor(const std::string& job_id,
                                                     int rank) const {
-  return std::make_unique<Contributor>(shards_[0].channel, job_id, rank,
-                                       options_);
+  // A relay takes every layer's rounds and routes them itself.
+  return std::make_unique<Contributor>(
+      relay_channel_ != nullptr ? relay_channel_ : shards_[0].channel, job_id,
+      rank, options_);
 }
 
 std::unique_ptr<NodeGroup> Client::NewNodeGroup(const std::string& job_id,
                                                 int rank) const {
-  if (shards_.size() == 1) {
+  if (shards_.size() == 1 || relay_channel_ != nullptr) {
     return std::make_unique<SoloNodeGroup>(NewContributor(job_id, rank));
   }
   std::vector<std::shared_ptr<grpc::Channel>> channels;

@@ -135,13 +135,16 @@ class Client {
       std::optional<absl::Duration> timeout = std::nullopt);
 
   // A contributor for `rank` of the job, with its own Reduce stream on this
-  // client's channel. With several shards it reaches shard 0 only (rounds
-  // of layers held elsewhere fail FAILED_PRECONDITION): use NewNodeGroup.
+  // client's channel, or on the relay's (ClientOptions::relay), which takes
+  // every layer. With several shards and no relay it reaches shard 0 only
+  // (rounds of layers held elsewhere fail FAILED_PRECONDITION): use
+  // NewNodeGroup.
   std::unique_ptr<Contributor> NewContributor(const std::string& job_id,
                                               int rank) const;
 
   // The node group of a node with one worker, `rank` of the job: its rounds
-  // go to the shard of each layer (a SoloNodeGroup with one shard). Also
+  // go to the shard of each layer (a SoloNodeGroup with one shard), or all
+  // to the relay when there is one. Also
   // the upstream of a ThreadNode or an NCCL node's leader.
   std::unique_ptr<NodeGroup> NewNodeGroup(const std::string& job_id,
                                           int rank) const;
@@ -152,6 +155,9 @@ class Client {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Aggregator::Stub> stub;
   };
+
+  // The channel to options_.relay; null without a relay.
+  std::shared_ptr<grpc::Channel> relay_channel_;
 
   // One call to shard `shard`. Errors name the shard when there are
   // several; a server unreachable for the whole call is UNAVAILABLE.

@@ -44,6 +44,12 @@ struct ClientOptions {
   // Default 5 s.
   absl::Duration connect_timeout = absl::Seconds(5);
 
+  // The address of this rank's relay (docs/relay.md), "host:port"; empty:
+  // none. Rounds (Reduce streams) go there, every layer's, and the relay
+  // routes each to its layer's shard; every other call goes to the shards.
+  // Default empty.
+  std::string relay;
+
   // ---- Credentials (see docs/operations.md, "Security") ----
   // TLS: on when `tls` is set or any PEM below is given. tls_root_ca: the
   // CA that signed the server's certificate (PEM text; empty: the system's

@@ -185,29 +185,34 @@ void BindNodeGroups(py::module_& m) {
 void BindClientClass(py::module_& m) {
   py::class_<PyClient>(m, "Client",
                        "A connection to one aggregator; thread-safe.")
-      .def(py::init(
-               [](const std::string& address, double rpc_timeout_s,
-                  double round_timeout_s, const std::string& token, bool tls,
-                  const std::string& root_ca, const std::string& client_cert,
-                  const std::string& client_key, double connect_timeout_s) {
-                 ClientOptions options =
-                     MakeOptions(address, rpc_timeout_s, round_timeout_s,
-                                 connect_timeout_s);
-                 options.token = token;
-                 options.tls = tls;
-                 options.tls_root_ca = root_ca;
-                 options.tls_client_cert = client_cert;
-                 options.tls_client_key = client_key;
-                 return std::make_unique<PyClient>(options);
-               }),
+      .def(py::init([](const std::string& address, double rpc_timeout_s,
+                       double round_timeout_s, const std::string& token,
+                       bool tls, const std::string& root_ca,
+                       const std::string& client_cert,
+                       const std::string& client_key, double connect_timeout_s,
+                       const std::string& relay) {
+             ClientOptions options = MakeOptions(
+                 address, rpc_timeout_s, round_timeout_s, connect_timeout_s);
+             options.token = token;
+             options.tls = tls;
+             options.tls_root_ca = root_ca;
+             options.tls_client_cert = client_cert;
+             options.tls_client_key = client_key;
+             options.relay = relay;
+             return std::make_unique<PyClient>(options);
+           }),
            py::arg("address"), py::arg("rpc_timeout_s") = 30.0,
            py::arg("round_timeout_s") = 60.0, py::arg("token") = "",
            py::arg("tls") = false, py::arg("root_ca") = "",
            py::arg("client_cert") = "", py::arg("client_key") = "",
-           py::arg("connect_timeout_s") = 5.0,
+           py::arg("connect_timeout_s") = 5.0, py::arg("relay") = "",
            "token: bearer token sent on every call; tls: TLS (also implied "
            "by any PEM); root_ca, client_cert, client_key: PEM text; "
-           "connect_timeout_s: how long one connection attempt may take.")
+           "connect_timeout_s: how long one connection attempt may take; "
+           "relay: host:port of this rank's relay, which takes its rounds "
+           "(empty: none).")
+      .def_property_readonly(
+          "relay", [](PyClient& c) { return c.client.options().relay; })
       .def_property_readonly(
           "address", [](PyClient& c) { return c.client.options().address; })
       .def_property_readonly(

@@ -185,12 +185,16 @@ class Client:
     mutual TLS. Each PEM is a path or the PEM text (str or bytes); any of
     them turns TLS on, as does tls=True (with the system's root CAs when
     root_ca is not given).
+
+    relay: "host:port" of this rank's relay (docs/relay.md): its rounds go
+    there, every layer's, and the relay sends them on to the shards; every
+    other call goes to the shards at address. None: no relay.
     """
 
     def __init__(self, address="127.0.0.1:50051", rpc_timeout=30.0,
                  round_timeout=60.0, *, token=None, root_ca=None,
                  client_cert=None, client_key=None, tls=False,
-                 connect_timeout=5.0):
+                 connect_timeout=5.0, relay=None):
         if (client_cert is None) != (client_key is None):
             raise ValueError("client_cert and client_key go together")
         self.rpc_timeout = float(rpc_timeout)
@@ -198,11 +202,16 @@ class Client:
             address, float(rpc_timeout), float(round_timeout),
             token=token or "", tls=bool(tls), root_ca=_pem(root_ca),
             client_cert=_pem(client_cert), client_key=_pem(client_key),
-            connect_timeout_s=float(connect_timeout))
+            connect_timeout_s=float(connect_timeout), relay=relay or "")
 
     @property
     def address(self):
         return self._raw.address
+
+    @property
+    def relay(self):
+        """The relay's address that rounds go to; None without one."""
+        return self._raw.relay or None
 
     @property
     def connect_timeout(self):
