@@ -39,6 +39,7 @@ constexpr char kAdminToken[] = "admin-0a1b2c3d4e5f6a7b8c9d";
 constexpr char kJobAToken[] = "job-a-9f8e7d6c5b4a3f2e1d0c";
 constexpr char kJobBToken[] = "job-b-00112233445566778899";
 constexpr char kLateToken[] = "late-aabbccddeeff00112233";
+constexpr char kRelayToken[] = "relay-5a6b7c8d9e0f1a2b3c4d";
 
 void WriteAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -274,9 +275,10 @@ class TokensTest : public SecurityTest {
   void SetUp() override {
     SecurityTest::SetUp();
     tokens_ = dir_ + "/tokens";
-    WriteAtomically(tokens_, absl::StrCat("# test tokens\n", kAdminToken,
-                                          " admin\n", kJobAToken, " job:a\n",
-                                          kJobBToken, " job:b,job:c\n"));
+    WriteAtomically(
+        tokens_, absl::StrCat("# test tokens\n", kAdminToken, " admin\n",
+                              kJobAToken, " job:a\n", kJobBToken,
+                              " job:b,job:c\n", kRelayToken, " relay,job:a\n"));
     auto server = AggregatorProcess::Start(dir_, {"--tokens_file=" + tokens_});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -303,7 +305,8 @@ class TokensTest : public SecurityTest {
   // No token value in the server's log.
   void ExpectNoTokenInLog() {
     const std::string log = ReadFile(dir_ + "/aggregator.log");
-    for (const char* t : {kAdminToken, kJobAToken, kJobBToken, kLateToken}) {
+    for (const char* t :
+         {kAdminToken, kJobAToken, kJobBToken, kLateToken, kRelayToken}) {
       EXPECT_FALSE(absl::StrContains(log, t)) << t << " in\n" << log;
     }
   }
@@ -372,6 +375,55 @@ TEST_F(TokensTest, EveryCallNeedsATokenForItsJob) {
     // Health stays open.
     EXPECT_EQ(CheckHealth(channel).value_or(-1), 1);
   }
+  ExpectNoTokenInLog();
+}
+
+// A relay block vouches for its ranks' fingerprints: a trainer's job token
+// may not send one, on a stream or unary; the relay's token (relay and
+// the job) may, and only for its job.
+TEST_F(TokensTest, ARelayBlockNeedsTheRelayScope) {
+  ASSERT_TRUE(With(kAdminToken).CreateJob(Job("a", 2)).ok());
+  auto block = [](int64_t step) {
+    v1::Contribution c = Forward("a", step, 0);
+    c.mutable_moments()->set_count(8);  // ranks 0 and 1, 4 samples each
+    v1::RelayBlock* b = c.mutable_relay();
+    b->set_first_position(0);
+    b->set_positions(2);
+    b->add_rank_runs(0);
+    b->add_rank_runs(1);
+    b->add_fingerprints(1);
+    b->add_fingerprints(2);
+    b->set_fingerprint_kind(2);
+    return c;
+  };
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Aggregator::NewStub(channel);
+  const auto once = [&](const std::string& token, const v1::Contribution& c) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    v1::RoundResult result;
+    return stub->ReduceOnce(&context, c, &result);
+  };
+  grpc::Status st = once(kJobAToken, block(1));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "'relay' or 'admin'"))
+      << st.error_message();
+  {
+    // In-band on a stream, which stays usable.
+    std::unique_ptr<Contributor> c = With(kJobAToken).NewContributor("a", 0);
+    absl::StatusOr<v1::RoundResult> r = c->Round(block(1));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+        << r.status();
+  }
+  // The relay's token: its block completes the round of both ranks.
+  st = once(kRelayToken, block(1));
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  v1::Contribution other_job = block(1);
+  other_job.set_job_id("b");
+  st = once(kRelayToken, other_job);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   ExpectNoTokenInLog();
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -26,6 +27,18 @@ const char* PhaseName(Phase phase);
 // monostate when the sender gave none.
 using Payload = std::variant<std::monostate, Moments, GradSums>;
 
+// What a relay merged into one contribution (Contribution.relay on the
+// wire, docs/relay.md): an aligned block of a group's positions.
+struct RelayBlock {
+  int first_position = 0;  // a multiple of `positions`
+  int positions = 0;       // a power of two
+  // The ranks merged, ascending: the block's members at the step.
+  std::vector<int> ranks;
+  // Per rank of `ranks`: ContributionFingerprint of its payload and update,
+  // of kFingerprintKind.
+  std::vector<uint64_t> fingerprints;
+};
+
 // One rank's share of a round, keyed by (job_id, layer, step, phase,
 // backward, rank).
 struct Contribution {
@@ -41,6 +54,10 @@ struct Contribution {
   // BACKWARD: which backward through the step's forward (from 0), each its
   // own round (Contribution.backward_index on the wire). 0 for FORWARD.
   int backward = 0;
+  // Set when a relay sent this for a block of ranks: `rank` is the block's
+  // first merged rank, `payload` and `update` the block's merge and the
+  // update each of its ranks sent.
+  std::optional<RelayBlock> block;
 };
 
 // Causes of a failed round a client may act on; values match the wire's

@@ -126,6 +126,57 @@ absl::Status LayerRendezvous::Conflict(const Contribution& c) const {
       "); a retry must resend the identical contribution"));
 }
 
+absl::Status LayerRendezvous::BlockError(const Contribution& c) const {
+  const RelayBlock& b = *c.block;
+  if (spec_.staleness > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", BoundedText(spec_.job_id),
+        "' is stale-synchronous (staleness ", spec_.staleness,
+        "): every rank's answer merges its own view, so no "
+        "relay block serves it; a relay passes its contributions through"));
+  }
+  const bool power_of_two =
+      b.positions > 0 && (b.positions & (b.positions - 1)) == 0;
+  if (!power_of_two || b.first_position < 0 ||
+      b.first_position % b.positions != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "relay block at positions [", b.first_position, ", ",
+        int64_t{b.first_position} + b.positions,
+        ") is not an aligned block: its size must be a power of two and its "
+        "first position a multiple of it, so that it is a subtree of the "
+        "round's merge"));
+  }
+  if (b.ranks.empty() || b.ranks.front() != c.rank ||
+      b.fingerprints.size() != b.ranks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "relay block of rank ", c.rank, " merges ", b.ranks.size(),
+        " ranks with ", b.fingerprints.size(),
+        " fingerprints: it needs at least one rank, the contribution's rank "
+        "first, and one fingerprint per rank"));
+  }
+  const int group = layout_.GroupOf(c.rank);
+  for (size_t k = 0; k < b.ranks.size(); ++k) {
+    const int rank = b.ranks[k];
+    if (k > 0 && rank <= b.ranks[k - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "relay block of rank ", c.rank, ": its ranks must ascend, and rank ",
+          rank, " follows rank ", b.ranks[k - 1]));
+    }
+    const bool in_group =
+        rank < spec_.world_size && layout_.GroupOf(rank) == group;
+    const int position = in_group ? layout_.IndexInGroup(rank) : -1;
+    if (!in_group || position < b.first_position ||
+        position - b.first_position >= b.positions) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "relay block at positions [", b.first_position, ", ",
+          int64_t{b.first_position} + b.positions, ") of rank ", c.rank,
+          "'s group names rank ", rank,
+          ", which is not at one of those positions of that group"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LayerRendezvous::Replaced(const Contribution& c) const {
   return absl::AbortedError(absl::StrCat(
       "a newer retry of this contribution (job ", BoundedText(spec_.job_id),
@@ -150,13 +201,27 @@ void LayerRendezvous::SetRoles(Round& round, int64_t step,
                                const Membership& members,
                                Deliveries& out) const {
   std::vector<RoundCallback> dropped;
+  std::vector<RoundCallback> evicted;
   round.SetRoles(
       [&](int rank) {
         if (!members.IsMember(rank, step)) return Round::Role::kOutside;
         return members.Excused(rank, step) ? Round::Role::kExcused
                                            : Round::Role::kMember;
       },
-      dropped);
+      dropped, evicted);
+  // A relay's block cannot lose one rank: its merge goes whole, and the
+  // relay sends its ranks one by one (docs/relay.md).
+  for (RoundCallback& done : evicted) {
+    out.push_back(
+        Failure(std::move(done),
+                absl::AbortedError(absl::StrCat(
+                    "a relay block of layer ", layer_, ", step ", step,
+                    " was dropped: the members of its positions changed (job '",
+                    BoundedText(spec_.job_id), "', membership version ",
+                    members.version(),
+                    "); send its ranks' contributions one by "
+                    "one"))));
+  }
   if (dropped.empty()) return;
   // Only a rank that has left can lose its contribution; say which.
   for (RoundCallback& done : dropped) {
@@ -248,6 +313,12 @@ void LayerRendezvous::ContributeLocked(Contribution c,
     out.push_back(Failure(std::move(done), NotMember(c.rank, c.step, members)));
     return;
   }
+  if (c.block.has_value()) {
+    if (absl::Status s = BlockError(c); !s.ok()) {
+      out.push_back(Failure(std::move(done), std::move(s)));
+      return;
+    }
+  }
   if (spec_.staleness > 0) {
     ContributeStale(std::move(c), members, std::move(done), now, out, applied);
     return;
@@ -295,9 +366,29 @@ void LayerRendezvous::AddToRound(const RoundKey& key, Round& round,
                                  absl::Time now, Deliveries& out,
                                  bool& applied) {
   RoundCallback evicted;
-  const Round::AddResult added =
-      round.Add(c.rank, std::move(c.payload), std::move(c.update),
-                std::move(done), now, &evicted);
+  Round::AddResult added;
+  if (c.block.has_value()) {
+    int conflict = -1;
+    absl::StatusOr<Round::AddResult> block =
+        round.AddBlock(*c.block, std::move(c.payload), c.update,
+                       std::move(done), now, &evicted, &conflict);
+    if (!block.ok()) {
+      // Only the block is refused; the round goes on.
+      out.push_back(Failure(
+          std::move(done),
+          absl::Status(
+              block.status().code(),
+              absl::StrCat(RoundLabel(key), ": ", block.status().message()))));
+      // A round this block opened holds nothing.
+      if (round.received() == 0 && round.waiters() == 0) rounds_.erase(key);
+      return;
+    }
+    added = *block;
+    if (added == Round::AddResult::kConflict) c.rank = conflict;
+  } else {
+    added = round.Add(c.rank, std::move(c.payload), std::move(c.update),
+                      std::move(done), now, &evicted);
+  }
   if (evicted != nullptr) {
     out.push_back(Failure(std::move(evicted), Replaced(c)));
   }
@@ -354,6 +445,29 @@ void LayerRendezvous::Notify(absl::Span<const RoundReport> reports,
 void LayerRendezvous::AnswerRetry(const RecentRounds::Entry& entry,
                                   const Contribution& c, RoundCallback done,
                                   Deliveries& out) const {
+  if (c.block.has_value()) {
+    // Each merged rank is checked as its own retry would be; fingerprints
+    // of another kind cannot be compared, as for a direct retry's payload
+    // they would only be recomputed.
+    for (size_t k = 0; k < c.block->ranks.size(); ++k) {
+      const int rank = c.block->ranks[k];
+      const std::optional<uint64_t>& sent =
+          entry.fingerprints[layout_.IndexInGroup(rank)];
+      if (sent.has_value() && entry.fingerprint_kind == kFingerprintKind &&
+          *sent != c.block->fingerprints[k]) {
+        Contribution named;
+        named.layer = c.layer;
+        named.step = c.step;
+        named.phase = c.phase;
+        named.backward = c.backward;
+        named.rank = rank;
+        out.push_back(Failure(std::move(done), Conflict(named)));
+        return;
+      }
+    }
+    out.push_back(Delivery{std::move(done), entry.outcome});
+    return;
+  }
   const std::optional<uint64_t>& sent =
       entry.fingerprints[layout_.IndexInGroup(c.rank)];
   if (sent.has_value() &&

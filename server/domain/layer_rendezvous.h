@@ -354,6 +354,10 @@ class LayerRendezvous {
   // the callbacks of ranks put outside are failed into `out`.
   void SetRoles(Round& round, int64_t step, const Membership& members,
                 Deliveries& out) const;
+  // What is wrong with c.block where the spec and layout tell (the ranks'
+  // group and positions, the job's kind); OK if nothing. The members are
+  // checked by the round.
+  absl::Status BlockError(const Contribution& c) const;
   // For the waiter a retry evicted (Round::kMaxWaitersPerRank).
   absl::Status Replaced(const Contribution& c) const;
 

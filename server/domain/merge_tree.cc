@@ -1,5 +1,6 @@
 #include "server/domain/merge_tree.h"
 
+#include <algorithm>
 #include <utility>
 #include <variant>
 
@@ -49,9 +50,75 @@ void MergeTree::Add(int i, Payload payload) {
   }
 }
 
+void MergeTree::Clear(int node) {
+  if (IsLeaf(node)) return;
+  for (int child : {2 * node, 2 * node + 1}) {
+    Clear(child);
+    Node& n = nodes_[child];
+    n.value.reset();
+    n.open = 0;
+    n.present = 0;
+    if (n.block) blocks_.erase(child);
+    n.block = false;
+    overflow_.erase(child);
+  }
+}
+
+void MergeTree::RecountAbove(int node) {
+  for (int u = node / 2; u >= 1; u /= 2) {
+    nodes_[u].open = nodes_[2 * u].open + nodes_[2 * u + 1].open;
+    nodes_[u].present = nodes_[2 * u].present + nodes_[2 * u + 1].present;
+  }
+}
+
+void MergeTree::AddBlock(int first, int positions, int merged, int first_rank,
+                         Payload payload) {
+  // A block wider than the tree is the whole tree (first is then 0).
+  const int node = BlockNode(first, std::min(positions, leaves_));
+  Clear(node);
+  overflow_.erase(node);
+  Node& n = nodes_[node];
+  n.value = std::move(payload);
+  n.open = 0;
+  n.present = merged;
+  n.block = true;
+  blocks_[node] = first_rank;
+  RecountAbove(node);
+  for (int u = node / 2; u >= 1 && nodes_[u].open == 0; u /= 2) {
+    if (BothPresent(u)) Merge(u);
+  }
+}
+
+void MergeTree::RemoveBlock(int first, int positions) {
+  const int node = BlockNode(first, std::min(positions, leaves_));
+  Node& n = nodes_[node];
+  n.value.reset();
+  n.block = false;
+  blocks_.erase(node);
+}
+
 void MergeTree::Reset(absl::FunctionRef<bool(int)> may_send) {
+  // The positions under a block (above a leaf) stay closed and empty.
+  std::vector<bool> covered;
+  for (const auto& [node, rank] : blocks_) {
+    if (IsLeaf(node)) continue;
+    if (covered.empty()) covered.resize(leaves_);
+    int lo = node;
+    int hi = node;
+    while (!IsLeaf(lo)) {
+      lo = 2 * lo;
+      hi = 2 * hi + 1;
+    }
+    for (int leaf = lo; leaf <= hi; ++leaf) covered[leaf - leaves_] = true;
+  }
   for (size_t i = 0; i < ranks_.size(); ++i) {
     Node& leaf = nodes_[leaves_ + i];
+    if (!covered.empty() && covered[i]) {
+      leaf.value.reset();
+      leaf.present = 0;
+      leaf.open = 0;
+      continue;
+    }
     const bool may = may_send(static_cast<int>(i));
     if (!may) leaf.value.reset();
     leaf.present = leaf.value.has_value() ? 1 : 0;
@@ -61,6 +128,7 @@ void MergeTree::Reset(absl::FunctionRef<bool(int)> may_send) {
   // Children before parents, so that a merge finds its children's holders.
   for (int u = leaves_ - 1; u >= 1; --u) {
     Node& n = nodes_[u];
+    if (n.block) continue;  // kept as sent, closed, its count as merged
     n.value.reset();
     n.open = nodes_[2 * u].open + nodes_[2 * u + 1].open;
     n.present = nodes_[2 * u].present + nodes_[2 * u + 1].present;
@@ -77,6 +145,7 @@ int MergeTree::Holder(int node) const {
 
 int MergeTree::FirstRank(int node) const {
   while (!IsLeaf(node)) {
+    if (nodes_[node].block) return blocks_.at(node);
     node = nodes_[2 * node].present > 0 ? 2 * node : 2 * node + 1;
   }
   return ranks_[node - leaves_];
@@ -86,9 +155,9 @@ void MergeTree::Merge(int node) {
   const int a = Holder(2 * node);
   const int b = Holder(2 * node + 1);
   std::optional<Payload>& value = nodes_[node].value;
-  // A leaf stays as sent; a merged child's value moves up.
-  value = IsLeaf(a) ? *nodes_[a].value : *std::move(nodes_[a].value);
-  if (!IsLeaf(a)) nodes_[a].value.reset();
+  // A leaf or block stays as sent; a merged child's value moves up.
+  value = Kept(a) ? *nodes_[a].value : *std::move(nodes_[a].value);
+  if (!Kept(a)) nodes_[a].value.reset();
   // A count overflow below wins over this node's own, the left one first.
   absl::Status error;
   for (int child : {a, b}) {
@@ -112,7 +181,7 @@ void MergeTree::Merge(int node) {
   } else {
     AddGradSums(std::get<GradSums>(*value), std::get<GradSums>(right));
   }
-  if (!IsLeaf(b)) nodes_[b].value.reset();
+  if (!Kept(b)) nodes_[b].value.reset();
   if (!error.ok()) overflow_.emplace(node, std::move(error));
 }
 
@@ -127,7 +196,7 @@ void MergeTree::MergeOpen(int node) {
 
 Payload MergeTree::TakeResult(int holder) {
   Payload result;
-  if (IsLeaf(holder)) {
+  if (Kept(holder)) {
     result = *nodes_[holder].value;
   } else {
     result.swap(*nodes_[holder].value);

@@ -32,11 +32,11 @@ namespace syncnorm {
 // O(C log W) at the last arrival; a round completed with positions missing
 // (quorum) merges the nodes above those at its end.
 //
-// Memory: each payload as sent (a leaf) is kept until the round ends:
-// statistics health scores each rank, and a membership change may take one
-// out. A merged node lives only until its parent is merged; at most P/2
-// live at a time (each has a sibling still open). Besides the payloads,
-// 2P nodes of bookkeeping (sizeof(Node), about 80 bytes).
+// Memory: each payload as sent (a leaf or a relay's block) is kept until
+// the round ends: statistics health scores each rank, and a membership
+// change may take one out. A merged node lives only until its parent is merged;
+// at most P/2 live at a time (each has a sibling still open). Besides the
+// payloads, 2P nodes of bookkeeping (sizeof(Node), about 80 bytes).
 class MergeTree {
  public:
   // A tree over the positions of `ranks` (the group's global ranks, by
@@ -55,10 +55,27 @@ class MergeTree {
   // of the tree is of one kind and width.
   void Add(int i, Payload payload);
 
+  // Takes a relay's merge of the aligned block [first, first + positions)
+  // (RelayBlock) at the block's subtree node, as if its `merged` positions
+  // had sent, `first_rank` the first of them (named by an overflow error):
+  // the subtree closes, and whatever it held (leaves of ranks that also
+  // sent directly, merged nodes) is dropped, for the block merged the same
+  // payloads in the same order. Kept like a leaf until the round ends.
+  // REQUIRES: positions a power of two, first a multiple of it, first <
+  // the group's size; merged > 0; a payload of the tree's kind and width;
+  // no block at or above the node, nor a closed ancestor.
+  void AddBlock(int first, int positions, int merged, int first_rank,
+                Payload payload);
+  // Drops the block at [first, first + positions): its positions are
+  // empty, and reopen (as may_send says) at the next Reset, which the
+  // caller calls next. REQUIRES: a block is there.
+  void RemoveBlock(int first, int positions);
+
   // After a membership change: a position that may no longer send
   // (`may_send(i)` false) loses its payload and closes, one that may again
-  // opens; every merged node is merged again from the leaves (O(W C), on
-  // a membership change only).
+  // opens; every merged node is merged again from the leaves and blocks
+  // (O(W C), on a membership change only). A position under a block stays
+  // closed: the caller removes a block whose members changed.
   void Reset(absl::FunctionRef<bool(int)> may_send);
 
   // The fold of every payload present (Moments::Zero when none);
@@ -82,11 +99,23 @@ class MergeTree {
     // parent is not merged yet; empty when skipped (one child present)
     // or not merged yet.
     std::optional<Payload> value;
-    int open = 0;     // positions below that may still send
-    int present = 0;  // positions below with a payload
+    int open = 0;        // positions below that may still send
+    int present = 0;     // positions below with a payload
+    bool block = false;  // holds a relay's block (AddBlock): kept as sent
   };
 
   bool IsLeaf(int node) const { return node >= leaves_; }
+  // A node whose value is kept as sent until the round ends (copied up,
+  // never moved): a leaf or a block.
+  bool Kept(int node) const { return IsLeaf(node) || nodes_[node].block; }
+  // The node of the aligned block [first, first + positions).
+  int BlockNode(int first, int positions) const {
+    return (leaves_ + first) / positions;
+  }
+  // Empties every node strictly below `node` (values, counts, overflows).
+  void Clear(int node);
+  // Recounts open and present from `node`'s parent up to the root.
+  void RecountAbove(int node);
   // Both children of interior `node` have payloads below them: merging it
   // folds two results (otherwise it is its one child's, or nothing).
   bool BothPresent(int node) const {
@@ -112,6 +141,8 @@ class MergeTree {
   // Nodes whose merge overflowed a count, with why (an error names its
   // rank; the first error in the tree's order wins): empty in practice.
   std::map<int, absl::Status> overflow_;
+  // The block nodes, with their first merged rank.
+  std::map<int, int> blocks_;
 };
 
 }  // namespace syncnorm

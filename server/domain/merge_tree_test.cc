@@ -190,6 +190,149 @@ TEST(MergeTreeTest, AResetDropsAMergedPayloadAndMergesAgain) {
   ExpectNearPooled(got, m, present);
 }
 
+// A random cover of positions [lo, lo + size) by aligned blocks and single
+// positions, as relays at several levels would send them: each entry is
+// (first, positions), positions 1 meaning a leaf.
+void RandomCover(int lo, int size, int n, std::mt19937& rng,
+                 std::vector<std::pair<int, int>>& out) {
+  if (lo >= n) return;  // nothing of the group here
+  const int pick = static_cast<int>(rng() % 3);
+  if (size == 1 || pick == 0) {
+    out.emplace_back(lo, size);
+    return;
+  }
+  RandomCover(lo, size / 2, n, rng, out);
+  RandomCover(lo + size / 2, size / 2, n, rng, out);
+}
+
+// Adds `cover`'s entries in a random order: a block's payload is its
+// positions folded as docs/semantics.md writes (DocumentedFold), not by the
+// tree.
+void AddCover(MergeTree& tree, const std::vector<std::pair<int, int>>& cover,
+              const std::vector<Moments>& m, const std::vector<bool>& present,
+              std::mt19937& rng) {
+  std::vector<std::pair<int, int>> order = cover;
+  std::shuffle(order.begin(), order.end(), rng);
+  for (const auto& [first, positions] : order) {
+    const std::optional<Moments> fold =
+        DocumentedFold(m, present, first, positions);
+    if (!fold.has_value()) continue;  // nobody of it sent
+    if (positions == 1) {
+      tree.Add(first, *fold);
+      continue;
+    }
+    int merged = 0;
+    int first_present = -1;
+    for (int i = first; i < first + positions && i < static_cast<int>(m.size());
+         ++i) {
+      if (!present[i]) continue;
+      if (first_present < 0) first_present = i;
+      ++merged;
+    }
+    tree.AddBlock(first, positions, merged, first_present, *fold);
+  }
+}
+
+TEST(MergeTreeTest, BlocksTakenAtTheirSubtreesGiveTheDirectBits) {
+  for (int w : {1, 2, 3, 5, 8, 12, 13, 16, 31, 33, 100}) {
+    const std::vector<int> ranks = Ranks(w);
+    const std::vector<Moments> m = RandomMoments(w, 1000 + w);
+    int p = 1;
+    while (p < w) p *= 2;
+    std::mt19937 rng(w);
+    for (int trial = 0; trial < 30; ++trial) {
+      // Every other trial, some ranks never send (a quorum round).
+      std::vector<bool> present(w, true);
+      if (trial % 2 == 1) {
+        for (int i = 0; i < w; ++i) present[i] = rng() % 5 != 0;
+      }
+      std::vector<std::pair<int, int>> cover;
+      RandomCover(0, p, w, rng, cover);
+      MergeTree tree(ranks);
+      AddCover(tree, cover, m, present, rng);
+      const Moments got = *tree.MergedMoments(kChannels);
+      ASSERT_TRUE(SameBits(got, Documented(m, present)))
+          << "W=" << w << " trial " << trial;
+      ExpectNearPooled(got, m, present);
+    }
+  }
+}
+
+TEST(MergeTreeTest, ABlockReplacesTheLeavesAndMergesItCovers) {
+  // Positions 0-3 sent directly (0-1 merged already), then a relay's block
+  // of 0-7 arrives with the same payloads: the block alone stands for them.
+  const int w = 16;
+  const std::vector<int> ranks = Ranks(w);
+  const std::vector<Moments> m = RandomMoments(w, 23);
+  const std::vector<bool> all(w, true);
+  MergeTree tree(ranks);
+  for (int i : {0, 1, 3, 12}) tree.Add(i, m[i]);
+  tree.AddBlock(0, 8, 8, 0, *DocumentedFold(m, all, 0, 8));
+  for (int i : {0, 1, 3}) EXPECT_EQ(tree.Leaf(i), nullptr) << i;
+  EXPECT_NE(tree.Leaf(12), nullptr);
+  for (int i = 8; i < w; ++i) {
+    if (i != 12) tree.Add(i, m[i]);
+  }
+  EXPECT_TRUE(SameBits(*tree.MergedMoments(kChannels), Documented(m, all)));
+}
+
+TEST(MergeTreeTest, AResetKeepsBlocksAndARemovedBlockReopens) {
+  const int w = 12;  // P = 16: the block 8-15 holds positions 8-11 only
+  const std::vector<int> ranks = Ranks(w);
+  const std::vector<Moments> m = RandomMoments(w, 31);
+  std::vector<bool> present(w, true);
+  MergeTree tree(ranks);
+  tree.AddBlock(8, 8, 4, 8, *DocumentedFold(m, present, 8, 8));
+  tree.AddBlock(0, 4, 4, 0, *DocumentedFold(m, present, 0, 4));
+  tree.Add(5, m[5]);
+  // Position 6 leaves: the blocks stay, 4 and 7 still may send.
+  tree.Reset([](int i) { return i != 6; });
+  present[6] = false;
+  // The block of 0-3 goes (its members changed, say): its positions reopen
+  // empty, and send one by one.
+  tree.RemoveBlock(0, 4);
+  tree.Reset([](int i) { return i != 6; });
+  for (int i : {3, 1, 4, 0, 7, 2}) tree.Add(i, m[i]);
+  const Moments got = *tree.MergedMoments(kChannels);
+  EXPECT_TRUE(SameBits(got, Documented(m, present)));
+  ExpectNearPooled(got, m, present);
+}
+
+TEST(MergeTreeTest, AHealthReadOfTheLeavesSkipsABlocksRanks) {
+  const int w = 8;
+  const std::vector<int> ranks = Ranks(w, 40);
+  const std::vector<Moments> m = RandomMoments(w, 3);
+  const std::vector<bool> all(w, true);
+  MergeTree tree(ranks);
+  tree.AddBlock(4, 4, 4, 44, *DocumentedFold(m, all, 4, 4));
+  for (int i = 0; i < 4; ++i) tree.Add(i, m[i]);
+  ASSERT_TRUE(tree.MergedMoments(kChannels).ok());
+  std::vector<int> taken_ranks;
+  std::vector<Moments> taken;
+  tree.TakeMoments(taken_ranks, taken);
+  EXPECT_EQ(taken_ranks, (std::vector<int>{40, 41, 42, 43}));
+  ASSERT_EQ(taken.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(SameBits(taken[i], m[i]));
+}
+
+TEST(MergeTreeTest, AnOverflowInsideABlocksSiblingNamesTheBlocksFirstRank) {
+  const int64_t big = std::numeric_limits<int64_t>::max() - 1;
+  Moments huge = Moments::Zero(kChannels);
+  huge.count = big;
+  Moments two = Moments::Zero(kChannels);
+  two.count = 2;
+  const std::vector<int> ranks = Ranks(8, 10);
+  MergeTree tree(ranks);
+  tree.Add(0, huge);
+  for (int i = 1; i < 4; ++i) tree.Add(i, Moments::Zero(kChannels));
+  tree.AddBlock(4, 4, 3, 15, two);  // ranks 15-17 merged, 14 not a member
+  const absl::StatusOr<Moments> got = tree.MergedMoments(kChannels);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("rank 15's count does not fit"),
+            absl::string_view::npos)
+      << got.status();
+}
+
 TEST(MergeTreeTest, NothingPresentIsZero) {
   MergeTree tree(Ranks(3));
   const Moments got = *tree.MergedMoments(kChannels);

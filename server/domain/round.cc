@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "wire/rank_list.h"
 
 namespace syncnorm {
 
@@ -29,10 +30,14 @@ Round::Round(std::vector<int> ranks, absl::Time deadline)
 }
 
 void Round::SetRoles(absl::FunctionRef<Role(int rank)> role_of,
-                     std::vector<RoundCallback>& dropped) {
+                     std::vector<RoundCallback>& dropped,
+                     std::vector<RoundCallback>& evicted_blocks) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].role = role_of(ranks_[i]);
+  }
+  if (!blocks_.empty()) EvictChangedBlocks(evicted_blocks);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
-    slot.role = role_of(ranks_[i]);
     if (slot.role != Role::kOutside || !slot.sent) continue;
     slot.sent = false;
     slot.update.momentum.reset();
@@ -64,12 +69,72 @@ void Round::SetRoles(absl::FunctionRef<Role(int rank)> role_of,
   }
 }
 
+bool Round::OtherMembers(int first, int end,
+                         absl::Span<const int> ranks) const {
+  size_t k = 0;
+  for (int p = first; p < end; ++p) {
+    if (slots_[p].role == Role::kOutside) continue;
+    if (k == ranks.size() || ranks[k] != ranks_[p]) return true;
+    ++k;
+  }
+  return k != ranks.size();
+}
+
+void Round::EvictChangedBlocks(std::vector<RoundCallback>& evicted_blocks) {
+  const int size = static_cast<int>(ranks_.size());
+  for (auto b = blocks_.begin(); b != blocks_.end();) {
+    const int end = static_cast<int>(
+        std::min<int64_t>(int64_t{b->first} + b->positions, size));
+    if (!OtherMembers(b->first, end, b->ranks)) {
+      ++b;
+      continue;
+    }
+    for (int p = b->first; p < end; ++p) {
+      Slot& slot = slots_[p];
+      if (!slot.via_block) continue;
+      slot.via_block = false;
+      slot.sent = false;
+      slot.update = RoundUpdate();
+      slot.arrival = absl::InfiniteFuture();
+      fingerprints_[p].reset();
+      --received_;
+    }
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (!it->block || it->index < b->first || it->index >= end) {
+        ++it;
+        continue;
+      }
+      evicted_blocks.push_back(std::move(it->done));
+      --slots_[it->index].waiting;
+      it = waiters_.erase(it);
+    }
+    tree_.RemoveBlock(b->first, b->positions);
+    b = blocks_.erase(b);
+  }
+}
+
 Round::Round(int first_rank, int group_size, absl::Time deadline)
     : Round(Consecutive(first_rank, group_size), deadline) {}
 
 int Round::IndexOf(int rank) const {
   return static_cast<int>(std::lower_bound(ranks_.begin(), ranks_.end(), rank) -
                           ranks_.begin());
+}
+
+void Round::Wait(int index, bool block, RoundCallback&& done,
+                 RoundCallback* evicted) {
+  if (done == nullptr) return;
+  Slot& slot = slots_[index];
+  if (slot.waiting >= kMaxWaitersPerRank) {
+    auto oldest =
+        std::find_if(waiters_.begin(), waiters_.end(),
+                     [&](const Waiter& w) { return w.index == index; });
+    *evicted = std::move(oldest->done);
+    waiters_.erase(oldest);
+    --slot.waiting;
+  }
+  waiters_.push_back(Waiter{index, std::move(done), block});
+  ++slot.waiting;
 }
 
 Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
@@ -79,22 +144,14 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
   Slot& slot = slots_[index];
   *evicted = nullptr;
   if (slot.sent) {
-    if (!SamePayload(*tree_.Leaf(index), payload) ||
-        !SameUpdate(slot.update, update)) {
-      return AddResult::kConflict;
-    }
-    if (slot.waiting >= kMaxWaitersPerRank) {
-      auto oldest =
-          std::find_if(waiters_.begin(), waiters_.end(),
-                       [&](const Waiter& w) { return w.index == index; });
-      *evicted = std::move(oldest->done);
-      waiters_.erase(oldest);
-      --slot.waiting;
-    }
-    if (done != nullptr) {
-      waiters_.push_back(Waiter{index, std::move(done)});
-      ++slot.waiting;
-    }
+    // A rank a relay's block sent is known by its fingerprint only.
+    const bool same =
+        slot.via_block
+            ? fingerprints_[index] == ContributionFingerprint(payload, update)
+            : SamePayload(*tree_.Leaf(index), payload) &&
+                  SameUpdate(slot.update, update);
+    if (!same) return AddResult::kConflict;
+    Wait(index, /*block=*/false, std::move(done), evicted);
     return AddResult::kDuplicate;
   }
   // The contributing thread hashes its own payload, so the thread that
@@ -107,10 +164,82 @@ Round::AddResult Round::Add(int rank, Payload payload, RoundUpdate update,
   first_arrival_ = std::min(first_arrival_, now);
   ++received_;
   if (slot.role == Role::kMember) --awaited_;
-  if (done != nullptr) {
-    waiters_.push_back(Waiter{index, std::move(done)});
-    ++slot.waiting;
+  Wait(index, /*block=*/false, std::move(done), evicted);
+  return AddResult::kAdded;
+}
+
+absl::StatusOr<Round::AddResult> Round::AddBlock(
+    const RelayBlock& block, Payload payload, const RoundUpdate& update,
+    RoundCallback&& done, absl::Time now, RoundCallback* evicted,
+    int* conflict) {
+  *evicted = nullptr;
+  *conflict = -1;
+  const int size = static_cast<int>(ranks_.size());
+  const int first = block.first_position;
+  const int end = static_cast<int>(
+      std::min<int64_t>(int64_t{first} + block.positions, size));
+  if (first >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("relay block at positions [", first, ", ",
+                     int64_t{first} + block.positions,
+                     ") is outside its group of ", size, " ranks"));
   }
+  if (OtherMembers(first, end, block.ranks)) {
+    std::vector<int> members;
+    for (int p = first; p < end; ++p) {
+      if (slots_[p].role != Role::kOutside) members.push_back(ranks_[p]);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("relay block at positions [", first, ", ",
+                     int64_t{first} + block.positions, ") merges ranks ",
+                     RankList(block.ranks), " but its members at the step are ",
+                     RankList(members),
+                     ": a relay merges exactly a block's members, and "
+                     "passes the ranks through when they changed"));
+  }
+  bool recorded = true;
+  size_t k = 0;
+  for (int p = first; p < end; ++p) {
+    if (slots_[p].role == Role::kOutside) continue;
+    if (!slots_[p].sent) {
+      recorded = false;
+    } else if (fingerprints_[p] != block.fingerprints[k]) {
+      *conflict = ranks_[p];
+      return AddResult::kConflict;
+    }
+    ++k;
+  }
+  const int index = IndexOf(block.ranks.front());
+  if (recorded) {
+    Wait(index, /*block=*/true, std::move(done), evicted);
+    return AddResult::kDuplicate;
+  }
+  k = 0;
+  for (int p = first; p < end; ++p) {
+    Slot& slot = slots_[p];
+    if (slot.role == Role::kOutside) continue;
+    if (!slot.sent) {
+      slot.sent = true;
+      slot.arrival = now;
+      ++received_;
+      if (slot.role == Role::kMember) --awaited_;
+    }
+    slot.via_block = true;
+    slot.update = update;
+    fingerprints_[p] = block.fingerprints[k++];
+  }
+  first_arrival_ = std::min(first_arrival_, now);
+  // A block inside this one (a lower relay's) is now part of it: its
+  // waiters stay, and go with this block if it is evicted.
+  blocks_.erase(std::remove_if(blocks_.begin(), blocks_.end(),
+                               [&](const Block& b) {
+                                 return b.first >= first && b.first < end;
+                               }),
+                blocks_.end());
+  tree_.AddBlock(first, block.positions, static_cast<int>(block.ranks.size()),
+                 block.ranks.front(), std::move(payload));
+  blocks_.push_back(Block{first, block.positions, block.ranks});
+  Wait(index, /*block=*/true, std::move(done), evicted);
   return AddResult::kAdded;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "kernels/moments.h"
 #include "kernels/round_update.h"
 #include "server/domain/contribution.h"
@@ -58,6 +59,23 @@ class Round {
   AddResult Add(int rank, Payload payload, RoundUpdate update,
                 RoundCallback&& done, absl::Time now, RoundCallback* evicted);
 
+  // Records a relay's block (docs/relay.md) as Add records one rank: its
+  // merged payload stands for each of its ranks, which count as sent with
+  // the block's fingerprints. INVALID_ARGUMENT when the block's positions
+  // are not in the group or its ranks are not exactly its positions'
+  // members. kDuplicate when every rank of it is recorded already;
+  // kConflict, with `*conflict` the rank, when one was recorded with
+  // another fingerprint. A rank that sent directly and is in the block is
+  // then represented by the block alone (the same payload merged the same
+  // way). `done` is kept as Add keeps it, answered with the round, or
+  // failed when a membership change evicts the block (SetRoles).
+  // REQUIRES: evicted and conflict not null; block.ranks not empty, each
+  // with a fingerprint of kFingerprintKind.
+  absl::StatusOr<AddResult> AddBlock(const RelayBlock& block, Payload payload,
+                                     const RoundUpdate& update,
+                                     RoundCallback&& done, absl::Time now,
+                                     RoundCallback* evicted, int* conflict);
+
   // A rank's part in the round, when the job's members changed (all are
   // kMember otherwise).
   enum class Role {
@@ -67,9 +85,14 @@ class Round {
   };
   // Gives each rank of the group its role (`role_of(rank)`). A rank put
   // kOutside loses what it sent; its callbacks are appended to `dropped`
-  // for the caller to answer.
+  // for the caller to answer. A relay's block whose positions' members
+  // changed is evicted whole (its ranks no longer sent): its callbacks go
+  // to `evicted_blocks`.
   void SetRoles(absl::FunctionRef<Role(int rank)> role_of,
-                std::vector<RoundCallback>& dropped);
+                std::vector<RoundCallback>& dropped,
+                std::vector<RoundCallback>& evicted_blocks);
+  // Relay blocks taken (not evicted).
+  int blocks() const { return static_cast<int>(blocks_.size()); }
 
   // Every member has contributed.
   bool complete() const { return awaited_ == 0; }
@@ -133,6 +156,16 @@ class Round {
  private:
   // The position of `rank` in ranks_.
   int IndexOf(int rank) const;
+  // Keeps `done` as a waiter of position `index` (a block's: its first
+  // member), evicting the oldest of the position's when it has
+  // kMaxWaitersPerRank.
+  void Wait(int index, bool block, RoundCallback&& done,
+            RoundCallback* evicted);
+  // Whether positions [first, end) would have members other than `ranks`
+  // under the roles set.
+  bool OtherMembers(int first, int end, absl::Span<const int> ranks) const;
+  // Evicts the blocks whose positions' members changed (SetRoles).
+  void EvictChangedBlocks(std::vector<RoundCallback>& evicted_blocks);
 
   const std::vector<int> ranks_;  // ascending
   const absl::Time deadline_;
@@ -145,6 +178,7 @@ class Round {
     absl::Time arrival = absl::InfiniteFuture();
     int waiting = 0;  // callbacks of this rank in waiters_
     Role role = Role::kMember;
+    bool via_block = false;  // sent in a relay's block, not in tree_'s leaf
   };
   std::vector<Slot> slots_;
   MergeTree tree_;  // the payloads, merged as they arrive
@@ -156,8 +190,16 @@ class Round {
   struct Waiter {
     int index;  // position in ranks_
     RoundCallback done;
+    bool block = false;  // a relay's, for its block at `index`
   };
   std::vector<Waiter> waiters_;  // oldest first; room for one per rank
+  // The relay blocks taken: their positions [first, end) and ranks.
+  struct Block {
+    int first;
+    int positions;
+    std::vector<int> ranks;
+  };
+  std::vector<Block> blocks_;
 };
 
 }  // namespace syncnorm

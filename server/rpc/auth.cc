@@ -42,7 +42,7 @@ bool ValidTokenChar(char c) { return c > ' ' && c < 127 && c != ','; }
 // swapped has first.
 bool IsScopeList(absl::string_view text) {
   for (absl::string_view scope : absl::StrSplit(text, ',')) {
-    if (scope != "admin" &&
+    if (scope != "admin" && scope != "relay" &&
         !(absl::ConsumePrefix(&scope, "job:") && !scope.empty())) {
       return false;
     }
@@ -53,6 +53,7 @@ bool IsScopeList(absl::string_view text) {
 std::string Scopes(const TokenGrant& g) {
   std::vector<std::string> scopes;
   if (g.admin) scopes.push_back("admin");
+  if (g.relay) scopes.push_back("relay");
   for (const std::string& job : g.jobs) scopes.push_back("job:" + job);
   return absl::StrJoin(scopes, ",");
 }
@@ -78,8 +79,8 @@ absl::StatusOr<std::vector<TokenGrant>> ParseTokens(absl::string_view text) {
     const auto bad = [line_number](absl::string_view what) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tokens file, line ", line_number, ": ", what,
-          "; expected '<token> <scope>[,<scope>...]' with scopes 'admin' or "
-          "'job:<job_id>'"));
+          "; expected '<token> <scope>[,<scope>...]' with scopes 'admin', "
+          "'relay' or 'job:<job_id>'"));
     };
     std::vector<absl::string_view> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
@@ -107,6 +108,8 @@ absl::StatusOr<std::vector<TokenGrant>> ParseTokens(absl::string_view text) {
       ++index;
       if (scope == "admin") {
         grant.admin = true;
+      } else if (scope == "relay") {
+        grant.relay = true;
       } else if (absl::ConsumePrefix(&scope, "job:") && !scope.empty()) {
         jobs.insert(std::string(scope));
       } else {
@@ -114,7 +117,7 @@ absl::StatusOr<std::vector<TokenGrant>> ParseTokens(absl::string_view text) {
         // column included (what an error says reaches the log).
         return bad(absl::StrCat(
             "scope ", index,
-            " of the second column is neither 'admin' nor "
+            " of the second column is none of 'admin', 'relay' and "
             "'job:<job_id>'",
             IsScopeList(fields[0])
                 ? "; the first column reads as scopes: are the columns "
@@ -251,6 +254,20 @@ absl::Status Authenticator::AuthorizeJob(absl::string_view header,
   return absl::PermissionDeniedError(
       absl::StrCat("the bearer token does not grant job '", BoundedText(job_id),
                    "' (its scopes: ", Scopes(g), ")"));
+}
+
+absl::Status Authenticator::AuthorizeRelay(absl::string_view header,
+                                           absl::string_view job_id) const {
+  if (absl::Status s = AuthorizeJob(header, job_id); !s.ok()) return s;
+  std::shared_ptr<const Grants> grants = Current();
+  absl::StatusOr<const TokenGrant*> grant = Find(header, *grants);
+  if (!grant.ok()) return grant.status();
+  if ((*grant)->admin || (*grant)->relay) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "a relay block (Contribution.relay) vouches for other ranks' "
+      "contributions and needs a token with the 'relay' or 'admin' scope "
+      "(the bearer token's scopes: ",
+      Scopes(**grant), ")"));
 }
 
 absl::Status Authenticator::AuthorizeAdmin(absl::string_view header) const {

@@ -6,9 +6,11 @@
 //   # comment lines and blank lines are ignored
 //   <token> <scope>[,<scope>...]
 //
-// where a scope is `admin` (every job and the server-wide calls, ListJobs)
-// or `job:<job_id>` (that job's calls: CreateJob, GetJob, DeleteJob, rounds,
-// running statistics, checkpoints). A token is 16 to 4096 printable ASCII
+// where a scope is `admin` (every job and the server-wide calls, ListJobs),
+// `job:<job_id>` (that job's calls: CreateJob, GetJob, DeleteJob, rounds,
+// running statistics, checkpoints) or `relay` (a relay's: it may send
+// relay blocks, Contribution.relay, for the jobs its other scopes grant;
+// docs/relay.md). A token is 16 to 4096 printable ASCII
 // characters without spaces or commas (e.g. `openssl rand -hex 32`); each
 // token appears once. Callers send `authorization: Bearer <token>`.
 //
@@ -35,6 +37,7 @@ namespace syncnorm {
 struct TokenGrant {
   std::string token;
   bool admin = false;
+  bool relay = false;
   std::vector<std::string> jobs;  // job ids, sorted
 };
 
@@ -77,6 +80,11 @@ class Authenticator {
   // or admin).
   absl::Status AuthorizeJob(absl::string_view header,
                             absl::string_view job_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // May it send a relay block for job `job_id`? As AuthorizeJob, and the
+  // token needs the relay or admin scope too (PERMISSION_DENIED).
+  absl::Status AuthorizeRelay(absl::string_view header,
+                              absl::string_view job_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same for server-wide calls, which need the admin scope.
   absl::Status AuthorizeAdmin(absl::string_view header) const

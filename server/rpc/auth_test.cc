@@ -113,6 +113,36 @@ TEST(AuthenticatorTest, ScopesDecide) {
       absl::StatusCode::kUnauthenticated);
 }
 
+// A relay block vouches for other ranks' fingerprints: a trainer's job
+// token may not send one, a relay's token (relay and the job) may.
+TEST(AuthenticatorTest, RelayBlocksNeedTheRelayScopeAndTheJob) {
+  constexpr char kRelay[] = "relay-token-0123456789";
+  constexpr char kRelayOnly[] = "relay-only-token-0123456789";
+  auto grants =
+      ParseTokens(absl::StrCat(kAdmin, " admin\n", kJobA, " job:a\n", kRelay,
+                               " relay,job:a\n", kRelayOnly, " relay\n"));
+  ASSERT_TRUE(grants.ok()) << grants.status();
+  EXPECT_TRUE((*grants)[2].relay);
+  EXPECT_FALSE((*grants)[1].relay);
+  Authenticator auth(*grants);
+  EXPECT_TRUE(auth.AuthorizeRelay(Bearer(kRelay), "a").ok());
+  EXPECT_TRUE(auth.AuthorizeRelay(Bearer(kAdmin), "a").ok());
+  // The relay's token is no more than a job token elsewhere.
+  EXPECT_TRUE(auth.AuthorizeJob(Bearer(kRelay), "a").ok());
+  EXPECT_EQ(auth.AuthorizeAdmin(Bearer(kRelay)).code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::Status s = auth.AuthorizeRelay(Bearer(kJobA), "a");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("'relay' or 'admin' scope"), std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("job:a"), std::string::npos) << s;
+  s = auth.AuthorizeRelay(Bearer(kRelayOnly), "a");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("job 'a'"), std::string::npos) << s;
+  EXPECT_EQ(auth.AuthorizeRelay("", "a").code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
 // Authentication alone: any token in force, whatever its scopes.
 TEST(AuthenticatorTest, AuthenticateTakesAnyTokenInForce) {
   auto grants =

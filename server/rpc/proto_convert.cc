@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/repeated_field.h"
 #include "wire/convert.h"
 #include "wire/rank_set.h"
@@ -101,6 +102,7 @@ void JobInfoToProto(const JobSnapshot& job, v1::JobInfo& info) {
     for (int layer : spec.shard.owned_layers) shard->add_owned_layers(layer);
   }
   info.set_next_step(job.next_step);
+  info.set_accepts_relay_blocks(true);
   info.set_staleness(spec.staleness);
   info.set_disable_stats_health(!spec.stats_health);
   if (!job.membership.empty()) {
@@ -154,6 +156,53 @@ Contribution ContributionFromProto(v1::Contribution&& proto) {
     c.payload = FromProto(proto.grad_sums());
   }
   return c;
+}
+
+absl::StatusOr<RelayBlock> RelayBlockFromProto(const v1::RelayBlock& proto) {
+  const auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Contribution.relay: ", what,
+                     "; a relay sends the ranks it merged as ascending "
+                     "(first, last) runs with one fingerprint per rank"));
+  };
+  if (proto.fingerprint_kind() != static_cast<int>(kFingerprintKind)) {
+    return bad(absl::StrCat(
+        "its fingerprints are of kind ", proto.fingerprint_kind(),
+        " and this server computes kind ", static_cast<int>(kFingerprintKind),
+        ": upgrade the relay and the servers together"));
+  }
+  const auto& runs = proto.rank_runs();
+  if (runs.size() % 2 != 0 || runs.empty()) {
+    return bad(absl::StrCat(runs.size(), " rank_runs values are no pairs"));
+  }
+  // Counted before any is listed: the fingerprints bound the list.
+  int64_t count = 0;
+  for (int k = 0; k < runs.size(); k += 2) {
+    if (runs[k] < 0 || runs[k] > runs[k + 1] ||
+        (k > 0 && runs[k] <= runs[k - 1])) {
+      return bad(absl::StrCat("run ", k / 2, " (", runs[k], ", ", runs[k + 1],
+                              ") is not an ascending run after the last"));
+    }
+    count += int64_t{runs[k + 1]} - runs[k] + 1;
+    if (count > proto.fingerprints_size()) break;
+  }
+  if (count != proto.fingerprints_size()) {
+    return bad(absl::StrCat(
+        count > proto.fingerprints_size() ? "more" : "fewer",
+        " ranks than its ", proto.fingerprints_size(), " fingerprints"));
+  }
+  RelayBlock b;
+  b.first_position = proto.first_position();
+  b.positions = proto.positions();
+  b.ranks.reserve(count);
+  for (int k = 0; k < runs.size(); k += 2) {
+    for (int64_t r = runs[k]; r <= runs[k + 1]; ++r) {
+      b.ranks.push_back(static_cast<int>(r));
+    }
+  }
+  b.fingerprints.assign(proto.fingerprints().begin(),
+                        proto.fingerprints().end());
+  return b;
 }
 
 void RoundResultToProto(const Contribution& key, const RoundOutcome& outcome,

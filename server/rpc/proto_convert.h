@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "server/domain/aggregator.h"
 #include "server/domain/contribution.h"
 #include "server/domain/job.h"
@@ -38,8 +39,15 @@ void MembershipToProto(const std::vector<MembershipChange>& history,
 MembershipRequest MembershipRequestFromProto(
     const v1::UpdateMembershipRequest& request);
 
-// The contribution, its payload moved out of `proto`.
+// The contribution, its payload moved out of `proto`. Its relay block is
+// not read: see RelayBlockFromProto.
 Contribution ContributionFromProto(v1::Contribution&& proto);
+
+// A relay's block (Contribution.relay) with its ranks listed; INVALID_ARGUMENT
+// saying what is wrong when the runs are not ascending (first, last) pairs,
+// their ranks not one per fingerprint, or the fingerprints of a kind this
+// server does not compute. Costs at most the message's own size.
+absl::StatusOr<RelayBlock> RelayBlockFromProto(const v1::RelayBlock& proto);
 
 // The result for `key` (its job, layer, step and phase are echoed); a failed
 // outcome becomes RoundResult.error.

@@ -37,6 +37,8 @@ TEST(ProtoConvertTest, JobSpecRoundTrip) {
   JobInfoToProto(job, info);
   EXPECT_EQ(info.committed_step(), 7);
   EXPECT_EQ(info.round_timeout_ms(), 1500);
+  // A relay sends blocks only to a server that says it takes them.
+  EXPECT_TRUE(info.accepts_relay_blocks());
   EXPECT_EQ(info.layers(0).SerializeAsString(), l->SerializeAsString());
 }
 
@@ -160,6 +162,54 @@ TEST(ProtoConvertTest, ContributionAndResult) {
   v1::Contribution empty;
   EXPECT_TRUE(std::holds_alternative<std::monostate>(
       ContributionFromProto(std::move(empty)).payload));
+}
+
+v1::RelayBlock BlockOfRuns(std::vector<int> runs, int fingerprints) {
+  v1::RelayBlock b;
+  b.set_first_position(8);
+  b.set_positions(8);
+  b.set_fingerprint_kind(static_cast<int>(kFingerprintKind));
+  for (int r : runs) b.add_rank_runs(r);
+  for (int i = 0; i < fingerprints; ++i) b.add_fingerprints(100 + i);
+  return b;
+}
+
+TEST(ProtoConvertTest, ARelayBlocksRunsAreListedWithTheirFingerprints) {
+  absl::StatusOr<RelayBlock> b =
+      RelayBlockFromProto(BlockOfRuns({8, 10, 12, 12, 14, 15}, 6));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->first_position, 8);
+  EXPECT_EQ(b->positions, 8);
+  EXPECT_EQ(b->ranks, (std::vector<int>{8, 9, 10, 12, 14, 15}));
+  EXPECT_EQ(b->fingerprints,
+            (std::vector<uint64_t>{100, 101, 102, 103, 104, 105}));
+}
+
+TEST(ProtoConvertTest, ABadRelayBlockSaysWhatIsWrongAndListsNothing) {
+  struct Case {
+    v1::RelayBlock block;
+    std::string why;
+  };
+  std::vector<Case> cases = {
+      {BlockOfRuns({}, 0), "0 rank_runs values are no pairs"},
+      {BlockOfRuns({8, 9, 10}, 3), "3 rank_runs values are no pairs"},
+      {BlockOfRuns({9, 8}, 2), "run 0 (9, 8) is not an ascending run"},
+      {BlockOfRuns({8, 9, 9, 10}, 3), "run 1 (9, 10) is not an ascending run"},
+      {BlockOfRuns({-1, 2}, 4), "run 0 (-1, 2)"},
+      {BlockOfRuns({8, 10}, 2), "more ranks than its 2 fingerprints"},
+      {BlockOfRuns({8, 10}, 4), "fewer ranks than its 4 fingerprints"},
+      // Two billion ranks vouched for by two fingerprints: counted, never
+      // listed.
+      {BlockOfRuns({0, 2000000000}, 2), "more ranks than its 2 fingerprints"},
+  };
+  v1::RelayBlock old_kind = BlockOfRuns({8, 9}, 2);
+  old_kind.set_fingerprint_kind(static_cast<int>(FingerprintKind::kWordLanes));
+  cases.push_back({old_kind, "upgrade the relay and the servers together"});
+  for (const Case& c : cases) {
+    const absl::Status s = RelayBlockFromProto(c.block).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.why;
+    EXPECT_NE(s.message().find(c.why), std::string::npos) << s;
+  }
 }
 
 TEST(GrpcStatusTest, KeepsCodeAndMessage) {

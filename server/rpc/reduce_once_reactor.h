@@ -3,6 +3,7 @@
 #define SYNCNORM_SERVER_RPC_REDUCE_ONCE_REACTOR_H_
 
 #include <memory>
+#include <optional>
 
 #include "server/domain/aggregator.h"
 #include "server/domain/contribution.h"
@@ -21,9 +22,12 @@ class ReduceOnceReactor final : public WaitingCallReactor {
  public:
   // Starts the contribution. `call` finishes it; `response` is the call's
   // and valid until Finish; `aggregator` must outlive the callback.
-  // `waiting` (null: not counted) was entered for this call.
+  // `block`: the request's relay block, read and authorized
+  // (RelayBlockFromProto). `waiting` (null: not counted) was entered for this
+  // call.
   ReduceOnceReactor(UnaryFinisher* call, Aggregator* aggregator,
-                    v1::Contribution request, v1::RoundResult* response,
+                    v1::Contribution request, std::optional<RelayBlock> block,
+                    v1::RoundResult* response,
                     std::shared_ptr<WaitingCalls> waiting = nullptr);
 
  private:

@@ -126,7 +126,17 @@ void ReduceReactor::OnReadDone(bool ok) {
       CheckMessageSize(bytes, "a Reduce stream message", max_message_bytes_);
   // An oversized payload goes no further than this check.
   if (!refused.ok()) message.clear_payload();
+  std::optional<RelayBlock> block;
+  if (refused.ok() && message.has_relay()) {
+    absl::StatusOr<RelayBlock> b = RelayBlockFromProto(message.relay());
+    if (b.ok()) {
+      block = *std::move(b);
+    } else {
+      refused = b.status();
+    }
+  }
   Contribution c = ContributionFromProto(std::move(message));
+  c.block = std::move(block);
   bool read_now = true;
   {
     absl::MutexLock lock(&mu_);
@@ -150,7 +160,9 @@ void ReduceReactor::OnReadDone(bool ok) {
   key.phase = c.phase;
   key.backward = c.backward;
   if (refused.ok() && auth_ != nullptr) {
-    refused = auth_->AuthorizeJob(authorization_, c.job_id);
+    refused = c.block.has_value()
+                  ? auth_->AuthorizeRelay(authorization_, c.job_id)
+                  : auth_->AuthorizeJob(authorization_, c.job_id);
   }
   if (!refused.ok()) {
     RoundOutcome outcome;

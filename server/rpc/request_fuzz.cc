@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,7 +81,15 @@ void FuzzContribution(World& w, const uint8_t* data, size_t size) {
   v1::Contribution proto;
   if (!proto.ParseFromArray(data, static_cast<int>(size))) return;
   int calls = 0;
-  w.aggregator.Contribute(ContributionFromProto(std::move(proto)),
+  std::optional<RelayBlock> block;
+  if (proto.has_relay()) {
+    absl::StatusOr<RelayBlock> b = RelayBlockFromProto(proto.relay());
+    if (!b.ok()) return;  // refused before the aggregator, as the service does
+    block = *std::move(b);
+  }
+  Contribution c = ContributionFromProto(std::move(proto));
+  c.block = std::move(block);
+  w.aggregator.Contribute(std::move(c),
                           [&calls](const RoundOutcome&) { ++calls; });
   // Rounds waiting for other ranks are answered at their deadline.
   w.clock.Advance(absl::Seconds(2));

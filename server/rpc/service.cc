@@ -233,6 +233,21 @@ void AggregatorService::StartReduceOnce(
   const v1::Contribution& request = call->request();
   // Refused before the aggregator sees the contribution: nothing of it is
   // kept.
+  std::optional<RelayBlock> block;
+  if (request.has_relay()) {
+    absl::Status refused =
+        auth_ != nullptr
+            ? auth_->AuthorizeRelay(AuthorizationOf(call->context()),
+                                    request.job_id())
+            : absl::OkStatus();
+    absl::StatusOr<RelayBlock> b = RelayBlockFromProto(request.relay());
+    if (refused.ok() && !b.ok()) refused = b.status();
+    if (!refused.ok()) {
+      call->Finish(ToGrpcStatus(refused));
+      return;
+    }
+    block = *std::move(b);
+  }
   if (absl::Status denied =
           AdmitWaitingCall(call->context(), request, "a ReduceOnce request",
                            request.job_id(), "a new ReduceOnce call");
@@ -240,8 +255,8 @@ void AggregatorService::StartReduceOnce(
     call->Finish(ToGrpcStatus(denied));
     return;
   }
-  new ReduceOnceReactor(call, aggregator_, request, call->response(),
-                        waiting_);  // deletes itself
+  new ReduceOnceReactor(call, aggregator_, request, std::move(block),
+                        call->response(), waiting_);  // deletes itself
 }
 
 absl::Status AggregatorService::ServeGetRunningStats(
