@@ -55,7 +55,11 @@ absl::StatusOr<JobView> JobView::FromProto(const v1::JobInfo& info) {
   for (const v1::MembershipChange& change : info.membership().history()) {
     absl::StatusOr<RankSet> members = MembersOf(change, v.world_size_);
     if (!members.ok()) return members.status();
-    v.changes_.push_back(Change{change.step(), *std::move(members)});
+    absl::StatusOr<RankSet> removed =
+        RankSet::FromFlatRuns(change.removed_runs(), v.world_size_);
+    if (!removed.ok()) return removed.status();
+    v.changes_.push_back(
+        Change{change.step(), *std::move(members), *std::move(removed)});
   }
   v.accepts_relay_blocks_ = info.accepts_relay_blocks();
   v.staleness_ = info.staleness();
@@ -102,6 +106,13 @@ bool JobView::IsMember(int rank, int64_t step) const {
     if (c.step <= step) in_force = &c;
   }
   return in_force->members.contains(rank);
+}
+
+bool JobView::RemovedAfter(int rank, int64_t step) const {
+  for (const Change& c : changes_) {
+    if (c.step > step && c.removed.contains(rank)) return true;
+  }
+  return false;
 }
 
 }  // namespace syncnorm

@@ -41,6 +41,10 @@ class JobView {
   // Whether `rank` is a member at `step` (the change in force then).
   bool IsMember(int rank, int64_t step) const;
 
+  // Whether a change after `step` removed `rank`: a round of `step` that
+  // still waits for it completes without it (UpdateMembership's remove).
+  bool RemovedAfter(int rank, int64_t step) const;
+
   bool accepts_relay_blocks() const { return accepts_relay_blocks_; }
   int staleness() const { return staleness_; }
   int64_t next_step() const { return next_step_; }
@@ -53,6 +57,7 @@ class JobView {
   struct Change {
     int64_t step = 0;
     RankSet members;
+    RankSet removed;
   };
 
   int world_size_ = 0;

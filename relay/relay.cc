@@ -377,9 +377,14 @@ void Relay::Recheck(const JobKey& jk, const JobView& view, Actions& actions) {
     BlockRanks(view, std::get<6>(key), std::get<7>(key), std::get<3>(key),
                positions, members);
     // A block whose members changed under it goes through: the shard's
-    // round waits for the new members (or completes without those
-    // removed) leaf by leaf.
-    if (!view.accepts_relay_blocks() || members != round->members()) {
+    // round waits for the new members leaf by leaf. So does one with a
+    // member removed from a later step: the shard's round completes
+    // without it at once.
+    const bool removed = std::any_of(
+        members.begin(), members.end(),
+        [&](int r) { return view.RemovedAfter(r, std::get<3>(key)); });
+    if (!view.accepts_relay_blocks() || members != round->members() ||
+        removed) {
       release.push_back(key);
     }
   }

@@ -27,7 +27,9 @@ namespace syncnorm {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 namespace ref = ::syncnorm::reference;
 
 constexpr int kChannels = 6;
@@ -38,18 +40,22 @@ std::unique_ptr<v1::Aggregator::Stub> StubFor(const std::string& address) {
 }
 
 // What the ranks of one round send, with the float64 reference of its
-// result.
+// result for each group.
 struct RoundInput {
+  int group_size = 0;                           // 0: one group
   std::vector<v1::Contribution> contributions;  // by rank
-  ref::Reals mean, var;                         // FORWARD
-  ref::Reals sum_dy, sum_dy_xmu;                // BACKWARD
+  std::vector<ref::Reals> mean, var;            // FORWARD, by group
+  std::vector<ref::Reals> sum_dy, sum_dy_xmu;   // BACKWARD, by group
+
+  int GroupOf(int rank) const { return group_size > 0 ? rank / group_size : 0; }
 };
 
 // Each rank's moments of its own random batch (1 to 5 rows of kChannels),
-// and the reference statistics of the concatenated batch.
+// and the reference statistics of each group's concatenated batch.
 RoundInput ForwardInput(const std::string& job, int world, int64_t step,
-                        std::mt19937& rng) {
+                        std::mt19937& rng, int group_size = 0) {
   RoundInput in;
+  in.group_size = group_size;
   std::normal_distribution<double> value(1.5, 2.0);
   std::uniform_int_distribution<int> rows(1, 5);
   std::vector<ref::Layout> layouts;
@@ -70,20 +76,28 @@ RoundInput ForwardInput(const std::string& job, int world, int64_t step,
     }
     in.contributions.push_back(std::move(c));
   }
-  std::vector<const std::vector<double>*> ptrs;
-  for (const auto& x : xs) ptrs.push_back(&x);
-  const ref::Stats global = ref::Moments(kChannels, layouts, ptrs);
-  in.mean = global.mean;
-  in.var = global.Var();
+  for (int g = 0; g <= in.GroupOf(world - 1); ++g) {
+    std::vector<ref::Layout> group_layouts;
+    std::vector<const std::vector<double>*> group_xs;
+    for (int r = 0; r < world; ++r) {
+      if (in.GroupOf(r) != g) continue;
+      group_layouts.push_back(layouts[r]);
+      group_xs.push_back(&xs[r]);
+    }
+    const ref::Stats global = ref::Moments(kChannels, group_layouts, group_xs);
+    in.mean.push_back(global.mean);
+    in.var.push_back(global.Var());
+  }
   return in;
 }
 
 RoundInput BackwardInput(const std::string& job, int world, int64_t step,
-                         std::mt19937& rng) {
+                         std::mt19937& rng, int group_size = 0) {
   RoundInput in;
+  in.group_size = group_size;
   std::normal_distribution<double> value(0.0, 3.0);
-  in.sum_dy.assign(kChannels, 0);
-  in.sum_dy_xmu.assign(kChannels, 0);
+  in.sum_dy.assign(in.GroupOf(world - 1) + 1, ref::Reals(kChannels, 0));
+  in.sum_dy_xmu = in.sum_dy;
   for (int r = 0; r < world; ++r) {
     v1::Contribution c;
     c.set_job_id(job);
@@ -95,8 +109,8 @@ RoundInput BackwardInput(const std::string& job, int world, int64_t step,
       const double dyx = value(rng);
       c.mutable_grad_sums()->add_sum_dy(dy);
       c.mutable_grad_sums()->add_sum_dy_xmu(dyx);
-      in.sum_dy[ch] += dy;
-      in.sum_dy_xmu[ch] += dyx;
+      in.sum_dy[in.GroupOf(r)][ch] += dy;
+      in.sum_dy_xmu[in.GroupOf(r)][ch] += dyx;
     }
     in.contributions.push_back(std::move(c));
   }
@@ -215,6 +229,7 @@ void ExpectSameAsDirect(const RoundInput& in,
   ASSERT_EQ(direct.size(), relayed.size());
   for (size_t r = 0; r < direct.size(); ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
+    const int g = in.GroupOf(static_cast<int>(r));
     ASSERT_FALSE(direct[r].has_error()) << direct[r].error().message();
     ASSERT_FALSE(relayed[r].has_error()) << relayed[r].error().message();
     EXPECT_EQ(relayed[r].step(), direct[r].step());
@@ -227,9 +242,9 @@ void ExpectSameAsDirect(const RoundInput& in,
           SameBits(relayed[r].moments().mean(), direct[r].moments().mean()));
       EXPECT_TRUE(
           SameBits(relayed[r].moments().var(), direct[r].moments().var()));
-      ref::ExpectClose(Values(relayed[r].moments().mean()), in.mean, 1e-12,
+      ref::ExpectClose(Values(relayed[r].moments().mean()), in.mean[g], 1e-12,
                        "mean");
-      ref::ExpectClose(Values(relayed[r].moments().var()), in.var, 1e-12,
+      ref::ExpectClose(Values(relayed[r].moments().var()), in.var[g], 1e-12,
                        "var");
     } else {
       ASSERT_TRUE(relayed[r].has_grad_sums());
@@ -237,47 +252,80 @@ void ExpectSameAsDirect(const RoundInput& in,
                            direct[r].grad_sums().sum_dy()));
       EXPECT_TRUE(SameBits(relayed[r].grad_sums().sum_dy_xmu(),
                            direct[r].grad_sums().sum_dy_xmu()));
-      ref::ExpectClose(Values(relayed[r].grad_sums().sum_dy()), in.sum_dy,
+      ref::ExpectClose(Values(relayed[r].grad_sums().sum_dy()), in.sum_dy[g],
                        1e-12, "sum_dy");
       ref::ExpectClose(Values(relayed[r].grad_sums().sum_dy_xmu()),
-                       in.sum_dy_xmu, 1e-12, "sum_dy_xmu");
+                       in.sum_dy_xmu[g], 1e-12, "sum_dy_xmu");
     }
   }
 }
 
-TEST_F(RelayTest, RoundsThroughTheRelayAreBitForBitTheDirectOnes) {
-  StartRelay();
-  constexpr int kWorld = 16;
-  CreateJob("direct", kWorld);
-  CreateJob("relayed", kWorld);
-  std::mt19937 rng(35);
+// Rounds of `world` ranks in groups of `group_size` (0: one group),
+// through a relay of blocks of `block` positions and directly, over several
+// steps, FORWARD and BACKWARD, in random orders; returns the rounds run.
+int RunRoundsBothWays(v1::Aggregator::Stub& shard, v1::Aggregator::Stub& relay,
+                      int group_size, int world, int steps, std::mt19937& rng) {
   int rounds = 0;
-  for (int64_t step = 0; step < 3; ++step) {
+  for (int64_t step = 0; step < steps; ++step) {
     for (bool forward : {true, false}) {
       SCOPED_TRACE(
           absl::StrCat("step ", step, forward ? " FORWARD" : " BACKWARD"));
-      const RoundInput in = forward
-                                ? ForwardInput("direct", kWorld, step, rng)
-                                : BackwardInput("direct", kWorld, step, rng);
+      const RoundInput in =
+          forward ? ForwardInput("direct", world, step, rng, group_size)
+                  : BackwardInput("direct", world, step, rng, group_size);
       const std::vector<v1::RoundResult> direct =
-          SendAll(*shard_, in.contributions, /*streams=*/false, rng);
+          SendAll(shard, in.contributions, /*streams=*/false, rng);
       const std::vector<v1::RoundResult> relayed =
-          SendAll(*relay_stub_, ForJob(in.contributions, "relayed"),
+          SendAll(relay, ForJob(in.contributions, "relayed"),
                   /*streams=*/step % 2 == 0, rng);
       ExpectSameAsDirect(in, direct, relayed);
       ++rounds;
     }
   }
-  // What went up: a block per 8 ranks when the shard takes blocks, else
-  // every contribution on its own.
+  return rounds;
+}
+
+TEST_F(RelayTest, MergedBlocksAreBitForBitTheDirectRounds) {
+  StartRelay();
+  constexpr int kWorld = 16;
+  CreateJob("direct", kWorld);
+  CreateJob("relayed", kWorld);
+  ASSERT_TRUE(accepts_blocks_);
+  std::mt19937 rng(35);
+  const int rounds =
+      RunRoundsBothWays(*shard_, *relay_stub_, 0, kWorld, 3, rng);
+  // The shard got one contribution per block of 8, not one per rank.
   const RelayCounters counters = relay_->counters();
-  if (accepts_blocks_) {
-    EXPECT_EQ(counters.blocks_forwarded, rounds * kWorld / 8);
-    EXPECT_EQ(counters.passed_through, 0);
-  } else {
-    EXPECT_EQ(counters.blocks_forwarded, 0);
-    EXPECT_EQ(counters.passed_through, rounds * kWorld);
-  }
+  EXPECT_EQ(counters.blocks_forwarded, rounds * kWorld / 8);
+  EXPECT_EQ(counters.passed_through, 0);
+}
+
+TEST_F(RelayTest, UnevenGroupsWithAPartialLastBlockAreBitForBitTheDirect) {
+  StartRelay();
+  // Two groups of 12: blocks of positions 0..7 and 8..11 in each.
+  constexpr int kWorld = 24;
+  CreateJob("direct", kWorld, /*group_size=*/12);
+  CreateJob("relayed", kWorld, /*group_size=*/12);
+  std::mt19937 rng(36);
+  const int rounds =
+      RunRoundsBothWays(*shard_, *relay_stub_, 12, kWorld, 2, rng);
+  EXPECT_EQ(relay_->counters().blocks_forwarded, rounds * 4);
+}
+
+TEST_F(RelayTest, PassedThroughRoundsAreBitForBitTheDirectRounds) {
+  // Blocks of one position: every contribution goes through unmerged.
+  RelayOptions options;
+  options.block_positions = 1;
+  StartRelay(options);
+  constexpr int kWorld = 16;
+  CreateJob("direct", kWorld);
+  CreateJob("relayed", kWorld);
+  std::mt19937 rng(37);
+  const int rounds =
+      RunRoundsBothWays(*shard_, *relay_stub_, 0, kWorld, 2, rng);
+  const RelayCounters counters = relay_->counters();
+  EXPECT_EQ(counters.blocks_forwarded, 0);
+  EXPECT_EQ(counters.passed_through, rounds * kWorld);
 }
 
 TEST_F(RelayTest, AnIncompleteBlockCompletesByTheQuorumNamingTheMissingRank) {
@@ -306,6 +354,91 @@ TEST_F(RelayTest, AnIncompleteBlockCompletesByTheQuorumNamingTheMissingRank) {
     EXPECT_TRUE(
         SameBits(relayed[i].moments().var(), direct[i].moments().var()));
   }
+}
+
+TEST_F(RelayTest, ARetryGetsTheSameResultAndAConflictingResendIsAborted) {
+  StartRelay();
+  constexpr int kWorld = 8;
+  CreateJob("relayed", kWorld);
+  std::mt19937 rng(38);
+  const RoundInput in = ForwardInput("relayed", kWorld, 0, rng);
+  const std::vector<v1::RoundResult> first =
+      SendAll(*relay_stub_, in.contributions, /*streams=*/true, rng);
+  ASSERT_FALSE(first[3].has_error()) << first[3].error().message();
+  ASSERT_EQ(relay_->counters().blocks_forwarded, 1);
+  // Rank 3 resends the same contribution, through the relay and directly:
+  // the shard matches it to the block's fingerprint.
+  for (v1::Aggregator::Stub* stub : {relay_stub_.get(), shard_.get()}) {
+    grpc::ClientContext context;
+    v1::RoundResult again;
+    const grpc::Status s =
+        stub->ReduceOnce(&context, in.contributions[3], &again);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(again.version(), first[3].version());
+    EXPECT_TRUE(SameBits(again.moments().mean(), first[3].moments().mean()));
+    EXPECT_TRUE(SameBits(again.moments().var(), first[3].moments().var()));
+  }
+  // Another payload for rank 3 of the same round is a conflict.
+  v1::Contribution other = in.contributions[3];
+  other.mutable_moments()->set_mean(0, other.moments().mean(0) + 1);
+  grpc::ClientContext context;
+  v1::RoundResult out;
+  EXPECT_EQ(relay_stub_->ReduceOnce(&context, other, &out).error_code(),
+            grpc::StatusCode::ABORTED);
+  const std::vector<v1::RoundResult> streamed =
+      SendAll(*relay_stub_, {other}, /*streams=*/true, rng);
+  ASSERT_TRUE(streamed[0].has_error());
+  EXPECT_EQ(streamed[0].error().code(),
+            static_cast<int>(grpc::StatusCode::ABORTED));
+}
+
+// Ranks 0..6 of 8 send at step 0; rank 7 is gone, and an operator removes
+// it from `from_step`, while the relay's block waits for it.
+void RunRemovedRank(v1::Aggregator::Stub& shard, v1::Aggregator::Stub& relay,
+                    const std::string& job, int64_t from_step,
+                    std::vector<int> missing) {
+  constexpr int kWorld = 8;
+  std::mt19937 rng(39);
+  const RoundInput in = ForwardInput(job, kWorld - 1, 0, rng);
+  std::thread remove([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    v1::UpdateMembershipRequest request;
+    request.set_job_id(job);
+    request.set_step(from_step);
+    request.add_remove(kWorld - 1);
+    grpc::ClientContext context;
+    v1::JobInfo info;
+    const grpc::Status s = shard.UpdateMembership(&context, request, &info);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  });
+  const absl::Time start = absl::Now();
+  const std::vector<v1::RoundResult> results =
+      SendAll(relay, in.contributions, /*streams=*/true, rng);
+  remove.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // the timeout is 10 s
+  for (int r = 0; r < kWorld - 1; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    ASSERT_FALSE(results[r].has_error()) << results[r].error().message();
+    EXPECT_THAT(results[r].missing_ranks(), ElementsAreArray(missing));
+    ref::ExpectClose(Values(results[r].moments().mean()), in.mean[0], 1e-12,
+                     "mean");
+    ref::ExpectClose(Values(results[r].moments().var()), in.var[0], 1e-12,
+                     "var");
+  }
+}
+
+TEST_F(RelayTest, ARankRemovedFromTheBlocksStepReleasesTheBlock) {
+  StartRelay();
+  CreateJob("from-0", 8);
+  // Not a member at step 0 any more: no rank is missing.
+  RunRemovedRank(*shard_, *relay_stub_, "from-0", 0, {});
+}
+
+TEST_F(RelayTest, ARankRemovedFromALaterStepCompletesTheWaitingRound) {
+  StartRelay();
+  CreateJob("from-1", 8);
+  // Still a member at step 0: the round completes without it, naming it.
+  RunRemovedRank(*shard_, *relay_stub_, "from-1", 1, {7});
 }
 
 TEST_F(RelayTest, EveryOtherMethodIsUnimplementedNamingTheShards) {
@@ -426,7 +559,9 @@ TEST_F(RelayTest, AClientWithARelaySendsItsRoundsThroughIt) {
   request.set_job_id("client-job");
   request.set_world_size(kWorld);
   request.add_layers()->set_num_features(kChannels);
-  ASSERT_TRUE(client.CreateJob(request).ok());
+  absl::StatusOr<v1::JobInfo> created = client.CreateJob(request);
+  ASSERT_TRUE(created.ok()) << created.status();
+  accepts_blocks_ = created->accepts_relay_blocks();
   std::mt19937 rng(3);
   const RoundInput in = ForwardInput("client-job", kWorld, 0, rng);
   std::vector<absl::StatusOr<ForwardReply>> replies(kWorld);
@@ -444,8 +579,8 @@ TEST_F(RelayTest, AClientWithARelaySendsItsRoundsThroughIt) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(replies[r].ok()) << replies[r].status();
-    ref::ExpectClose(replies[r]->global.mean, in.mean, 1e-12, "mean");
-    ref::ExpectClose(replies[r]->global.var, in.var, 1e-12, "var");
+    ref::ExpectClose(replies[r]->global.mean, in.mean[0], 1e-12, "mean");
+    ref::ExpectClose(replies[r]->global.var, in.var[0], 1e-12, "var");
   }
   const RelayCounters counters = relay_->counters();
   EXPECT_EQ(counters.blocks_forwarded + counters.passed_through,
