@@ -32,6 +32,26 @@ def aggregator_binary():
                        "SYNCNORM_AGGREGATOR (looked at %s)" % candidates)
 
 
+def relay_binary():
+    """The relay (docs/relay.md): $SYNCNORM_RELAY, the test's runfiles, or
+    the checkout's bazel-bin."""
+    candidates = [os.environ.get("SYNCNORM_RELAY", "")]
+    for root in (os.environ.get("TEST_SRCDIR"),
+                 os.environ.get("RUNFILES_DIR")):
+        if root:
+            candidates.append(os.path.join(root, "syncnorm", "relay",
+                                           "syncnorm_relay"))
+    repo = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+    candidates.append(os.path.join(repo, "bazel-bin", "relay",
+                                   "syncnorm_relay"))
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise RuntimeError("the relay binary was not found; build "
+                       "//relay:syncnorm_relay or set SYNCNORM_RELAY "
+                       "(looked at %s)" % candidates)
+
+
 class Aggregator:
     """The aggregator binary on a free loopback port; a context manager."""
 
@@ -61,13 +81,7 @@ class Aggregator:
             time.sleep(0.02)
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        _stop(self.process)
         self._log.close()
 
     def __enter__(self):
@@ -75,6 +89,56 @@ class Aggregator:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class Relay:
+    """The relay binary on a free loopback port, in front of `upstream`
+    (the aggregator's address); a context manager."""
+
+    def __init__(self, upstream, flags=()):
+        self.dir = tempfile.mkdtemp(prefix="syncnorm-relay-",
+                                    dir=os.environ.get("TEST_TMPDIR"))
+        port_file = os.path.join(self.dir, "port")
+        self.log_path = os.path.join(self.dir, "relay.log")
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [relay_binary(), "--listen=127.0.0.1:0", "--upstream=" + upstream,
+             "--port_file=" + port_file] + list(flags),
+            stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while True:
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    text = f.read().strip()
+                if text:
+                    self.address = "127.0.0.1:" + text
+                    return
+            if self.process.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError("the relay did not start: " +
+                                   open(self.log_path).read())
+            time.sleep(0.02)
+
+    def stop(self):
+        _stop(self.process)
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _stop(process):
+    """Stops a child (SIGTERM, then SIGKILL after 10 s) and reaps it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def child_env():
