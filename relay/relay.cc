@@ -248,11 +248,12 @@ void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
     absl::MutexLock lock(&mu_);
     auto it = blocks_.find(key);
     if (it == blocks_.end()) return;
-    // The shard refused the block itself (membership moved under it, or a
-    // check of the block failed): each rank goes through on its own, which
-    // is always exact.
+    // The shard refused the block itself (membership moved under it, a
+    // check of the block failed, the relay's token lacks the `relay`
+    // scope): each rank goes through on its own, which is always exact.
     if (status.error_code() == grpc::StatusCode::ABORTED ||
-        status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
       Release(key, actions);
     } else {
       std::map<int, HeldContribution> held = it->second->TakeHeld();
