@@ -368,7 +368,9 @@ void Relay::Check(const BlockKey& key) {
 
 void Relay::Recheck(const JobKey& jk, const JobView& view, Actions& actions) {
   std::vector<BlockKey> release;
-  for (auto& [key, round] : blocks_) {
+  for (const auto& entry : blocks_) {
+    const BlockKey& key = entry.first;
+    const BlockRound* round = entry.second.get();
     if (std::get<0>(key) != jk.first || std::get<1>(key) != jk.second ||
         round->forwarded()) {
       continue;
@@ -381,9 +383,10 @@ void Relay::Recheck(const JobKey& jk, const JobView& view, Actions& actions) {
     // round waits for the new members leaf by leaf. So does one with a
     // member removed from a later step: the shard's round completes
     // without it at once.
-    const bool removed = std::any_of(
-        members.begin(), members.end(),
-        [&](int r) { return view.RemovedAfter(r, std::get<3>(key)); });
+    const int64_t step = std::get<3>(key);
+    const bool removed =
+        std::any_of(members.begin(), members.end(),
+                    [&](int r) { return view.RemovedAfter(r, step); });
     if (!view.accepts_relay_blocks() || members != round->members() ||
         removed) {
       release.push_back(key);
