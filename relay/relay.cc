@@ -81,7 +81,9 @@ void Relay::Contribute(v1::Contribution c, AnswerFn done) {
           !job.view.has_value() ||
           (step > job.fresh_step && (step >= job.view->next_step() || !member));
       Pending p{std::move(c), std::move(done)};
-      if (stale || job.fetching) {
+      // A fresh view serves while a reread (a waiting block's) is under
+      // way: only a contribution the view cannot judge waits for it.
+      if (stale) {
         job.waiting.push_back(std::move(p));
         if (!job.fetching) Fetch(jk, job, actions);
       } else {
