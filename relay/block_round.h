@@ -27,7 +27,8 @@ class BlockRound {
  public:
   // `position_ranks`: the ranks of the block's positions that exist, by
   // position, from `first_position`; `members`: those that are members at
-  // the step, by position (not empty).
+  // the step, by position (not empty); `first_arrival`: when the relay
+  // got the round's first contribution, of this block or another.
   BlockRound(std::vector<int> position_ranks, std::vector<int> members,
              int first_position, int positions, absl::Time first_arrival);
 
@@ -58,6 +59,7 @@ class BlockRound {
   }
 
   const std::vector<int>& members() const { return members_; }
+  // The round's first arrival at this relay (as constructed).
   absl::Time first_arrival() const { return first_arrival_; }
 
   // Forwarded: the merged block is with the shard; nothing more is held.

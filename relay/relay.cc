@@ -19,6 +19,12 @@ constexpr int64_t kRememberedBlocks = 1 << 16;
 // timeout is not known (the job could not be read).
 constexpr absl::Duration kUnknownJobRetry = absl::Seconds(30);
 
+template <typename BlockKey>
+auto RoundKeyOf(const BlockKey& k) {
+  return std::make_tuple(std::get<0>(k), std::get<1>(k), std::get<2>(k),
+                         std::get<3>(k), std::get<4>(k), std::get<5>(k));
+}
+
 void Run(std::vector<std::function<void()>>& actions) {
   for (auto& action : actions) action();
   actions.clear();
@@ -201,13 +207,16 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
       return;
     }
     ++job.open_blocks;
+    RoundStart& start = round_starts_[RoundKeyOf(key)];
+    if (start.open_blocks++ == 0) start.first = now;
     it = blocks_
              .emplace(key, std::make_unique<BlockRound>(
                                positions, members,
                                place->block * options_.block_positions,
-                               options_.block_positions, now))
+                               options_.block_positions, start.first))
              .first;
-    ScheduleCheck(key, std::min(PassAt(view, now), now + options_.job_refresh));
+    ScheduleCheck(
+        key, std::min(PassAt(view, start.first), now + options_.job_refresh));
   }
   BlockRound& round = *it->second;
   if (round.Add(p.contribution, p.done) == BlockRound::Added::kRefused) {
@@ -292,6 +301,10 @@ void Relay::Release(const BlockKey& key, Actions& actions) {
 void Relay::Forget(const BlockKey& key) {
   if (blocks_.erase(key) == 0) return;
   --jobs_.at(JobKey(std::get<0>(key), std::get<1>(key))).open_blocks;
+  auto start = round_starts_.find(RoundKeyOf(key));
+  if (start != round_starts_.end() && --start->second.open_blocks == 0) {
+    round_starts_.erase(start);
+  }
   const int64_t serial = ++done_serial_;
   done_[key] = serial;
   done_order_[serial] = key;

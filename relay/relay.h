@@ -63,6 +63,12 @@ class Relay {
   // (job, shard, layer, step, phase, backward index, group, block).
   using BlockKey =
       std::tuple<std::string, int, int, int64_t, int, int, int, int>;
+  // A block's round: (job, shard, layer, step, phase, backward index).
+  using RoundKey = std::tuple<std::string, int, int, int64_t, int, int>;
+  struct RoundStart {
+    absl::Time first;     // the round's first arrival at this relay
+    int open_blocks = 0;  // its block rounds held
+  };
   using Actions = std::vector<std::function<void()>>;
 
   struct Pending {
@@ -121,6 +127,10 @@ class Relay {
   mutable absl::Mutex mu_;
   std::map<JobKey, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<BlockKey, std::unique_ptr<BlockRound>> blocks_ ABSL_GUARDED_BY(mu_);
+  // The rounds of the blocks held. An incomplete block goes through at
+  // its round's first arrival (not its own) plus the grace or timeout:
+  // the shard's deadline runs from the round's first contribution.
+  std::map<RoundKey, RoundStart> round_starts_ ABSL_GUARDED_BY(mu_);
   // Block rounds answered or released, most recent last, so that a late
   // rank or a retry goes through: at most kRememberedBlocks.
   std::map<BlockKey, int64_t> done_ ABSL_GUARDED_BY(mu_);

@@ -196,12 +196,13 @@ class RelayTest : public ::testing::Test {
   }
 
   void CreateJob(const std::string& job, int world, int group_size = 0,
-                 int quorum = 0, int64_t grace_ms = 0) {
+                 int quorum = 0, int64_t grace_ms = 0,
+                 int64_t timeout_ms = 10000) {
     v1::CreateJobRequest request;
     request.set_job_id(job);
     request.set_world_size(world);
     request.set_group_size(group_size);
-    request.set_round_timeout_ms(10000);
+    request.set_round_timeout_ms(timeout_ms);
     request.add_layers()->set_num_features(kChannels);
     if (quorum > 0) {
       request.mutable_quorum()->set_min_ranks(quorum);
@@ -353,6 +354,31 @@ TEST_F(RelayTest, AnIncompleteBlockCompletesByTheQuorumNamingTheMissingRank) {
         SameBits(relayed[i].moments().mean(), direct[i].moments().mean()));
     EXPECT_TRUE(
         SameBits(relayed[i].moments().var(), direct[i].moments().var()));
+  }
+}
+
+TEST_F(RelayTest, AtTheDeadlineTheShardNamesOnlyTheMissingRank) {
+  StartRelay();
+  constexpr int kWorld = 16;
+  constexpr int kMissing = 9;
+  CreateJob("relayed", kWorld, 0, 0, 0, /*timeout_ms=*/1000);
+  std::mt19937 rng(40);
+  RoundInput in = ForwardInput("relayed", kWorld, 0, rng);
+  in.contributions.erase(in.contributions.begin() + kMissing);
+  // Block 0 (ranks 0..7) goes up merged; block 1 waits for rank 9 and
+  // goes through before the deadline, so the shard names rank 9 alone. The
+  // shard's ReduceOnce status comes back in-band on the streams.
+  const std::vector<v1::RoundResult> results =
+      SendAll(*relay_stub_, in.contributions, /*streams=*/true, rng);
+  for (const v1::RoundResult& r : results) {
+    ASSERT_TRUE(r.has_error());
+    EXPECT_EQ(r.error().code(),
+              static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED));
+    EXPECT_THAT(r.error().missing_ranks(), ElementsAre(kMissing));
+    EXPECT_THAT(r.error().message(), HasSubstr("[9]"));
+    EXPECT_EQ(r.job_id(), "relayed");
+    EXPECT_EQ(r.step(), 0);
+    EXPECT_EQ(r.phase(), v1::FORWARD);
   }
 }
 
