@@ -1,7 +1,7 @@
 // The relay's own token against an aggregator that checks tokens: with the
 // `relay` scope its blocks are taken; with a job's token only, the shard
 // refuses each block and the relay sends its ranks through one by one, so
-// the round still completes, as the float64 reference says.
+// the round still completes. The shard's own metrics count what it got.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "relay/relay_server.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
+#include "tests/testing/scrape.h"
 #include "tests/testing/subprocess.h"
 
 namespace syncnorm {
@@ -42,9 +43,12 @@ class RelayTokenTest : public ::testing::Test {
           << kRelay << " relay,job:j\n";
     }
     const std::string port_file = absl::StrCat(dir, "/port");
+    const std::string log = absl::StrCat(dir, "/aggregator.log");
     absl::StatusOr<std::unique_ptr<Subprocess>> aggregator = Subprocess::Spawn(
         {testing::Runfile("server/syncnorm-aggregator"), "--listen=127.0.0.1:0",
-         "--port_file=" + port_file, "--tokens_file=" + tokens});
+         "--port_file=" + port_file, "--tokens_file=" + tokens,
+         "--metrics_listen=127.0.0.1:0"},
+        log);
     ASSERT_TRUE(aggregator.ok()) << aggregator.status();
     aggregator_ = *std::move(aggregator);
     int port = 0;
@@ -56,6 +60,8 @@ class RelayTokenTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(20));
     }
     ASSERT_GT(port, 0) << "the aggregator did not start";
+    metrics_port_ = testing::MetricsPortFromLog(log);
+    ASSERT_GT(metrics_port_, 0) << testing::ReadFile(log);
     address_ = absl::StrCat("127.0.0.1:", port);
     shard_ = v1::Aggregator::NewStub(
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
@@ -113,7 +119,14 @@ class RelayTokenTest : public ::testing::Test {
     return (*relay)->counters();
   }
 
+  // ReduceOnce calls the shard answered with `code`.
+  double ShardCalls(const std::string& code) const {
+    return testing::HandledCalls(testing::ScrapeMetrics(metrics_port_),
+                                 "ReduceOnce", code);
+  }
+
   std::unique_ptr<Subprocess> aggregator_;
+  int metrics_port_ = 0;
   std::string address_;
   std::unique_ptr<v1::Aggregator::Stub> shard_;
 };
@@ -122,11 +135,15 @@ TEST_F(RelayTokenTest, ARelayTokenSendsBlocksAJobTokenSendsRanks) {
   const RelayCounters relayed = Round(kRelay, 0);
   EXPECT_EQ(relayed.blocks_forwarded, 1);
   EXPECT_EQ(relayed.passed_through, 0);
+  // The shard itself got one contribution for the 8 ranks.
+  EXPECT_EQ(ShardCalls("OK"), 1);
   // The shard refuses the block (PERMISSION_DENIED): its 8 ranks go
   // through on their own.
   const RelayCounters job_only = Round(kJobOnly, 1);
   EXPECT_EQ(job_only.blocks_forwarded, 1);
   EXPECT_EQ(job_only.passed_through, kWorld);
+  EXPECT_EQ(ShardCalls("PermissionDenied"), 1);
+  EXPECT_EQ(ShardCalls("OK"), 1 + kWorld);
 }
 
 }  // namespace
