@@ -134,10 +134,8 @@ void Relay::Fetched(const JobKey& jk, absl::StatusOr<v1::JobInfo> info) {
         Place(jk, job, std::move(p), actions);
       } else {
         // The shard answers for a job the relay cannot read.
-        std::vector<AnswerFn> waiters;
-        waiters.push_back(std::move(p.done));
-        PassThrough(jk.second, std::move(p.contribution), std::move(waiters),
-                    RetryDeadline(nullptr, absl::Now()), actions);
+        PassOne(jk.second, std::move(p), RetryDeadline(nullptr, absl::Now()),
+                actions);
       }
     }
     if (!job.view.has_value() && job.open_blocks == 0 && job.waiting.empty()) {
@@ -174,60 +172,72 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
       view.accepts_relay_blocks() && view.staleness() == 0 &&
       place.has_value() && members.size() > 1 &&
       std::find(members.begin(), members.end(), c.rank()) != members.end();
-  std::vector<AnswerFn> one;
   if (!mergeable) {
-    one.push_back(std::move(p.done));
-    PassThrough(jk.second, std::move(p.contribution), std::move(one),
-                RetryDeadline(&view, now), actions);
+    PassOne(jk.second, std::move(p), RetryDeadline(&view, now), actions);
     return;
   }
   const BlockKey key(c.job_id(), jk.second, c.layer(), c.step(), c.phase(),
                      c.backward_index(), place->group, place->block);
+  BlockRound* round = FindOrOpen(key, job, std::move(positions),
+                                 std::move(members), p, actions);
+  if (round == nullptr) return;  // answered
+  if (round->Add(p.contribution, p.done) == BlockRound::Added::kRefused) {
+    // A resend that differs, one after the block went up, or a rank the
+    // block did not count at its first arrival: the shard judges it.
+    PassOne(jk.second, std::move(p),
+            RetryDeadline(&view, round->first_arrival()), actions);
+    return;
+  }
+  if (!round->forwarded() && round->complete()) Complete(key, *round, actions);
+}
+
+BlockRound* Relay::FindOrOpen(const BlockKey& key, JobEntry& job,
+                              std::vector<int> positions,
+                              std::vector<int> members, Pending& p,
+                              Actions& actions) {
   auto it = blocks_.find(key);
-  if (it == blocks_.end()) {
-    if (done_.count(key) > 0) {
-      // A late rank or a retry of a block round already answered or
-      // released: the shard matches it.
-      one.push_back(std::move(p.done));
-      PassThrough(jk.second, std::move(p.contribution), std::move(one),
-                  RetryDeadline(&view, now), actions);
-      return;
-    }
-    if (job.open_blocks >= options_.max_pending_blocks_per_job) {
-      actions.push_back([c = std::move(p.contribution),
-                         done = std::move(p.done),
-                         max = options_.max_pending_blocks_per_job] {
-        done(ErrorAnswer(c,
-                         absl::ResourceExhaustedError(absl::StrCat(
+  if (it != blocks_.end()) return it->second.get();
+  const JobView& view = *job.view;
+  const absl::Time now = absl::Now();
+  if (done_.count(key) > 0) {
+    // A late rank or a retry of a block round already answered or
+    // released: the shard matches it.
+    PassOne(std::get<1>(key), std::move(p), RetryDeadline(&view, now), actions);
+    return nullptr;
+  }
+  if (job.open_blocks >= options_.max_pending_blocks_per_job) {
+    actions.push_back([c = std::move(p.contribution), done = std::move(p.done),
+                       max = options_.max_pending_blocks_per_job] {
+      done(
+          ErrorAnswer(c, absl::ResourceExhaustedError(absl::StrCat(
                              "the relay holds ", max,
                              " block rounds of this job, its "
                              "--max_pending_blocks_per_job; resend once rounds "
                              "complete"))));
-      });
-      return;
-    }
-    ++job.open_blocks;
-    RoundStart& start = round_starts_[RoundKeyOf(key)];
-    if (start.open_blocks++ == 0) start.first = now;
-    it = blocks_
-             .emplace(key, std::make_unique<BlockRound>(
-                               positions, members,
-                               place->block * options_.block_positions,
-                               options_.block_positions, start.first))
-             .first;
-    ScheduleCheck(
-        key, std::min(PassAt(view, start.first), now + options_.job_refresh));
+    });
+    return nullptr;
   }
-  BlockRound& round = *it->second;
-  if (round.Add(p.contribution, p.done) == BlockRound::Added::kRefused) {
-    // A resend that differs, one after the block went up, or a rank the
-    // block did not count at its first arrival: the shard judges it.
-    one.push_back(std::move(p.done));
-    PassThrough(jk.second, std::move(p.contribution), std::move(one),
-                RetryDeadline(&view, round.first_arrival()), actions);
-    return;
-  }
-  if (!round.forwarded() && round.complete()) Complete(key, round, actions);
+  ++job.open_blocks;
+  RoundStart& start = round_starts_[RoundKeyOf(key)];
+  if (start.open_blocks++ == 0) start.first = now;
+  const int block = std::get<7>(key);
+  it = blocks_
+           .emplace(key, std::make_unique<BlockRound>(
+                             std::move(positions), std::move(members),
+                             block * options_.block_positions,
+                             options_.block_positions, start.first))
+           .first;
+  ScheduleCheck(
+      key, std::min(PassAt(view, start.first), now + options_.job_refresh));
+  return it->second.get();
+}
+
+void Relay::PassOne(int shard, Pending p, absl::Time deadline,
+                    Actions& actions) {
+  std::vector<AnswerFn> waiters;
+  waiters.push_back(std::move(p.done));
+  PassThrough(shard, std::move(p.contribution), std::move(waiters), deadline,
+              actions);
 }
 
 void Relay::Complete(const BlockKey& key, BlockRound& round, Actions& actions) {

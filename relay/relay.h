@@ -88,6 +88,16 @@ class Relay {
 
   void Place(const JobKey& jk, JobEntry& job, Pending p, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The block round of `key`, opened with `positions` and `members` if
+  // there is none; null when `p` was answered instead (the round was
+  // already answered: it went through; past the job's cap: refused).
+  BlockRound* FindOrOpen(const BlockKey& key, JobEntry& job,
+                         std::vector<int> positions, std::vector<int> members,
+                         Pending& p, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PassThrough of one contribution with its one waiter.
+  void PassOne(int shard, Pending p, absl::Time deadline, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block's members at the round's step, by position, and the ranks
   // of its positions.
   void BlockRanks(const JobView& view, int group, int block, int64_t step,
