@@ -368,6 +368,23 @@ TEST_F(RelayBlockTest, DisagreeingUpdatesGoThroughForTheShardToJudge) {
   EXPECT_EQ(shard_->received().size(), 8u);
 }
 
+TEST_F(RelayBlockTest, AStaleSynchronousJobGoesThroughRankByRank) {
+  // Each answer of a stale job is its rank's own view: no block serves it.
+  v1::JobInfo info = Job(8, 0);
+  info.set_staleness(2);
+  Start(info);
+  std::mt19937 rng(17);
+  std::vector<v1::Contribution> cs;
+  for (int r = 0; r < 8; ++r) cs.push_back(Forward("j", r, 0, rng));
+  std::vector<v1::RoundResult> results;
+  for (const grpc::Status& s : SendAll(*stub_, cs, results, rng)) {
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_THAT(Blocks(), IsEmpty());
+  EXPECT_EQ(shard_->received().size(), 8u);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(results[r].version(), r);
+}
+
 TEST_F(RelayBlockTest, AnIncompleteBlockGoesThroughBeforeTheRoundTimeout) {
   v1::JobInfo info = Job(8, 0);
   info.set_round_timeout_ms(300);

@@ -31,6 +31,13 @@ set -e
 [ "$code" -eq 2 ] || fail "no --upstream exited $code, not 2"
 grep -q 'upstream' "$TEST_TMPDIR/err" || fail "$(cat "$TEST_TMPDIR/err")"
 
+set +e
+"$bin" --upstream=127.0.0.1:1 --upstream_token_file="$TEST_TMPDIR/none" 2>"$TEST_TMPDIR/err"
+code=$?
+set -e
+[ "$code" -eq 2 ] || fail "a missing --upstream_token_file exited $code, not 2"
+grep -q 'upstream_token_file' "$TEST_TMPDIR/err" || fail "$(cat "$TEST_TMPDIR/err")"
+
 # Serves, writes its port, and stops on SIGTERM with exit 0.
 "$bin" --upstream=127.0.0.1:1 --listen=127.0.0.1:0 \
   --port_file="$TEST_TMPDIR/port" 2>"$TEST_TMPDIR/log" &
