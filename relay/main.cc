@@ -62,7 +62,8 @@ ABSL_FLAG(int, max_pending_blocks_per_job,
           Defaults().max_pending_blocks_per_job,
           "Block rounds of one job held at once; past it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_jobs, Defaults().max_jobs,
-          "Jobs (per shard) the relay keeps; past it RESOURCE_EXHAUSTED");
+          "(job, shard) pairs the relay keeps; past it the idlest goes, or "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once serving");
 

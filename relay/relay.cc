@@ -62,12 +62,12 @@ void Relay::Contribute(v1::Contribution c, AnswerFn done) {
     JobKey jk(c.job_id(), shard);
     auto it = jobs_.find(jk);
     if (it == jobs_.end()) {
-      if (jobs_.size() >= static_cast<size_t>(options_.max_jobs)) {
+      if (!MakeRoomForAJob()) {
         actions.push_back([c = std::move(c), done = std::move(done),
                            max = options_.max_jobs] {
           done(ErrorAnswer(
               c, absl::ResourceExhaustedError(absl::StrCat(
-                     "the relay holds the jobs of ", max,
+                     "the relay holds rounds of ", max,
                      " (job, shard) pairs, its --max_jobs; send this job's "
                      "rounds to another relay or to the aggregator"))));
         });
@@ -77,6 +77,7 @@ void Relay::Contribute(v1::Contribution c, AnswerFn done) {
     }
     if (it != jobs_.end()) {
       JobEntry& job = it->second;
+      job.last_used = absl::Now();
       const int64_t step = c.step();
       const bool member =
           job.view.has_value() && job.view->IsMember(c.rank(), step);
@@ -98,6 +99,22 @@ void Relay::Contribute(v1::Contribution c, AnswerFn done) {
     }
   }
   Run(actions);
+}
+
+bool Relay::MakeRoomForAJob() {
+  if (jobs_.size() < static_cast<size_t>(options_.max_jobs)) return true;
+  // Only when full: O(max_jobs).
+  auto idlest = jobs_.end();
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    const JobEntry& j = it->second;
+    if (j.open_blocks > 0 || j.fetching || !j.waiting.empty()) continue;
+    if (idlest == jobs_.end() || j.last_used < idlest->second.last_used) {
+      idlest = it;
+    }
+  }
+  if (idlest == jobs_.end()) return false;
+  jobs_.erase(idlest);
+  return true;
 }
 
 void Relay::Fetch(const JobKey& jk, JobEntry& job, Actions& actions) {

@@ -84,8 +84,13 @@ class Relay {
     // Contributions waiting for the fetch.
     std::vector<Pending> waiting;
     int open_blocks = 0;
+    // The last contribution's arrival: at --max_jobs, the job idle the
+    // longest makes room.
+    absl::Time last_used;
   };
 
+  // Room for one more job: false when all --max_jobs hold rounds.
+  bool MakeRoomForAJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Place(const JobKey& jk, JobEntry& job, Pending p, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block round of `key`, opened with `positions` and `members` if

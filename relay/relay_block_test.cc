@@ -385,6 +385,31 @@ TEST_F(RelayBlockTest, AStaleSynchronousJobGoesThroughRankByRank) {
   for (int r = 0; r < 8; ++r) EXPECT_EQ(results[r].version(), r);
 }
 
+TEST_F(RelayBlockTest, PastMaxJobsTheIdlestJobGoesAndABusyRelayRefuses) {
+  RelayOptions options;
+  options.max_jobs = 1;
+  Start(Job(2, 0), options);
+  std::mt19937 rng(18);
+  auto reduce = [&](const std::string& job, int rank, int64_t step) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    v1::RoundResult result;
+    return stub_->ReduceOnce(&context, Forward(job, rank, step, rng), &result);
+  };
+  // Job a's block waits for rank 1: the relay is full.
+  std::thread waiting([&] { EXPECT_TRUE(reduce("a", 0, 0).ok()); });
+  absl::SleepFor(absl::Milliseconds(100));
+  const grpc::Status refused = reduce("b", 0, 0);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("--max_jobs"));
+  EXPECT_TRUE(reduce("a", 1, 0).ok());
+  waiting.join();
+  // Job a is idle now: job b takes its place.
+  std::thread b0([&] { EXPECT_TRUE(reduce("b", 0, 1).ok()); });
+  EXPECT_TRUE(reduce("b", 1, 1).ok());
+  b0.join();
+}
+
 TEST_F(RelayBlockTest, AnIncompleteBlockGoesThroughBeforeTheRoundTimeout) {
   v1::JobInfo info = Job(8, 0);
   info.set_round_timeout_ms(300);

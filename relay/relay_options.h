@@ -48,8 +48,10 @@ struct RelayOptions {
   // the relay hold. Positive. Default 4096.
   int max_pending_blocks_per_job = 4096;
 
-  // The most jobs the relay holds a JobInfo of; past it a contribution of
-  // another job is refused RESOURCE_EXHAUSTED. Positive. Default 1024.
+  // The most (job, shard) pairs the relay holds a JobInfo of. Past it the
+  // pair idle the longest (no block rounds held) is forgotten, and when
+  // every one holds rounds a contribution of another job is refused
+  // RESOURCE_EXHAUSTED. Positive. Default 1024.
   int max_jobs = 1024;
 };
 
