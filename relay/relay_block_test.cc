@@ -7,10 +7,12 @@
 // subtree of the shard's merge).
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -95,6 +97,10 @@ class FakeShard final : public v1::Aggregator::CallbackService {
   void set_abort_blocks(bool abort) {
     absl::MutexLock lock(&mu_);
     abort_blocks_ = abort;
+  }
+  int get_jobs() {
+    absl::MutexLock lock(&mu_);
+    return get_jobs_;
   }
   void set_info(v1::JobInfo info) {
     absl::MutexLock lock(&mu_);
@@ -390,11 +396,20 @@ TEST_F(RelayBlockTest, PastMaxJobsTheIdlestJobGoesAndABusyRelayRefuses) {
   options.max_jobs = 1;
   Start(Job(2, 0), options);
   std::mt19937 rng(18);
+  // Drawn up front: the ranks send from several threads.
+  std::map<std::tuple<std::string, int, int64_t>, v1::Contribution> cs;
+  for (const char* job : {"a", "b"}) {
+    for (int rank : {0, 1}) {
+      for (int64_t step : {0, 1}) {
+        cs[{job, rank, step}] = Forward(job, rank, step, rng);
+      }
+    }
+  }
   auto reduce = [&](const std::string& job, int rank, int64_t step) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
     v1::RoundResult result;
-    return stub_->ReduceOnce(&context, Forward(job, rank, step, rng), &result);
+    return stub_->ReduceOnce(&context, cs.at({job, rank, step}), &result);
   };
   // Job a's block waits for rank 1: the relay is full.
   std::thread waiting([&] { EXPECT_TRUE(reduce("a", 0, 0).ok()); });
@@ -436,10 +451,10 @@ TEST_F(RelayBlockTest, ARemoveReadAtTheRefreshReleasesTheWaitingBlock) {
   std::mt19937 rng(16);
   std::vector<v1::Contribution> cs;
   for (int r = 0; r < 7; ++r) cs.push_back(Forward("j", r, 0, rng));
-  // Rank 7 is removed while the block waits for it: the relay's next read
-  // of the job sees it.
+  // Rank 7 is removed while the block waits for it (after the relay read
+  // the job for the block): the relay's next read of the job sees it.
   std::thread remove([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    while (shard_->get_jobs() == 0) absl::SleepFor(absl::Milliseconds(1));
     v1::JobInfo info = Job(8, 0);
     v1::MembershipChange* change = info.mutable_membership()->add_history();
     change->set_step(0);
