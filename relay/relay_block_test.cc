@@ -425,6 +425,35 @@ TEST_F(RelayBlockTest, PastMaxJobsTheIdlestJobGoesAndABusyRelayRefuses) {
   b0.join();
 }
 
+TEST_F(RelayBlockTest, PastItsCapAJobsNewBlockRoundIsRefusedNamingTheCap) {
+  v1::JobInfo info = Job(16, 0);
+  info.set_round_timeout_ms(400);
+  RelayOptions options;
+  options.max_pending_blocks_per_job = 1;
+  Start(info, options);
+  std::mt19937 rng(19);
+  const v1::Contribution first = Forward("j", 0, 0, rng);
+  const v1::Contribution other_block = Forward("j", 8, 0, rng);
+  // Block 0 waits (until it goes through before the timeout).
+  std::thread waiting([&] {
+    grpc::ClientContext context;
+    v1::RoundResult result;
+    EXPECT_TRUE(stub_->ReduceOnce(&context, first, &result).ok());
+  });
+  while (shard_->get_jobs() == 0) absl::SleepFor(absl::Milliseconds(1));
+  absl::SleepFor(absl::Milliseconds(50));
+  grpc::ClientContext context;
+  v1::RoundResult result;
+  const grpc::Status refused =
+      stub_->ReduceOnce(&context, other_block, &result);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(),
+              ::testing::HasSubstr("--max_pending_blocks_per_job"));
+  waiting.join();
+  // Nothing of the refused contribution went up.
+  for (const v1::Contribution& c : shard_->received()) EXPECT_EQ(c.rank(), 0);
+}
+
 TEST_F(RelayBlockTest, AnIncompleteBlockGoesThroughBeforeTheRoundTimeout) {
   v1::JobInfo info = Job(8, 0);
   info.set_round_timeout_ms(300);
