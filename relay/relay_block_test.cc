@@ -41,10 +41,11 @@ constexpr int kChannels = 5;
 // came and answers at once, a block ABORTED while `abort_blocks`.
 class FakeShard final : public v1::Aggregator::CallbackService {
  public:
-  explicit FakeShard(v1::JobInfo info) : info_(std::move(info)) {
+  explicit FakeShard(v1::JobInfo info,
+                     const std::string& listen = "127.0.0.1:0")
+      : info_(std::move(info)) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port_);
+    builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
   }
@@ -452,6 +453,42 @@ TEST_F(RelayBlockTest, PastItsCapAJobsNewBlockRoundIsRefusedNamingTheCap) {
   waiting.join();
   // Nothing of the refused contribution went up.
   for (const v1::Contribution& c : shard_->received()) EXPECT_EQ(c.rank(), 0);
+}
+
+TEST(RelayUpstreamTest, ContributionsWaitForAShardThatComesUpLate) {
+  // A port nothing listens on yet.
+  int port = 0;
+  {
+    FakeShard probe(Job(8, 0));
+    port = std::stoi(probe.address().substr(probe.address().rfind(':') + 1));
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  RelayOptions options;
+  options.listen = "127.0.0.1:0";
+  options.upstream = address;
+  absl::StatusOr<std::unique_ptr<RelayServer>> relay =
+      RelayServer::Start(options);
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  auto stub = StubFor(absl::StrCat("127.0.0.1:", (*relay)->port()));
+  std::mt19937 rng(20);
+  std::vector<v1::Contribution> cs;
+  for (int r = 0; r < 8; ++r) cs.push_back(Forward("j", r, 0, rng));
+  std::unique_ptr<FakeShard> shard;
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    shard = std::make_unique<FakeShard>(Job(8, 0), address);
+  });
+  std::vector<v1::RoundResult> results;
+  const std::vector<grpc::Status> statuses = SendAll(*stub, cs, results, rng);
+  late.join();
+  for (int r = 0; r < 8; ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << statuses[r].error_message();
+    // The job could not be read: each rank went through on its own, resent
+    // until the shard took it.
+    EXPECT_EQ(results[r].version(), r);
+  }
+  EXPECT_EQ(shard->received().size(), 8u);
+  (*relay)->Shutdown();
 }
 
 TEST_F(RelayBlockTest, AnIncompleteBlockGoesThroughBeforeTheRoundTimeout) {
