@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "syncnorm/v1/aggregator.grpc.pb.h"
 #include "wire/round_error.h"
 
 namespace syncnorm {
@@ -33,9 +34,22 @@ std::vector<int> MissingRanksOf(absl::string_view message) {
   return ranks;
 }
 
+RoundAnswer MakeAnswer(v1::RoundResult result) {
+  auto answer = std::make_shared<EncodedAnswer>();
+  answer->result = std::move(result);
+  bool own = false;
+  // Serializing a message built here cannot fail (it has no required
+  // fields); an empty buffer would reach the rank as an empty result.
+  grpc::SerializationTraits<v1::RoundResult>::Serialize(answer->result,
+                                                        &answer->bytes, &own)
+      .ok();
+  return answer;
+}
+
 RoundAnswer ErrorAnswer(const v1::Contribution& key,
                         const absl::Status& status) {
-  auto result = std::make_shared<v1::RoundResult>();
+  v1::RoundResult out;
+  v1::RoundResult* result = &out;
   result->set_job_id(key.job_id());
   result->set_layer(key.layer());
   result->set_step(key.step());
@@ -47,7 +61,7 @@ RoundAnswer ErrorAnswer(const v1::Contribution& key,
   }
   RoundErrorToProto(status, missing, v1::RoundError::REASON_UNSPECIFIED,
                     *result->mutable_error());
-  return result;
+  return MakeAnswer(std::move(out));
 }
 
 absl::Status FromGrpc(const grpc::Status& status) {

@@ -9,14 +9,22 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
 namespace syncnorm {
 
-// One answer, shared by every rank it goes to (a block's answer carries no
-// rank: the same message for each).
-using RoundAnswer = std::shared_ptr<const v1::RoundResult>;
+// One answer, serialized once and shared by every rank it goes to (a
+// block's answer carries no rank: the same bytes for each).
+struct EncodedAnswer {
+  v1::RoundResult result;
+  grpc::ByteBuffer bytes;  // `result` as the wire carries it
+};
+using RoundAnswer = std::shared_ptr<const EncodedAnswer>;
+
+// `result`, serialized once.
+RoundAnswer MakeAnswer(v1::RoundResult result);
 
 // Receives a contribution's answer; called exactly once.
 using AnswerFn = std::function<void(const RoundAnswer&)>;

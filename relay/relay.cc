@@ -297,10 +297,9 @@ void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
       std::map<int, HeldContribution> held = it->second->TakeHeld();
       // One answer for the whole block: it carries no rank.
       const RoundAnswer answer =
-          status.ok()
-              ? std::make_shared<const v1::RoundResult>(std::move(result))
-              : ErrorAnswer(held.begin()->second.contribution,
-                            FromGrpc(status));
+          status.ok() ? MakeAnswer(std::move(result))
+                      : ErrorAnswer(held.begin()->second.contribution,
+                                    FromGrpc(status));
       Forget(key);
       actions.push_back([held = std::move(held), answer] {
         for (const auto& [rank, h] : held) AnswerAll(h.waiters, answer);
@@ -359,8 +358,7 @@ void Relay::PassThrough(int shard, v1::Contribution c,
         shard, std::move(c), deadline,
         [key = std::move(key), waiters = std::move(waiters)](
             const grpc::Status& status, v1::RoundResult result) {
-          AnswerAll(waiters, status.ok() ? std::make_shared<v1::RoundResult>(
-                                               std::move(result))
+          AnswerAll(waiters, status.ok() ? MakeAnswer(std::move(result))
                                          : ErrorAnswer(key, FromGrpc(status)));
         });
   });

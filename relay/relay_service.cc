@@ -34,7 +34,7 @@ absl::Status Authorize(const Authenticator* auth,
 // answer is written when it comes, one write at a time. Owns itself until
 // gRPC is done with the call and every answer has come back.
 class ReduceStream final
-    : public grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   static void Start(grpc::CallbackServerContext* context, Relay& relay,
                     const Authenticator* auth, ReduceStream** out) {
@@ -56,8 +56,22 @@ class ReduceStream final
       if (finish) Finish(FinalStatus());
       return;
     }
-    v1::Contribution c = std::move(request_);
-    request_.Clear();
+    v1::Contribution c;
+    // Takes the buffer's bytes, leaving it empty for the next read.
+    if (!grpc::SerializationTraits<v1::Contribution>::Deserialize(&request_, &c)
+             .ok()) {
+      // As the typed API: the call fails, and its answers go nowhere.
+      bool finish;
+      {
+        absl::MutexLock lock(&mu_);
+        unparsable_ = true;
+        reads_done_ = true;
+        Break();
+        finish = ShouldFinish();
+      }
+      if (finish) Finish(FinalStatus());
+      return;
+    }
     bool hold;
     {
       absl::MutexLock lock(&mu_);
@@ -96,7 +110,7 @@ class ReduceStream final
       if (release) read_held_ = false;
       finish = ShouldFinish();
     }
-    if (next != nullptr) StartWrite(next.get());
+    if (next != nullptr) StartWrite(&next->bytes);
     if (release) StartRead(&request_);
     if (finish) Finish(FinalStatus());
   }
@@ -134,7 +148,7 @@ class ReduceStream final
       }
     }
     // Outside the lock: gRPC may run a reaction on this thread.
-    if (write) StartWrite(answer.get());
+    if (write) StartWrite(&answer->bytes);
     if (finish) Finish(FinalStatus());
   }
 
@@ -164,6 +178,10 @@ class ReduceStream final
 
   grpc::Status FinalStatus() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
+    if (unparsable_) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a Reduce stream message is not a Contribution");
+    }
     return broken_ ? grpc::Status::CANCELLED : grpc::Status::OK;
   }
 
@@ -172,7 +190,7 @@ class ReduceStream final
   Relay& relay_;
   const Authenticator* const auth_;
 
-  v1::Contribution request_;            // the read in flight's
+  grpc::ByteBuffer request_;            // the read in flight's
   std::shared_ptr<ReduceStream> self_;  // until OnDone
 
   absl::Mutex mu_;
@@ -183,6 +201,7 @@ class ReduceStream final
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool unparsable_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // One ReduceOnce: the relay's answer, a failed round as the call's status.
@@ -217,8 +236,8 @@ class UnaryRound final : public grpc::ServerUnaryReactor {
 
   void Answer(const RoundAnswer& answer) {
     if (!Claim()) return;
-    if (!answer->has_error()) *response_ = *answer;
-    Finish(UnaryStatus(*answer));
+    if (!answer->result.has_error()) *response_ = answer->result;
+    Finish(UnaryStatus(answer->result));
   }
 
   // True for the first caller only: Finish is called once.
@@ -247,7 +266,7 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context,
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 RelayService::Reduce(grpc::CallbackServerContext* context) {
   ReduceStream* stream = nullptr;
   ReduceStream::Start(context, relay_, auth_, &stream);

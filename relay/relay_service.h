@@ -11,15 +11,41 @@
 
 namespace syncnorm {
 
+namespace relay_service_internal {
+
+// The generated service's callback methods, with Reduce raw: its stream
+// reads and writes bytes, so that a block's answer, serialized once, goes
+// to each of its ranks as the same bytes. (CallbackService, with Reduce's
+// typed method swapped for the raw one.)
+using A = v1::Aggregator;
+using S0 = A::WithCallbackMethod_GetStatsHealth<A::Service>;
+using S1 = A::WithCallbackMethod_UpdateMembership<S0>;
+using S2 = A::WithCallbackMethod_RestoreBackup<S1>;
+using S3 = A::WithCallbackMethod_ListBackups<S2>;
+using S4 = A::WithCallbackMethod_Backup<S3>;
+using S5 = A::WithCallbackMethod_SetRunningStats<S4>;
+using S6 = A::WithCallbackMethod_ListJobs<S5>;
+using S7 = A::WithCallbackMethod_RestoreCheckpoint<S6>;
+using S8 = A::WithCallbackMethod_ListCheckpoints<S7>;
+using S9 = A::WithCallbackMethod_Checkpoint<S8>;
+using S10 = A::WithCallbackMethod_GetRunningStats<S9>;
+using S11 = A::WithCallbackMethod_ReduceOnce<S10>;
+using S12 = A::WithRawCallbackMethod_Reduce<S11>;
+using S13 = A::WithCallbackMethod_DeleteJob<S12>;
+using S14 = A::WithCallbackMethod_GetJob<S13>;
+using Base = A::WithCallbackMethod_CreateJob<S14>;
+
+}  // namespace relay_service_internal
+
 // On gRPC's callback API: a Reduce stream's answers go out one write at a
 // time, in the order its rounds answer. Thread-safe.
-class RelayService final : public v1::Aggregator::CallbackService {
+class RelayService final : public relay_service_internal::Base {
  public:
   // `relay` and `auth` (null: no token check) outlive the service.
   RelayService(Relay& relay, const Authenticator* auth)
       : relay_(relay), auth_(auth) {}
 
-  grpc::ServerBidiReactor<v1::Contribution, v1::RoundResult>* Reduce(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Reduce(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ReduceOnce(grpc::CallbackServerContext* context,
                                        const v1::Contribution* request,

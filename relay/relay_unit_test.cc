@@ -96,15 +96,25 @@ TEST(ErrorAnswerTest, EchoesTheKeyAndNamesTheMissingRanks) {
   key.set_backward_index(1);
   RoundAnswer a = ErrorAnswer(
       key, absl::DeadlineExceededError("deadline waiting for ranks [1, 4]"));
-  EXPECT_EQ(a->job_id(), "j");
-  EXPECT_EQ(a->layer(), 3);
-  EXPECT_EQ(a->step(), 9);
-  EXPECT_EQ(a->phase(), v1::BACKWARD);
-  EXPECT_EQ(a->backward_index(), 1);
-  EXPECT_EQ(a->error().code(),
+  EXPECT_EQ(a->result.job_id(), "j");
+  EXPECT_EQ(a->result.layer(), 3);
+  EXPECT_EQ(a->result.step(), 9);
+  EXPECT_EQ(a->result.phase(), v1::BACKWARD);
+  EXPECT_EQ(a->result.backward_index(), 1);
+  EXPECT_EQ(a->result.error().code(),
             static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED));
-  EXPECT_THAT(a->error().missing_ranks(), ElementsAre(1, 4));
-  const grpc::Status s = UnaryStatus(*a);
+  EXPECT_THAT(a->result.error().missing_ranks(), ElementsAre(1, 4));
+  const grpc::Status s = UnaryStatus(a->result);
+  // The bytes a stream writes are the message.
+  v1::RoundResult parsed;
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(a->bytes.Dump(&slices).ok());
+  std::string wire;
+  for (const grpc::Slice& slice : slices) {
+    wire.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  ASSERT_TRUE(parsed.ParseFromString(wire));
+  EXPECT_EQ(parsed.SerializeAsString(), a->result.SerializeAsString());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(s.error_message(), "deadline waiting for ranks [1, 4]");
 }
