@@ -43,6 +43,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -62,6 +63,12 @@ ABSL_FLAG(int, warmup_steps, 2, "unmeasured steps first");
 ABSL_FLAG(int, threads, 1, "completion queues, one polling thread each");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the payloads");
 ABSL_FLAG(bool, handshake, false, "wait for a stdin line after WINDOW_ lines");
+ABSL_FLAG(std::string, relays, "",
+          "relay addresses, comma-separated: rank r's rounds go to relay "
+          "r * R / W (R relays, each a contiguous run of ranks); the job is "
+          "still created at --address");
+ABSL_FLAG(bool, disable_stats_health, false,
+          "create the job with statistics health off");
 ABSL_FLAG(double, timeout_s, 300, "give up (errors) after this long");
 
 namespace syncnorm::bench {
@@ -484,6 +491,15 @@ std::string Target(const std::string& address) {
   return address;
 }
 
+// Where rank `index` (of `world`) sends its rounds: its relay, or the
+// server.
+std::string RoundAddress(int index, int world) {
+  const std::string relays = absl::GetFlag(FLAGS_relays);
+  if (relays.empty()) return absl::GetFlag(FLAGS_address);
+  const std::vector<std::string> list = absl::StrSplit(relays, ',');
+  return list[static_cast<int64_t>(index) * list.size() / world];
+}
+
 // Rank `index`'s own connection: distinct channel arguments and a local
 // subchannel pool keep channels from sharing one.
 std::shared_ptr<grpc::Channel> NewChannel(int index) {
@@ -494,8 +510,9 @@ std::shared_ptr<grpc::Channel> NewChannel(int index) {
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-  return grpc::CreateCustomChannel(Target(absl::GetFlag(FLAGS_address)),
-                                   grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      Target(RoundAddress(index, absl::GetFlag(FLAGS_world))),
+      grpc::InsecureChannelCredentials(), args);
 }
 
 bool CreateJob(v1::Aggregator::Stub& stub) {
@@ -503,6 +520,7 @@ bool CreateJob(v1::Aggregator::Stub& stub) {
   req.set_job_id(absl::GetFlag(FLAGS_job));
   req.set_world_size(absl::GetFlag(FLAGS_world));
   req.set_round_timeout_ms(120000);
+  req.set_disable_stats_health(absl::GetFlag(FLAGS_disable_stats_health));
   for (int l = 0; l < absl::GetFlag(FLAGS_layers); ++l) {
     req.add_layers()->set_num_features(absl::GetFlag(FLAGS_channels));
   }
@@ -601,7 +619,13 @@ int Main() {
           int64_t{absl::GetFlag(FLAGS_warmup_steps)} * layers, measured,
           std::max(1, absl::GetFlag(FLAGS_threads)));
   BuildRanks(run);
-  if (!CreateJob(*run.ranks()[0]->stub)) return 1;
+  {
+    // At the server itself: a relay serves rounds only.
+    auto server = v1::Aggregator::NewStub(
+        grpc::CreateChannel(Target(absl::GetFlag(FLAGS_address)),
+                            grpc::InsecureChannelCredentials()));
+    if (!CreateJob(*server)) return 1;
+  }
   const absl::Time deadline =
       absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   const absl::Time t0 = absl::Now();
