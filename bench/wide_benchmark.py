@@ -15,6 +15,10 @@ servers are started fresh and measured over the same measured rounds:
   server RSS per rank: VmRSS after the rounds (streams still open) minus
                    VmRSS before the client connected, divided by W
   server minor page faults per contribution.
+With --relays R, each configuration also runs through R relays
+(relay/syncnorm_relay, blocks of --relay_block positions) in front of a
+fresh syncnorm server: its rows ("relayed") carry the shard's CPU and the
+relays' CPU, each per rank's contribution.
 Every answer is checked against the client's own float64 merge; any error
 fails the run. Rows go to --json as JSON lines (one per server and
 configuration) for the capacity model.
@@ -43,6 +47,11 @@ KEYS = ["server", "W", "L", "C", "mode", "rounds", "contributions", "seconds",
         "client_cpu_us_per_contribution", "server_rss_bytes",
         "server_rss_base_bytes", "rss_per_rank_bytes",
         "minor_faults_per_contribution", "request_bytes", "answer_bytes"]
+
+# A relayed row's: its relays, their block and their CPU (all of them) per
+# rank's contribution. server_cpu_us_per_contribution stays the shard's,
+# per rank's contribution too.
+RELAY_KEYS = ["relays", "relay_block", "relay_cpu_us_per_contribution"]
 
 # Contributions measured per configuration unless --rounds says otherwise.
 TARGET_CONTRIBUTIONS = 16384
@@ -76,6 +85,31 @@ def raise_fd_limit(need):
                  % (need, hard))
 
 
+class Relay:
+    """A relay (relay/syncnorm_relay) in front of `upstream`."""
+
+    def __init__(self, tmp, name, upstream, block):
+        port_file = os.path.join(tmp, name + ".port")
+        self.proc = subprocess.Popen(
+            [common.runfile("relay/syncnorm_relay"), "--listen=127.0.0.1:0",
+             "--port_file=" + port_file, "--upstream=" + upstream,
+             "--block_positions=%d" % block],
+            stderr=open(os.path.join(tmp, name + ".log"), "w"))
+        deadline = time.time() + 30
+        while not os.path.exists(port_file) or not open(port_file).read():
+            if self.proc.poll() is not None or time.time() > deadline:
+                sys.exit("bench: the relay did not start; see %s.log" % name)
+            time.sleep(0.02)
+        self.address = "127.0.0.1:%s" % open(port_file).read().strip()
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
 def start_server(kind, tmp, name):
     if kind == "floor":
         return common.Server("bench/bench-server", tmp, name, ["--floor"])
@@ -94,18 +128,32 @@ def expect(client, line):
             return True
 
 
-def run_one(kind, w, layers, c, mode, rounds, tmp, index):
-    """One configuration against a fresh server of `kind`: the JSON row,
-    or None (the reason printed) when the client failed."""
+def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8)):
+    """One configuration against a fresh server of `kind` (syncnorm, floor,
+    or relayed: syncnorm behind relays[0] relays of blocks of relays[1]
+    positions): the JSON row, or None (the reason printed) when the client
+    failed."""
     name = "%s-%d-%d-%d-%s" % (kind, w, layers, c, mode)
-    server = start_server(kind, tmp, name)
+    server = start_server("syncnorm" if kind == "relayed" else kind, tmp, name)
     pid = server.proc.pid
     err_log = os.path.join(tmp, name + ".client.log")
+    relay_procs = []
     try:
+        if kind == "relayed":
+            # Each relay serves whole blocks (a block split between relays
+            # never completes at either, and goes through only at the round
+            # timeout): the most relays, a power of two, up to relays[0]
+            # and W / block.
+            n = 1
+            while n * 2 <= min(relays[0], w // relays[1]):
+                n *= 2
+            relay_procs = [Relay(tmp, "%s-relay%d" % (name, i), server.address,
+                                 relays[1]) for i in range(n)]
         base_rss = rss_bytes(pid)
         client = subprocess.Popen(
             [common.runfile("bench/bench-wide-client"),
              "--address=" + server.address, "--server=" + kind,
+             "--relays=" + ",".join(r.address for r in relay_procs),
              "--job=wide-%d-%d" % (index, int(time.time())),
              "--mode=" + mode, "--world=%d" % w, "--layers=%d" % layers,
              "--channels=%d" % c, "--steps=%d" % (rounds // layers),
@@ -117,7 +165,8 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index):
             if not expect(client, line):
                 break
             marks.append(proc_stat(pid) + proc_stat(client.pid)[:1]
-                         + (rss_bytes(pid),))
+                         + (rss_bytes(pid),
+                            sum(proc_stat(r.proc.pid)[0] for r in relay_procs)))
             client.stdin.write("\n")
             client.stdin.flush()
         try:
@@ -135,9 +184,11 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index):
                 open(err_log).read()[-2000:]), file=sys.stderr)
             return None
     finally:
+        for r in relay_procs:
+            r.stop()
         server.stop()
         shutil.rmtree(os.path.join(tmp, name + "-data"), ignore_errors=True)
-    (cpu0, flt0, ccpu0, _), (cpu1, flt1, ccpu1, rss1) = marks
+    (cpu0, flt0, ccpu0, _, rcpu0), (cpu1, flt1, ccpu1, rss1, rcpu1) = marks
     n = result["contributions"]
     row = dict(result)
     row.update({
@@ -147,8 +198,11 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index):
         "server_rss_base_bytes": base_rss,
         "rss_per_rank_bytes": (rss1 - base_rss) / w,
         "minor_faults_per_contribution": (flt1 - flt0) / n,
+        "relays": len(relay_procs),
+        "relay_block": relays[1] if relay_procs else 0,
+        "relay_cpu_us_per_contribution": (rcpu1 - rcpu0) / n * 1e6,
     })
-    return {k: row[k] for k in KEYS}
+    return {k: row[k] for k in KEYS + RELAY_KEYS}
 
 
 def default_rounds(w, layers):
@@ -196,6 +250,45 @@ def print_tables(rows, configs):
                   "client CPU us / contribution", "server RSS KiB / rank",
                   "server RSS MiB after", "minor faults / contribution",
                   "request / answer bytes"], cost)
+
+
+def print_relayed(rows, configs):
+    out = []
+    for cfg in configs:
+        r, s = rows.get(cfg + ("relayed",)), rows.get(cfg + ("syncnorm",))
+        if r is None or s is None:
+            continue
+        w, layers, c, mode = cfg
+        out.append([w, layers, c, mode, "%d x %d" % (r["relays"],
+                                                     r["relay_block"]),
+                    ms_pair(r, "round"), ms_pair(s, "round"),
+                    "%.2fx" % (r["round_p50_ms"] / s["round_p50_ms"]),
+                    "%.1f / %.1f" % (r["server_cpu_us_per_contribution"],
+                                     s["server_cpu_us_per_contribution"]),
+                    "%.1f" % r["relay_cpu_us_per_contribution"],
+                    "%.1f / %.1f" % (r["rss_per_rank_bytes"] / 1024,
+                                     s["rss_per_rank_bytes"] / 1024)])
+    if not out:
+        return
+    print("\n### Through relays against direct (same run; the relays, the "
+          "shard and the client share the machine's cores)\n")
+    common.table(["W", "L", "C", "mode", "relays x block",
+                  "round, relayed (ms p50 / p99)", "round, direct",
+                  "round p50 relayed vs direct",
+                  "shard CPU us / rank's contribution, relayed / direct",
+                  "relays' CPU us / rank's contribution",
+                  "shard RSS KiB / rank, relayed / direct"], out)
+    for cfg in configs:
+        r, s = rows.get(cfg + ("relayed",)), rows.get(cfg + ("syncnorm",))
+        if r is None or s is None:
+            continue
+        tag = "W=%d,L=%d,C=%d,%s" % cfg
+        common.ratio("relayed_shard_cpu_per_rank_contribution[%s]" % tag,
+                     r["server_cpu_us_per_contribution"],
+                     "direct_shard_cpu", s["server_cpu_us_per_contribution"],
+                     "us")
+        common.ratio("relayed_round_p50[%s]" % tag, r["round_p50_ms"],
+                     "direct_round_p50", s["round_p50_ms"], "ms")
 
 
 def print_ratios(rows, worlds, layer_list, channel_list, modes):
@@ -267,6 +360,12 @@ def main():
     p.add_argument("--layers", default="1,4")
     p.add_argument("--channels", default="256,2048")
     p.add_argument("--modes", default="lockstep,pipelined")
+    p.add_argument("--relays", type=int, default=0,
+                   help="also run each configuration through this many "
+                   "relays (relay/syncnorm_relay), each serving a "
+                   "contiguous run of W / relays ranks")
+    p.add_argument("--relay_block", type=int, default=8,
+                   help="the relays' --block_positions")
     p.add_argument("--rounds", type=int, default=0,
                    help="measured rounds per configuration (rounded up to a "
                    "multiple of L); 0: %d contributions' worth, at least L"
@@ -279,6 +378,7 @@ def main():
     a = p.parse_args()
     if a.smoke:
         a.worlds, a.layers, a.channels, a.rounds = "8,64", "1", "256", 20
+        a.relays = max(a.relays, 2)
     worlds, layer_list = parse_ints(a.worlds), parse_ints(a.layers)
     channel_list, modes = parse_ints(a.channels), a.modes.split(",")
     # The client and the server each hold a socket per rank.
@@ -298,11 +398,14 @@ def main():
                     # Alternating which goes first, so that a drift of
                     # the machine's speed favours neither.
                     order = ["syncnorm", "floor"]
+                    if a.relays > 0:
+                        order.append("relayed")
                     if len(configs) % 2 == 0:
                         order.reverse()
                     for kind in order:
                         row = run_one(kind, w, layers, c, mode, rounds, tmp,
-                                      len(configs))
+                                      len(configs),
+                                      (a.relays, a.relay_block))
                         if row is None:
                             failed.append(cfg + (kind,))
                             continue
@@ -311,9 +414,11 @@ def main():
                         json_out.flush()
     json_out.close()
     print_tables(rows, configs)
+    print_relayed(rows, configs)
     print_ratios(rows, worlds, layer_list, channel_list, modes)
-    print("\n(%d configurations x 2 servers in %.0f s; rows in %s)"
-          % (len(configs), time.time() - started, a.json))
+    print("\n(%d configurations x %d servers in %.0f s; rows in %s)"
+          % (len(configs), 3 if a.relays > 0 else 2, time.time() - started,
+             a.json))
     if failed:
         sys.exit("bench: failed (errors or closed streams): %s" % failed)
 
