@@ -108,6 +108,14 @@ CONSTANTS = {
     "rss_base_bytes": 97329152.0,
     "request_bytes": {"m0": 36.61, "m1": 16.0},
     "answer_bytes": {"m0": 36.31, "m1": 16.0},
+    # A relay's CPU per contribution against a shard's at the same number
+    # of connections: the relays of wide_benchmark --relays 8 (W = 1024 and
+    # 4096, C = 2048, commit 89e971b) took 176-325 us a contribution, 2.2-3x
+    # a shard at their width (the relay serves its ranks on gRPC's callback
+    # API, which hands each message between threads; the shard runs one
+    # completion-queue thread). Not fitted from the direct rows: carried
+    # over by --fit.
+    "relay_cpu_factor": 3.0,
 }
 
 
@@ -247,6 +255,7 @@ def fit(rows):
         r["server_rss_base_bytes"] for r in ours if r.get("server_rss_base_bytes"))
     out["request_bytes"] = fit_terms("bytes", _points(ours, "request_bytes"))
     out["answer_bytes"] = fit_terms("bytes", _points(ours, "answer_bytes"))
+    out["relay_cpu_factor"] = CONSTANTS["relay_cpu_factor"]
     return out
 
 
@@ -458,23 +467,28 @@ def relayed(constants, ranks, layers, channels, steps_per_s, fan_in, res=None):
     rounds one after another, the last the shard's. A dict of the round's
     completion, the shard's load for one layer, and one relay's load (it
     serves every layer of its block). A relay is taken to cost what a
-    shard costs at its width (it parses, merges and answers as a shard
-    does, but writes no round log: an upper bound), and each runs on a
-    core of its own, in parallel with the other relays of its level."""
+    shard costs at its width times constants["relay_cpu_factor"] (1 when
+    absent; measured, see CONSTANTS), in its CPU and in its round's
+    completion, and each runs on a core of its own, in parallel with the
+    other relays of its level."""
     res = res or Resources()
+    factor = constants.get("relay_cpu_factor", 1.0)
     levels, width, relays = 1, ranks, 0
     while width > fan_in:
         width = math.ceil(width / fan_in)
         relays += width
         levels += 1
-    t = ((levels - 1) * completion_ms(constants, res.mode, fan_in, channels)
+    t = ((levels - 1) * factor * completion_ms(constants, res.mode, fan_in, channels)
          + completion_ms(constants, res.mode, width, channels))
+    relay = shard_load(constants, fan_in, channels, steps_per_s, layers, res)
+    relay["cpu_us"] *= factor
+    relay["cores"] *= factor
     plan = {
         "fan_in": fan_in, "levels": levels, "relays": relays, "top": width,
         "completion_ms": t,
         "rounds_ms_per_step": 2 * layers * t,
         "shard_layer": shard_load(constants, width, channels, steps_per_s, 1, res),
-        "relay": shard_load(constants, fan_in, channels, steps_per_s, layers, res),
+        "relay": relay,
     }
     plan["over"] = sorted(set(over(plan["shard_layer"], res) + over(plan["relay"], res)))
     return plan
