@@ -81,12 +81,16 @@ void Relay::Contribute(v1::Contribution c, AnswerFn done) {
       const int64_t step = c.step();
       const bool member =
           job.view.has_value() && job.view->IsMember(c.rank(), step);
-      // Read the job when unknown, when the step may have a membership the
-      // view does not know yet, or for a rank it does not count; once per
-      // step.
+      // Read the job when unknown, or for a rank the view does not count
+      // (a join it has not seen); once per step. A new step alone is no
+      // reason: rereading at every step put a GetJob on every step's
+      // critical path, for membership changes that are rare. A change the
+      // view missed costs at most --job_refresh_ms: the block waiting for
+      // a rank that left rereads the job then (Check), and a block that
+      // merged a rank no longer a member is refused by the shard and goes
+      // through.
       const bool stale =
-          !job.view.has_value() ||
-          (step > job.fresh_step && (step >= job.view->next_step() || !member));
+          !job.view.has_value() || (step > job.fresh_step && !member);
       Pending p{std::move(c), std::move(done)};
       // A fresh view serves while a reread (a waiting block's) is under
       // way: only a contribution the view cannot judge waits for it.

@@ -78,8 +78,8 @@ class Relay {
   struct JobEntry {
     std::optional<JobView> view;
     bool fetching = false;
-    // The highest step a GetJob was read for after it arrived: a step at
-    // or past the view's next_step rereads the job once.
+    // The highest step a GetJob was read for after it arrived: a rank the
+    // view does not count rereads the job once per step.
     int64_t fresh_step = -1;
     // Contributions waiting for the fetch.
     std::vector<Pending> waiting;

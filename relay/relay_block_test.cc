@@ -285,6 +285,25 @@ TEST_F(RelayBlockTest, CompleteBlocksGoUpOnceEachAndAreTheDirectSubtrees) {
             0);
 }
 
+// A new step is no reason to read the job again: the relay read it once,
+// and ten steps of a job whose members do not change go up as blocks
+// without another GetJob on their way.
+TEST_F(RelayBlockTest, NewStepsGoUpWithoutReadingTheJobAgain) {
+  constexpr int kWorld = 8;
+  Start(Job(kWorld, 0));
+  std::mt19937 rng(5);
+  for (int64_t step = 0; step < 10; ++step) {
+    std::vector<v1::Contribution> cs;
+    for (int r = 0; r < kWorld; ++r) cs.push_back(Forward("j", r, step, rng));
+    std::vector<v1::RoundResult> results;
+    for (const grpc::Status& s : SendAll(*stub_, cs, results, rng)) {
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+  EXPECT_EQ(Blocks().size(), 10u);
+  EXPECT_EQ(shard_->get_jobs(), 1);
+}
+
 TEST_F(RelayBlockTest, APartialLastBlockAndARemovedRankMergeTheMembersOnly) {
   // Groups of 12: the second block of each holds positions 8..11. Rank 3
   // left at step 0: block 0 of group 0 has 7 members.
