@@ -45,10 +45,14 @@ def cpu_seconds(pid):
 class Server:
     """A server binary on a free loopback port (it writes --port_file)."""
 
-    def __init__(self, binary, tmp, name, extra=(), env=None):
+    def __init__(self, binary, tmp, name, extra=(), env=None, data_dir=None):
+        """`data_dir`: give the binary a fresh --data_dir (None: every
+        binary but bench-server, which keeps nothing)."""
         port_file = os.path.join(tmp, name + ".port")
         self.log = os.path.join(tmp, name + ".log")
-        if os.path.basename(binary) != "bench-server":
+        if data_dir is None:
+            data_dir = os.path.basename(binary) != "bench-server"
+        if data_dir:
             # An aggregator (this build's, or a baseline binary of any name)
             # gets a fresh data dir per run: the default (./syncnorm-data)
             # would carry one run's jobs and steps into the next, whose

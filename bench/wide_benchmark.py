@@ -85,31 +85,6 @@ def raise_fd_limit(need):
                  % (need, hard))
 
 
-class Relay:
-    """A relay (relay/syncnorm_relay) in front of `upstream`."""
-
-    def __init__(self, tmp, name, upstream, block):
-        port_file = os.path.join(tmp, name + ".port")
-        self.proc = subprocess.Popen(
-            [common.runfile("relay/syncnorm_relay"), "--listen=127.0.0.1:0",
-             "--port_file=" + port_file, "--upstream=" + upstream,
-             "--block_positions=%d" % block],
-            stderr=open(os.path.join(tmp, name + ".log"), "w"))
-        deadline = time.time() + 30
-        while not os.path.exists(port_file) or not open(port_file).read():
-            if self.proc.poll() is not None or time.time() > deadline:
-                sys.exit("bench: the relay did not start; see %s.log" % name)
-            time.sleep(0.02)
-        self.address = "127.0.0.1:%s" % open(port_file).read().strip()
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
 def start_server(kind, tmp, name):
     if kind == "floor":
         return common.Server("bench/bench-server", tmp, name, ["--floor"])
@@ -147,8 +122,13 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8)):
             n = 1
             while n * 2 <= min(relays[0], w // relays[1]):
                 n *= 2
-            relay_procs = [Relay(tmp, "%s-relay%d" % (name, i), server.address,
-                                 relays[1]) for i in range(n)]
+            relay_procs = [
+                common.Server("relay/syncnorm_relay", tmp,
+                              "%s-relay%d" % (name, i),
+                              ["--upstream=" + server.address,
+                               "--block_positions=%d" % relays[1]],
+                              data_dir=False)
+                for i in range(n)]
         base_rss = rss_bytes(pid)
         client = subprocess.Popen(
             [common.runfile("bench/bench-wide-client"),
