@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "relay/relay_options.h"
 #include "relay/relay_server.h"
+#include "relay/relay_tls.h"
 #include "server/domain/log.h"
 #include "server/flags_help.h"
 
@@ -41,12 +42,32 @@ constexpr char kUsage[] =
 
 ABSL_FLAG(std::string, listen, Defaults().listen,
           "HOST:PORT to serve the ranks on; port 0 picks a free port");
+ABSL_FLAG(std::string, tls_cert, Defaults().tls_cert,
+          "Certificate chain (PEM) served to the ranks; with --tls_key, TLS");
+ABSL_FLAG(std::string, tls_key, Defaults().tls_key,
+          "Private key of --tls_cert (PEM)");
+ABSL_FLAG(std::string, tls_client_ca, Defaults().tls_client_ca,
+          "CA (PEM) that signs the ranks' certificates: mutual TLS");
+ABSL_FLAG(bool, allow_insecure, Defaults().allow_insecure,
+          "Serve plaintext on a non-loopback --listen (else TLS is needed)");
 ABSL_FLAG(std::string, upstream, Defaults().upstream,
           "The aggregator shards, as the client's address: host:port, a "
           "comma-separated list, or a {A..B} range");
 ABSL_FLAG(int, block_positions, Defaults().block_positions,
           "Positions of a group merged into one upstream contribution: a "
           "power of two");
+ABSL_FLAG(bool, upstream_tls, Defaults().upstream_tls,
+          "Dial the shards with TLS (on too when an --upstream_tls_* file "
+          "is given)");
+ABSL_FLAG(std::string, upstream_tls_root_ca, Defaults().upstream_tls_root_ca,
+          "CA (PEM) that signed the shards' certificates; empty: the system "
+          "roots");
+ABSL_FLAG(std::string, upstream_tls_client_cert,
+          Defaults().upstream_tls_client_cert,
+          "The relay's certificate (PEM) for shards that require mutual TLS");
+ABSL_FLAG(std::string, upstream_tls_client_key,
+          Defaults().upstream_tls_client_key,
+          "Private key of --upstream_tls_client_cert (PEM)");
 ABSL_FLAG(std::string, upstream_token_file, "",
           "File holding the relay's bearer token for the shards (a `relay` "
           "or `admin` scope); empty: none");
@@ -126,7 +147,17 @@ int main(int argc, char** argv) {
 
   syncnorm::RelayOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
   options.upstream = absl::GetFlag(FLAGS_upstream);
+  options.upstream_tls = absl::GetFlag(FLAGS_upstream_tls);
+  options.upstream_tls_root_ca = absl::GetFlag(FLAGS_upstream_tls_root_ca);
+  options.upstream_tls_client_cert =
+      absl::GetFlag(FLAGS_upstream_tls_client_cert);
+  options.upstream_tls_client_key =
+      absl::GetFlag(FLAGS_upstream_tls_client_key);
   options.block_positions = absl::GetFlag(FLAGS_block_positions);
   options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
   options.job_refresh = absl::Milliseconds(absl::GetFlag(FLAGS_job_refresh_ms));
@@ -143,6 +174,11 @@ int main(int argc, char** argv) {
   }
   options.upstream_token = *token;
   if (absl::Status s = syncnorm::CheckRelayOptions(options); !s.ok()) {
+    LogError("bad_config", s);
+    return 2;
+  }
+  // A TLS file that cannot be read is a bad config too, as the token file.
+  if (absl::Status s = syncnorm::CheckRelayTlsFiles(options); !s.ok()) {
     LogError("bad_config", s);
     return 2;
   }

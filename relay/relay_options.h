@@ -9,9 +9,20 @@
 namespace syncnorm {
 
 struct RelayOptions {
-  // HOST:PORT the relay serves its ranks on (plaintext); port 0 picks a
-  // free port (RelayServer::port). Default 127.0.0.1:50061.
+  // HOST:PORT the relay serves its ranks on; port 0 picks a free port
+  // (RelayServer::port). Default 127.0.0.1:50061.
   std::string listen = "127.0.0.1:50061";
+
+  // TLS on the ranks' side, as the aggregator's (server/rpc/tls.h): the
+  // relay's certificate chain and private key (PEM files), both or
+  // neither; with tls_client_ca, ranks must present a certificate signed
+  // by that CA (mutual TLS). Default empty: plaintext.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  // Without TLS, a listen address that is not loopback is refused unless
+  // this is set. Default false.
+  bool allow_insecure = false;
 
   // The aggregator shards, in ordinal order, as the client's address
   // (client/shard_router.h ParseShardList): each (job, layer) goes to the
@@ -22,6 +33,17 @@ struct RelayOptions {
   // merges an aligned block of B positions of a group into one upstream
   // contribution. Default 8 (the capacity model's best fan-in).
   int block_positions = 8;
+
+  // TLS to the shards: on when upstream_tls is set or any file below is
+  // given. upstream_tls_root_ca: PEM file of the CA that signed the
+  // shards' certificates (empty: the system roots).
+  // upstream_tls_client_cert / upstream_tls_client_key: the relay's
+  // certificate and key (PEM files) for shards that require mutual TLS,
+  // both or neither. Default off.
+  bool upstream_tls = false;
+  std::string upstream_tls_root_ca;
+  std::string upstream_tls_client_cert;
+  std::string upstream_tls_client_key;
 
   // The relay's own bearer token for the shards (a token with the `relay`
   // or `admin` scope takes blocks). Empty: none. Default empty.

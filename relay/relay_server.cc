@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/shard_router.h"
 #include "grpcpp/grpcpp.h"
+#include "relay/relay_tls.h"
 #include "server/domain/log.h"
 
 namespace syncnorm {
@@ -40,7 +41,7 @@ absl::Status CheckRelayOptions(const RelayOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("upstream: ", shards.status().message()));
   }
-  return absl::OkStatus();
+  return CheckRelayTls(options);
 }
 
 absl::StatusOr<std::unique_ptr<RelayServer>> RelayServer::Start(
@@ -53,14 +54,20 @@ absl::StatusOr<std::unique_ptr<RelayServer>> RelayServer::Start(
     if (!auth.ok()) return auth.status();
     r->auth_ = *std::move(auth);
   }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> served =
+      MakeServerCredentials(RelayTlsFiles(options));
+  if (!served.ok()) return served.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> dialed =
+      MakeUpstreamCredentials(options);
+  if (!dialed.ok()) return dialed.status();
   r->timers_ = std::make_unique<TimerQueue>();
-  r->upstream_ = std::make_unique<Upstream>(
-      *ParseShardList(options.upstream), options.upstream_token, *r->timers_);
+  r->upstream_ =
+      std::make_unique<Upstream>(*ParseShardList(options.upstream),
+                                 options.upstream_token, *dialed, *r->timers_);
   r->relay_ = std::make_unique<Relay>(options, *r->upstream_, *r->timers_);
   r->service_ = std::make_unique<RelayService>(*r->relay_, r->auth_.get());
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &r->port_);
+  builder.AddListeningPort(options.listen, *served, &r->port_);
   builder.RegisterService(r->service_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -76,6 +83,10 @@ absl::StatusOr<std::unique_ptr<RelayServer>> RelayServer::Start(
   LogLine("relay_started")
       .Add("listen", options.listen)
       .Add("port", r->port_)
+      .Add("tls", options.tls_cert.empty()        ? "off"
+                  : options.tls_client_ca.empty() ? "on"
+                                                  : "mutual")
+      .Add("upstream_tls", UpstreamTlsOn(options) ? "on" : "off")
       .Add("shards", r->upstream_->num_shards())
       .Add("block_positions", options.block_positions);
   return r;

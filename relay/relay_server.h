@@ -17,15 +17,17 @@
 
 namespace syncnorm {
 
-// OK, or INVALID_ARGUMENT naming the option that is wrong.
+// OK, or INVALID_ARGUMENT naming the option that is wrong (TLS options
+// included: relay_tls.h CheckRelayTls). Files are not read.
 absl::Status CheckRelayOptions(const RelayOptions& options);
 
 // Thread-safe.
 class RelayServer {
  public:
   // Serving when it returns. INVALID_ARGUMENT for bad options (a bad
-  // shard list, a block size that is no power of two); the tokens file's
-  // error; UNAVAILABLE when `listen` cannot be bound.
+  // shard list, a block size that is no power of two, plaintext on a
+  // non-loopback address); the tokens file's and the TLS files' errors;
+  // UNAVAILABLE when `listen` cannot be bound.
   static absl::StatusOr<std::unique_ptr<RelayServer>> Start(
       const RelayOptions& options);
 

@@ -24,7 +24,9 @@ struct Upstream::ReduceCall {
 
 namespace {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
   grpc::ChannelArguments args;
   // As the client's channels (client/client.cc): notice a dead shard within
   // seconds, reconnect quickly, take a wide layer's messages.
@@ -36,18 +38,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 }  // namespace
 
 Upstream::Upstream(std::vector<std::string> shards, std::string token,
+                   std::shared_ptr<grpc::ChannelCredentials> credentials,
                    TimerQueue& timers)
     : authorization_(token.empty() ? "" : absl::StrCat("Bearer ", token)),
       timers_(timers) {
   for (const std::string& address : shards) {
-    channels_.push_back(MakeChannel(address));
+    channels_.push_back(MakeChannel(address, credentials));
     stubs_.push_back(v1::Aggregator::NewStub(channels_.back()));
   }
 }

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/security/credentials.h"
 #include "relay/timer_queue.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
 
@@ -33,8 +34,11 @@ class Upstream {
   static constexpr absl::Duration kGetJobTimeout = absl::Seconds(10);
 
   // `shards`: addresses in ordinal order (not empty); `token`: sent as
-  // `authorization: Bearer` when not empty. `timers` outlives this.
+  // `authorization: Bearer` when not empty; `credentials`: every shard
+  // channel's (relay_tls.h MakeUpstreamCredentials). `timers` outlives
+  // this.
   Upstream(std::vector<std::string> shards, std::string token,
+           std::shared_ptr<grpc::ChannelCredentials> credentials,
            TimerQueue& timers);
   // Shutdown().
   ~Upstream();

@@ -21,6 +21,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
+#include "tests/testing/certificates.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/health.h"
 #include "tests/testing/subprocess.h"
@@ -30,6 +31,7 @@ namespace {
 
 using ::syncnorm::testing::AggregatorProcess;
 using ::syncnorm::testing::CheckHealth;
+using ::syncnorm::testing::MakeCertificates;
 using ::syncnorm::testing::MakeScratchDir;
 using ::syncnorm::testing::ReadFile;
 using ::syncnorm::testing::Runfile;
@@ -45,47 +47,6 @@ void WriteAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   std::ofstream(tmp) << text;
   ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0);
-}
-
-// Runs openssl with `args` in `dir`; fails the test if it fails.
-void OpenSsl(const std::string& dir, std::vector<std::string> args) {
-  args.insert(args.begin(), "/usr/bin/openssl");
-  auto p = Subprocess::Spawn(args, dir + "/openssl.log");
-  ASSERT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<int> code = (*p)->Wait(absl::Seconds(30));
-  ASSERT_TRUE(code.ok() && *code == 0) << absl::StrJoin(args, " ") << "\n"
-                                       << ReadFile(dir + "/openssl.log");
-}
-
-// A CA, a server certificate for localhost/127.0.0.1, a client certificate
-// and an unrelated CA, each key P-256, under `dir`.
-void MakeCertificates(const std::string& dir) {
-  const std::vector<std::string> ec = {
-      "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"};
-  auto with = [&](std::vector<std::string> a) {
-    a.insert(a.begin() + 1, ec.begin(), ec.end());
-    return a;
-  };
-  OpenSsl(dir, with({"req", "-x509", "-keyout", dir + "/ca.key", "-out",
-                     dir + "/ca.crt", "-days", "2", "-subj",
-                     "/CN=syncnorm-test-ca"}));
-  // An unrelated CA, which signed nothing here.
-  OpenSsl(dir, with({"req", "-x509", "-keyout", dir + "/other-ca.key", "-out",
-                     dir + "/other-ca.crt", "-days", "2", "-subj",
-                     "/CN=some-other-ca"}));
-  std::ofstream(dir + "/server.ext")
-      << "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
-         "extendedKeyUsage=serverAuth\n";
-  std::ofstream(dir + "/client.ext") << "extendedKeyUsage=clientAuth\n";
-  for (const std::string who : {"server", "client"}) {
-    OpenSsl(dir, with({"req", "-keyout", dir + "/" + who + ".key", "-out",
-                       dir + "/" + who + ".csr", "-subj",
-                       who == "server" ? "/CN=localhost" : "/CN=trainer"}));
-    OpenSsl(dir, {"x509", "-req", "-in", dir + "/" + who + ".csr", "-CA",
-                  dir + "/ca.crt", "-CAkey", dir + "/ca.key", "-CAcreateserial",
-                  "-out", dir + "/" + who + ".crt", "-days", "2", "-extfile",
-                  dir + "/" + who + ".ext"});
-  }
 }
 
 ClientOptions Options(const std::string& address) {
@@ -141,7 +102,7 @@ class SecurityTest : public ::testing::Test {
 };
 
 TEST_F(SecurityTest, TlsServesEncryptedAndRefusesPlaintextClients) {
-  MakeCertificates(dir_);
+  ASSERT_EQ(MakeCertificates(dir_), absl::OkStatus());
   auto server =
       AggregatorProcess::Start(dir_, {"--tls_cert=" + dir_ + "/server.crt",
                                       "--tls_key=" + dir_ + "/server.key"});
@@ -164,7 +125,7 @@ TEST_F(SecurityTest, TlsServesEncryptedAndRefusesPlaintextClients) {
 }
 
 TEST_F(SecurityTest, MutualTlsRejectsAClientWithoutACertificate) {
-  MakeCertificates(dir_);
+  ASSERT_EQ(MakeCertificates(dir_), absl::OkStatus());
   auto server =
       AggregatorProcess::Start(dir_, {"--tls_cert=" + dir_ + "/server.crt",
                                       "--tls_key=" + dir_ + "/server.key",
@@ -204,7 +165,7 @@ CtlRun Ctl(const std::string& dir, const std::vector<std::string>& args) {
 }
 
 TEST_F(SecurityTest, SyncnormctlTakesMutualTlsAndATokenFile) {
-  MakeCertificates(dir_);
+  ASSERT_EQ(MakeCertificates(dir_), absl::OkStatus());
   const std::string tokens = dir_ + "/tokens";
   WriteAtomically(
       tokens, absl::StrCat(kAdminToken, " admin\n", kJobAToken, " job:a\n"));
