@@ -20,6 +20,7 @@
 #include "relay/relay_tls.h"
 #include "server/domain/log.h"
 #include "server/flags_help.h"
+#include "server/process.h"
 
 namespace {
 
@@ -103,19 +104,6 @@ absl::StatusOr<std::string> ReadToken(const std::string& path) {
   return std::string(absl::StripAsciiWhitespace(s.str()));
 }
 
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string temp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(temp, std::ios::trunc);
-    out << port << "\n";
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", temp));
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename to ", path));
-  }
-  return absl::OkStatus();
-}
-
 void LogError(absl::string_view event, const absl::Status& status) {
   syncnorm::LogLine(event, syncnorm::LogLevel::kError)
       .Add("error", status.ToString());
@@ -139,11 +127,7 @@ int main(int argc, char** argv) {
   // deadlock detection on, a lock-order graph updated on every acquisition
   // of every round. The lock order is checked in tests.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = syncnorm::BlockStopSignals();
 
   syncnorm::RelayOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -190,7 +174,8 @@ int main(int argc, char** argv) {
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
-    if (absl::Status s = WritePortFile(port_file, (*relay)->port()); !s.ok()) {
+    if (absl::Status s = syncnorm::WritePortFile(port_file, (*relay)->port());
+        !s.ok()) {
       LogError("start_failed", s);
       return 1;
     }

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +22,7 @@
 #include "grpc/support/log.h"
 #include "server/domain/log.h"
 #include "server/flags_help.h"
+#include "server/process.h"
 #include "server/server.h"
 #include "server/server_options.h"
 #include "server/store/rocksdb_engine.h"
@@ -269,25 +269,6 @@ void PrintConfig(const syncnorm::ServerOptions& options,
       options.max_streams_per_connection);
 }
 
-// Writes `port` to `path` through a temporary file and a rename, so a reader
-// never sees a partial number.
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    out.close();
-    if (!out) {
-      return absl::InternalError(absl::StrCat("cannot write ", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
 // gRPC's own log lines (its errors; more under GRPC_VERBOSITY and
 // GRPC_TRACE) in the aggregator's format. A message is cut where it names
 // authorization metadata: gRPC's traces can print headers, and a bearer
@@ -332,17 +313,6 @@ void TuneMalloc() {
           static_cast<int>(4 * syncnorm::RocksDbEngine::kWriteBufferSize));
 }
 
-// Blocks the stop signals in every thread (gRPC's included, which inherit
-// the mask); a dedicated thread takes them with sigwait.
-sigset_t BlockStopSignals() {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  return stop_signals;
-}
-
 // Serves until a stop signal, then shuts down with `shutdown_grace`; the
 // process's exit code.
 int Serve(const syncnorm::ServerOptions& options, sigset_t stop_signals,
@@ -356,7 +326,8 @@ int Serve(const syncnorm::ServerOptions& options, sigset_t stop_signals,
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
-    absl::Status written = WritePortFile(port_file, server->bound_port());
+    absl::Status written =
+        syncnorm::WritePortFile(port_file, server->bound_port());
     if (!written.ok()) {
       LogError("start_failed", written);
       server->Shutdown(absl::ZeroDuration());
@@ -398,7 +369,7 @@ int main(int argc, char** argv) {
   // lock-order graph on every acquisition: a cost on every round's hot path
   // that production servers do not pay. The lock order is checked in tests.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  const sigset_t stop_signals = BlockStopSignals();
+  const sigset_t stop_signals = syncnorm::BlockStopSignals();
 
   if (absl::Status s = CheckRecoveryFlag(); !s.ok()) {
     LogError("bad_config", s);
