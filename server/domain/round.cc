@@ -69,6 +69,11 @@ void Round::SetRoles(absl::FunctionRef<Role(int rank)> role_of,
   }
 }
 
+int Round::BlockEnd(int first, int positions) const {
+  return static_cast<int>(std::min<int64_t>(
+      int64_t{first} + positions, static_cast<int64_t>(ranks_.size())));
+}
+
 bool Round::OtherMembers(int first, int end,
                          absl::Span<const int> ranks) const {
   size_t k = 0;
@@ -81,10 +86,8 @@ bool Round::OtherMembers(int first, int end,
 }
 
 void Round::EvictChangedBlocks(std::vector<RoundCallback>& evicted_blocks) {
-  const int size = static_cast<int>(ranks_.size());
   for (auto b = blocks_.begin(); b != blocks_.end();) {
-    const int end = static_cast<int>(
-        std::min<int64_t>(int64_t{b->first} + b->positions, size));
+    const int end = BlockEnd(b->first, b->positions);
     if (!OtherMembers(b->first, end, b->ranks)) {
       ++b;
       continue;
@@ -176,8 +179,7 @@ absl::StatusOr<Round::AddResult> Round::AddBlock(
   *conflict = -1;
   const int size = static_cast<int>(ranks_.size());
   const int first = block.first_position;
-  const int end = static_cast<int>(
-      std::min<int64_t>(int64_t{first} + block.positions, size));
+  const int end = BlockEnd(first, block.positions);
   if (first >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("relay block at positions [", first, ", ",

@@ -91,8 +91,6 @@ class Round {
   void SetRoles(absl::FunctionRef<Role(int rank)> role_of,
                 std::vector<RoundCallback>& dropped,
                 std::vector<RoundCallback>& evicted_blocks);
-  // Relay blocks taken (not evicted).
-  int blocks() const { return static_cast<int>(blocks_.size()); }
 
   // Every member has contributed.
   bool complete() const { return awaited_ == 0; }
@@ -161,6 +159,8 @@ class Round {
   // kMaxWaitersPerRank.
   void Wait(int index, bool block, RoundCallback&& done,
             RoundCallback* evicted);
+  // The end of the positions [first, first + positions) within the group.
+  int BlockEnd(int first, int positions) const;
   // Whether positions [first, end) would have members other than `ranks`
   // under the roles set.
   bool OtherMembers(int first, int end, absl::Span<const int> ranks) const;
@@ -193,7 +193,8 @@ class Round {
     bool block = false;  // a relay's, for its block at `index`
   };
   std::vector<Waiter> waiters_;  // oldest first; room for one per rank
-  // The relay blocks taken: their positions [first, end) and ranks.
+  // The relay blocks taken: their positions [first, first + positions)
+  // and the ranks merged.
   struct Block {
     int first;
     int positions;
