@@ -54,24 +54,99 @@ BlockRound::BlockRound(std::vector<int> position_ranks,
       members_(std::move(members)),
       first_position_(first_position),
       positions_(positions),
-      first_arrival_(first_arrival) {}
+      first_arrival_(first_arrival),
+      position_held_(position_ranks_.size(), false) {
+  // Both by position: one pass.
+  position_member_.resize(position_ranks_.size(), false);
+  size_t m = 0;
+  for (size_t i = 0; i < position_ranks_.size() && m < members_.size(); ++i) {
+    if (position_ranks_[i] == members_[m]) {
+      position_member_[i] = true;
+      ++m;
+    }
+  }
+}
+
+BlockRound::Added BlockRound::Resend(HeldContribution& held,
+                                     const v1::Contribution& c,
+                                     AnswerFn& done) const {
+  if (forwarded_ ||
+      held.contribution.SerializeAsString() != c.SerializeAsString()) {
+    return Added::kRefused;
+  }
+  held.waiters.push_back(std::move(done));
+  return Added::kHeld;
+}
+
+bool BlockRound::BlockFits(const v1::Contribution& c, int& offset,
+                           int& end) const {
+  const v1::RelayBlock& b = c.relay();
+  const int n = b.positions();
+  // Aligned, a power of two, within this block (itself aligned).
+  if (n <= 0 || n > positions_ || (n & (n - 1)) != 0 ||
+      b.first_position() % n != 0 || b.first_position() < first_position_ ||
+      b.first_position() - first_position_ >= positions_ ||
+      b.fingerprint_kind() != static_cast<int>(kFingerprintKind)) {
+    return false;
+  }
+  offset = b.first_position() - first_position_;
+  end = std::min<int>(offset + n, static_cast<int>(position_ranks_.size()));
+  // Its members here, by rank, none of them held yet; the first by
+  // position is the block's rank.
+  std::vector<int> expected;
+  for (int i = offset; i < end; ++i) {
+    if (!position_member_[i]) continue;
+    if (position_held_[i]) return false;
+    if (expected.empty() && position_ranks_[i] != c.rank()) return false;
+    expected.push_back(position_ranks_[i]);
+  }
+  if (expected.empty() ||
+      b.fingerprints_size() != static_cast<int>(expected.size()) ||
+      b.rank_runs_size() % 2 != 0 ||
+      b.rank_runs_size() > 2 * static_cast<int>(expected.size())) {
+    return false;
+  }
+  std::sort(expected.begin(), expected.end());
+  // The runs list exactly `expected`, ascending: a run is walked only as
+  // far as `expected` goes.
+  size_t k = 0;
+  for (int i = 0; i < b.rank_runs_size(); i += 2) {
+    const int first = b.rank_runs(i);
+    const int last = b.rank_runs(i + 1);
+    if (first > last) return false;
+    for (int64_t r = first; r <= last; ++r) {
+      if (k == expected.size() || expected[k] != r) return false;
+      ++k;
+    }
+  }
+  return k == expected.size();
+}
 
 BlockRound::Added BlockRound::Add(v1::Contribution& c, AnswerFn& done) {
-  if (std::find(members_.begin(), members_.end(), c.rank()) == members_.end()) {
-    return Added::kRefused;
-  }
   auto it = held_.find(c.rank());
-  if (it == held_.end()) {
-    HeldContribution& h = held_[c.rank()];
-    h.contribution = std::move(c);
-    h.waiters.push_back(std::move(done));
-    return Added::kHeld;
+  if (it != held_.end()) return Resend(it->second, c, done);
+  int first = 0;
+  int end = 0;
+  if (c.has_relay()) {
+    if (!BlockFits(c, first, end)) return Added::kRefused;
+  } else {
+    first = static_cast<int>(
+        std::find(position_ranks_.begin(), position_ranks_.end(), c.rank()) -
+        position_ranks_.begin());
+    end = first + 1;
+    if (first == static_cast<int>(position_ranks_.size()) ||
+        !position_member_[first] || position_held_[first]) {
+      return Added::kRefused;
+    }
   }
-  if (forwarded_ ||
-      it->second.contribution.SerializeAsString() != c.SerializeAsString()) {
-    return Added::kRefused;
+  for (int i = first; i < end; ++i) {
+    if (!position_member_[i]) continue;
+    position_held_[i] = true;
+    ++covered_;
   }
-  it->second.waiters.push_back(std::move(done));
+  HeldContribution& h = held_[c.rank()];
+  h.contribution = std::move(c);
+  h.waiters.push_back(std::move(done));
   return Added::kHeld;
 }
 
@@ -80,16 +155,14 @@ absl::StatusOr<v1::Contribution> BlockRound::Merge() const {
   const RoundUpdate update = RoundUpdateFromProto(first);
   int channels = 0;
   MergeTree tree(position_ranks_);
-  tree.Reset([this](int i) {
-    return std::find(members_.begin(), members_.end(), position_ranks_[i]) !=
-           members_.end();
-  });
+  tree.Reset([this](int i) { return position_member_[i]; });
   v1::RelayBlock block;
   block.set_first_position(first_position_);
   block.set_positions(positions_);
   for (size_t i = 0; i < position_ranks_.size(); ++i) {
+    // A held block's rank is its first member's: the walk meets it first.
     auto it = held_.find(position_ranks_[i]);
-    if (it == held_.end()) continue;  // no member at this step
+    if (it == held_.end()) continue;  // no member at this step, or blocked
     const v1::Contribution& c = it->second.contribution;
     if (!SameUpdate(RoundUpdateFromProto(c), update)) {
       return absl::FailedPreconditionError(
@@ -98,6 +171,18 @@ absl::StatusOr<v1::Contribution> BlockRound::Merge() const {
     }
     absl::StatusOr<Payload> payload = PayloadOf(c, channels);
     if (!payload.ok()) return payload.status();
+    if (c.has_relay()) {
+      // A child's block, at its subtree's node, its fingerprints in their
+      // place (Add checked its shape and members).
+      const v1::RelayBlock& b = c.relay();
+      block.mutable_fingerprints()->Add(b.fingerprints().begin(),
+                                        b.fingerprints().end());
+      const int offset = b.first_position() - first_position_;
+      tree.AddBlock(offset, b.positions(), b.fingerprints_size(), c.rank(),
+                    *std::move(payload));
+      i = std::max<size_t>(i, offset + b.positions() - 1);
+      continue;
+    }
     // Computed as the shard computes a direct contribution's, so that a
     // rank's retry through any path matches it.
     block.add_fingerprints(ContributionFingerprint(*payload, update));

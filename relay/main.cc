@@ -54,6 +54,10 @@ ABSL_FLAG(bool, allow_insecure, Defaults().allow_insecure,
 ABSL_FLAG(std::string, upstream, Defaults().upstream,
           "The aggregator shards, as the client's address: host:port, a "
           "comma-separated list, or a {A..B} range");
+ABSL_FLAG(std::string, parent_relay, Defaults().parent_relay,
+          "A parent relay (HOST:PORT) that takes this relay's upstream "
+          "contributions instead of the shards; its --block_positions must "
+          "be larger. Empty: the shards");
 ABSL_FLAG(int, block_positions, Defaults().block_positions,
           "Positions of a group merged into one upstream contribution: a "
           "power of two");
@@ -136,6 +140,7 @@ int main(int argc, char** argv) {
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
   options.upstream = absl::GetFlag(FLAGS_upstream);
+  options.parent_relay = absl::GetFlag(FLAGS_parent_relay);
   options.upstream_tls = absl::GetFlag(FLAGS_upstream_tls);
   options.upstream_tls_root_ca = absl::GetFlag(FLAGS_upstream_tls_root_ca);
   options.upstream_tls_client_cert =

@@ -47,14 +47,6 @@ RelayCounters Relay::counters() const {
 }
 
 void Relay::Contribute(v1::Contribution c, AnswerFn done) {
-  if (c.has_relay()) {
-    done(ErrorAnswer(c, absl::InvalidArgumentError(
-                            "this contribution carries a relay block; a "
-                            "relay takes its ranks' own contributions only "
-                            "(relays of relays are not supported): send "
-                            "blocks to the aggregator shards")));
-    return;
-  }
   const int shard = ShardOf(c.job_id(), c.layer(), upstream_.num_shards());
   Actions actions;
   {
@@ -189,9 +181,17 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
   if (place.has_value()) {
     BlockRanks(view, place->group, place->block, c.step(), positions, members);
   }
+  // A child relay's block merges here when it is a smaller aligned block
+  // inside this relay's (BlockRound::Add checks the rest); otherwise it
+  // goes up as it came, for the shard (or a parent relay) to take.
+  const bool fits =
+      !c.has_relay() ||
+      (place.has_value() && c.relay().positions() > 0 &&
+       c.relay().positions() < options_.block_positions &&
+       c.relay().first_position() / options_.block_positions == place->block);
   const bool mergeable =
       view.accepts_relay_blocks() && view.staleness() == 0 &&
-      place.has_value() && members.size() > 1 &&
+      place.has_value() && members.size() > 1 && fits &&
       std::find(members.begin(), members.end(), c.rank()) != members.end();
   if (!mergeable) {
     PassOne(jk.second, std::move(p), RetryDeadline(&view, now), actions);
@@ -203,8 +203,9 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
                                  std::move(members), p, actions);
   if (round == nullptr) return;  // answered
   if (round->Add(p.contribution, p.done) == BlockRound::Added::kRefused) {
-    // A resend that differs, one after the block went up, or a rank the
-    // block did not count at its first arrival: the shard judges it.
+    // A resend that differs, one after the block went up, a rank the
+    // block did not count at its first arrival, or a child's block that
+    // does not fit its members here: the shard judges it.
     PassOne(jk.second, std::move(p),
             RetryDeadline(&view, round->first_arrival()), actions);
     return;

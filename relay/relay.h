@@ -49,9 +49,9 @@ class Relay {
 
   // Takes one rank's contribution; `done` gets its answer exactly once:
   // the shard's result, the shard's failure in-band (RoundResult.error),
-  // INVALID_ARGUMENT for a contribution that carries a relay block (a
-  // relay of relays is not supported), RESOURCE_EXHAUSTED past the
-  // relay's bounds.
+  // RESOURCE_EXHAUSTED past the relay's bounds. `c` may be a child relay's
+  // block (c.relay): a relay of relays merges it into its own block when
+  // it fits (docs/relay.md), and sends it on as it came otherwise.
   void Contribute(v1::Contribution c, AnswerFn done) ABSL_LOCKS_EXCLUDED(mu_);
 
   RelayCounters counters() const ABSL_LOCKS_EXCLUDED(mu_);

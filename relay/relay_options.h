@@ -29,6 +29,14 @@ struct RelayOptions {
   // shard the client's rendezvous hash picks. Required.
   std::string upstream;
 
+  // A parent relay's HOST:PORT (docs/relay.md, Relays of relays): every
+  // upstream contribution (a merged block, or one going through) goes to
+  // it instead of the shard, over the upstream TLS settings and token
+  // below; the job is still read from the shards. Its block_positions must
+  // be larger than this relay's for it to merge this relay's blocks.
+  // Empty: the shards take them. Default empty.
+  std::string parent_relay;
+
   // B: positions per block, a power of two from 1 to 65,536. The relay
   // merges an aligned block of B positions of a group into one upstream
   // contribution. Default 8 (the capacity model's best fan-in).

@@ -61,9 +61,9 @@ absl::StatusOr<std::unique_ptr<RelayServer>> RelayServer::Start(
       MakeUpstreamCredentials(options);
   if (!dialed.ok()) return dialed.status();
   r->timers_ = std::make_unique<TimerQueue>();
-  r->upstream_ =
-      std::make_unique<Upstream>(*ParseShardList(options.upstream),
-                                 options.upstream_token, *dialed, *r->timers_);
+  r->upstream_ = std::make_unique<Upstream>(
+      *ParseShardList(options.upstream), options.parent_relay,
+      options.upstream_token, *dialed, *r->timers_);
   r->relay_ = std::make_unique<Relay>(options, *r->upstream_, *r->timers_);
   r->service_ = std::make_unique<RelayService>(*r->relay_, r->auth_.get());
   grpc::ServerBuilder builder;

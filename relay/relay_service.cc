@@ -23,11 +23,14 @@ std::string Authorization(const grpc::CallbackServerContext* context) {
   return std::string(it->second.data(), it->second.size());
 }
 
+// A child relay's block needs the `relay` scope besides the job's, as the
+// shard asks (a rank's job token cannot vouch for other ranks).
 absl::Status Authorize(const Authenticator* auth,
                        const std::string& authorization,
-                       const std::string& job_id) {
+                       const v1::Contribution& c) {
   if (auth == nullptr) return absl::OkStatus();
-  return auth->AuthorizeJob(authorization, job_id);
+  return c.has_relay() ? auth->AuthorizeRelay(authorization, c.job_id())
+                       : auth->AuthorizeJob(authorization, c.job_id());
 }
 
 // One rank's Reduce stream: each contribution goes to the relay, each
@@ -79,7 +82,7 @@ class ReduceStream final
       hold = pending_ >= kMaxPendingPerStream;
       read_held_ = hold;
     }
-    absl::Status refused = Authorize(auth_, authorization_, c.job_id());
+    absl::Status refused = Authorize(auth_, authorization_, c);
     // The answer keeps the stream alive: it may come after OnDone.
     std::shared_ptr<ReduceStream> me = self_;
     if (!refused.ok()) {
@@ -214,8 +217,7 @@ class UnaryRound final : public grpc::ServerUnaryReactor {
     auto round = std::shared_ptr<UnaryRound>(new UnaryRound(response));
     round->self_ = round;
     UnaryRound* raw = round.get();
-    absl::Status refused =
-        Authorize(auth, Authorization(context), request.job_id());
+    absl::Status refused = Authorize(auth, Authorization(context), request);
     if (!refused.ok()) {
       raw->Answer(ErrorAnswer(request, refused));
     } else {

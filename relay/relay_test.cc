@@ -126,9 +126,10 @@ std::vector<v1::Contribution> ForJob(std::vector<v1::Contribution> cs,
 // Sends each contribution from its own thread, in a random order, on a
 // Reduce stream (`streams`) or by ReduceOnce; the answers by position in
 // `cs`, a failed ReduceOnce as RoundResult.error.
-std::vector<v1::RoundResult> SendAll(v1::Aggregator::Stub& stub,
-                                     const std::vector<v1::Contribution>& cs,
-                                     bool streams, std::mt19937& rng) {
+// As SendAll, each contribution to `stub_of[its position in cs]`.
+std::vector<v1::RoundResult> SendRouted(
+    const std::vector<v1::Aggregator::Stub*>& stub_of,
+    const std::vector<v1::Contribution>& cs, bool streams, std::mt19937& rng) {
   std::vector<v1::RoundResult> results(cs.size());
   std::vector<int> order(cs.size());
   for (size_t i = 0; i < cs.size(); ++i) order[i] = static_cast<int>(i);
@@ -142,14 +143,15 @@ std::vector<v1::RoundResult> SendAll(v1::Aggregator::Stub& stub,
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
       if (streams) {
-        auto rw = stub.Reduce(&context);
+        auto rw = stub_of[i]->Reduce(&context);
         if (!rw->Write(cs[i]) || !rw->Read(&results[i])) {
           results[i].mutable_error()->set_message("stream broke");
         }
         rw->WritesDone();
         rw->Finish().ok();
       } else {
-        const grpc::Status s = stub.ReduceOnce(&context, cs[i], &results[i]);
+        const grpc::Status s =
+            stub_of[i]->ReduceOnce(&context, cs[i], &results[i]);
         if (!s.ok()) {
           results[i].mutable_error()->set_code(s.error_code());
           results[i].mutable_error()->set_message(s.error_message());
@@ -159,6 +161,13 @@ std::vector<v1::RoundResult> SendAll(v1::Aggregator::Stub& stub,
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+std::vector<v1::RoundResult> SendAll(v1::Aggregator::Stub& stub,
+                                     const std::vector<v1::Contribution>& cs,
+                                     bool streams, std::mt19937& rng) {
+  return SendRouted(std::vector<v1::Aggregator::Stub*>(cs.size(), &stub), cs,
+                    streams, rng);
 }
 
 bool SameBits(const google::protobuf::RepeatedField<double>& a,
@@ -264,8 +273,11 @@ void ExpectSameAsDirect(const RoundInput& in,
 // Rounds of `world` ranks in groups of `group_size` (0: one group),
 // through a relay of blocks of `block` positions and directly, over several
 // steps, FORWARD and BACKWARD, in random orders; returns the rounds run.
-int RunRoundsBothWays(v1::Aggregator::Stub& shard, v1::Aggregator::Stub& relay,
-                      int group_size, int world, int steps, std::mt19937& rng) {
+// `relay_of[rank]`: where each rank sends (a relay, or the shard).
+int RunRoundsRouted(v1::Aggregator::Stub& shard,
+                    const std::vector<v1::Aggregator::Stub*>& relay_of,
+                    int group_size, int steps, std::mt19937& rng) {
+  const int world = static_cast<int>(relay_of.size());
   int rounds = 0;
   for (int64_t step = 0; step < steps; ++step) {
     for (bool forward : {true, false}) {
@@ -277,13 +289,20 @@ int RunRoundsBothWays(v1::Aggregator::Stub& shard, v1::Aggregator::Stub& relay,
       const std::vector<v1::RoundResult> direct =
           SendAll(shard, in.contributions, /*streams=*/false, rng);
       const std::vector<v1::RoundResult> relayed =
-          SendAll(relay, ForJob(in.contributions, "relayed"),
-                  /*streams=*/step % 2 == 0, rng);
+          SendRouted(relay_of, ForJob(in.contributions, "relayed"),
+                     /*streams=*/step % 2 == 0, rng);
       ExpectSameAsDirect(in, direct, relayed);
       ++rounds;
     }
   }
   return rounds;
+}
+
+int RunRoundsBothWays(v1::Aggregator::Stub& shard, v1::Aggregator::Stub& relay,
+                      int group_size, int world, int steps, std::mt19937& rng) {
+  return RunRoundsRouted(shard,
+                         std::vector<v1::Aggregator::Stub*>(world, &relay),
+                         group_size, steps, rng);
 }
 
 TEST_F(RelayTest, MergedBlocksAreBitForBitTheDirectRounds) {
@@ -515,11 +534,13 @@ TEST_F(RelayTest, EveryOtherMethodIsUnimplementedNamingTheShards) {
   }
 }
 
-TEST_F(RelayTest, RefusesAContributionThatCarriesARelayBlock) {
+TEST_F(RelayTest, ABlockThatDoesNotFitGoesUpForTheShardToRefuse) {
   StartRelay();
   CreateJob("j", 2);
   std::mt19937 rng(1);
   RoundInput in = ForwardInput("j", 2, 0, rng);
+  // A "child relay's" block of ranks 0 and 1 without their fingerprints:
+  // the relay cannot merge it, and the shard says what is wrong with it.
   v1::Contribution block = in.contributions[0];
   block.mutable_relay()->set_positions(2);
   block.mutable_relay()->add_rank_runs(0);
@@ -529,7 +550,7 @@ TEST_F(RelayTest, RefusesAContributionThatCarriesARelayBlock) {
     v1::RoundResult out;
     const grpc::Status s = relay_stub_->ReduceOnce(&c, block, &out);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(s.error_message(), HasSubstr("relay block"));
+    EXPECT_THAT(s.error_message(), HasSubstr("fingerprint"));
   }
   const std::vector<v1::RoundResult> streamed =
       SendAll(*relay_stub_, {block}, /*streams=*/true, rng);
@@ -538,6 +559,14 @@ TEST_F(RelayTest, RefusesAContributionThatCarriesARelayBlock) {
             static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_EQ(streamed[0].step(), 0);
   EXPECT_EQ(streamed[0].job_id(), "j");
+  EXPECT_EQ(relay_->counters().blocks_forwarded, 0);
+  // The round is still open for the ranks' own contributions.
+  const std::vector<v1::RoundResult> results =
+      SendAll(*relay_stub_, in.contributions, /*streams=*/false, rng);
+  for (const v1::RoundResult& r : results) {
+    ASSERT_FALSE(r.has_error()) << r.error().message();
+    ref::ExpectClose(Values(r.moments().mean()), in.mean[0], 1e-12, "mean");
+  }
 }
 
 TEST_F(RelayTest, ChecksEachCallersTokenAgainstTheTokensFile) {
@@ -614,6 +643,159 @@ TEST_F(RelayTest, AClientWithARelaySendsItsRoundsThroughIt) {
   const RelayCounters counters = relay_->counters();
   EXPECT_EQ(counters.blocks_forwarded + counters.passed_through,
             accepts_blocks_ ? 1 : kWorld);
+}
+
+// A relay of `block` positions whose upstream contributions go to
+// `parent` (empty: to the shard).
+std::unique_ptr<RelayServer> StartTreeRelay(const std::string& shard, int block,
+                                            const std::string& parent) {
+  RelayOptions options;
+  options.listen = "127.0.0.1:0";
+  options.upstream = shard;
+  options.block_positions = block;
+  options.parent_relay = parent;
+  absl::StatusOr<std::unique_ptr<RelayServer>> relay =
+      RelayServer::Start(options);
+  EXPECT_TRUE(relay.ok()) << relay.status();
+  return relay.ok() ? *std::move(relay) : nullptr;
+}
+
+std::string AddressOf(const RelayServer& relay) {
+  return absl::StrCat("127.0.0.1:", relay.port());
+}
+
+TEST_F(RelayTest, ATreeOfRelaysIsBitForBitTheDirectRounds) {
+  // Groups of 12. The parent merges blocks of 8 positions; under it a
+  // child of blocks of 2 takes positions 0-3 and 10-11 of each group, a
+  // child of blocks of 4 positions 4-7, and positions 8-9 send to the
+  // parent themselves. The last block of each group (8-11) is partial.
+  constexpr int kWorld = 24;
+  constexpr int kGroup = 12;
+  std::unique_ptr<RelayServer> parent =
+      StartTreeRelay(aggregator_->address(), 8, "");
+  ASSERT_NE(parent, nullptr);
+  std::unique_ptr<RelayServer> pairs =
+      StartTreeRelay(aggregator_->address(), 2, AddressOf(*parent));
+  std::unique_ptr<RelayServer> quads =
+      StartTreeRelay(aggregator_->address(), 4, AddressOf(*parent));
+  ASSERT_NE(pairs, nullptr);
+  ASSERT_NE(quads, nullptr);
+  auto parent_stub = StubFor(AddressOf(*parent));
+  auto pairs_stub = StubFor(AddressOf(*pairs));
+  auto quads_stub = StubFor(AddressOf(*quads));
+  std::vector<v1::Aggregator::Stub*> relay_of;
+  for (int r = 0; r < kWorld; ++r) {
+    const int p = r % kGroup;
+    relay_of.push_back(p < 4 || p >= 10 ? pairs_stub.get()
+                       : p < 8          ? quads_stub.get()
+                                        : parent_stub.get());
+  }
+  CreateJob("direct", kWorld, kGroup);
+  CreateJob("relayed", kWorld, kGroup);
+  ASSERT_TRUE(accepts_blocks_);
+  std::mt19937 rng(40);
+  const int rounds = RunRoundsRouted(*shard_, relay_of, kGroup, 3, rng);
+  // Per round and group: the pairs child merges 3 blocks, the quads child
+  // 1, the parent 2, each from what came up merged.
+  EXPECT_EQ(pairs->counters().blocks_forwarded, rounds * 2 * 3);
+  EXPECT_EQ(quads->counters().blocks_forwarded, rounds * 2 * 1);
+  EXPECT_EQ(parent->counters().blocks_forwarded, rounds * 2 * 2);
+  for (const RelayServer* relay : {parent.get(), pairs.get(), quads.get()}) {
+    EXPECT_EQ(relay->counters().passed_through, 0);
+  }
+}
+
+TEST_F(RelayTest, ThreeLevelsAreBitForBitAndARetryThroughAnyPathMatches) {
+  // Blocks of 2 under blocks of 4 under one block of 16: ranks 0-3 send
+  // to the lowest relay, 4-7 to the middle one, 8-15 to the top.
+  constexpr int kWorld = 16;
+  std::unique_ptr<RelayServer> top =
+      StartTreeRelay(aggregator_->address(), 16, "");
+  ASSERT_NE(top, nullptr);
+  std::unique_ptr<RelayServer> middle =
+      StartTreeRelay(aggregator_->address(), 4, AddressOf(*top));
+  ASSERT_NE(middle, nullptr);
+  std::unique_ptr<RelayServer> low =
+      StartTreeRelay(aggregator_->address(), 2, AddressOf(*middle));
+  ASSERT_NE(low, nullptr);
+  auto top_stub = StubFor(AddressOf(*top));
+  auto middle_stub = StubFor(AddressOf(*middle));
+  auto low_stub = StubFor(AddressOf(*low));
+  std::vector<v1::Aggregator::Stub*> relay_of;
+  for (int r = 0; r < kWorld; ++r) {
+    relay_of.push_back(r < 4   ? low_stub.get()
+                       : r < 8 ? middle_stub.get()
+                               : top_stub.get());
+  }
+  CreateJob("direct", kWorld);
+  CreateJob("relayed", kWorld);
+  std::mt19937 rng(41);
+  const int rounds = RunRoundsRouted(*shard_, relay_of, 0, 2, rng);
+  EXPECT_EQ(low->counters().blocks_forwarded, rounds * 2);
+  EXPECT_EQ(middle->counters().blocks_forwarded, rounds * 2);
+  EXPECT_EQ(top->counters().blocks_forwarded, rounds);
+
+  // One more round; then rank 1 (merged two levels down) resends the same
+  // contribution through each path: the shard matches the fingerprint
+  // that came up inside the top's block.
+  const RoundInput in = ForwardInput("relayed", kWorld, 2, rng);
+  const std::vector<v1::RoundResult> first =
+      SendRouted(relay_of, in.contributions, /*streams=*/true, rng);
+  ASSERT_FALSE(first[1].has_error()) << first[1].error().message();
+  for (v1::Aggregator::Stub* stub :
+       {low_stub.get(), middle_stub.get(), top_stub.get(), shard_.get()}) {
+    grpc::ClientContext context;
+    v1::RoundResult again;
+    const grpc::Status s =
+        stub->ReduceOnce(&context, in.contributions[1], &again);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(again.version(), first[1].version());
+    EXPECT_TRUE(SameBits(again.moments().mean(), first[1].moments().mean()));
+    EXPECT_TRUE(SameBits(again.moments().var(), first[1].moments().var()));
+  }
+  v1::Contribution other = in.contributions[1];
+  other.mutable_moments()->set_mean(0, other.moments().mean(0) + 1);
+  grpc::ClientContext context;
+  v1::RoundResult out;
+  EXPECT_EQ(low_stub->ReduceOnce(&context, other, &out).error_code(),
+            grpc::StatusCode::ABORTED);
+}
+
+TEST_F(RelayTest, AChildsBlockNeedsTheRelayScopeAtItsParent) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/relay_tree_tokens");
+  const std::string job_token = "token-of-job-tree-0123456789";
+  const std::string relay_token = "token-of-a-relay-0123456789";
+  {
+    std::ofstream out(path);
+    out << job_token << " job:tree\n";
+    out << relay_token << " relay,job:tree\n";
+  }
+  RelayOptions options;
+  options.tokens_file = path;
+  options.block_positions = 4;
+  StartRelay(options);
+  CreateJob("tree", 4);
+  std::mt19937 rng(42);
+  const RoundInput in = ForwardInput("tree", 4, 0, rng);
+  // A block of ranks 0 and 1 (without fingerprints: the shard would
+  // refuse it, after the relay's own check of the token).
+  v1::Contribution block = in.contributions[0];
+  block.mutable_relay()->set_positions(2);
+  block.mutable_relay()->add_rank_runs(0);
+  block.mutable_relay()->add_rank_runs(1);
+  auto send = [&](const std::string& bearer) {
+    grpc::ClientContext c;
+    c.AddMetadata("authorization", "Bearer " + bearer);
+    c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    v1::RoundResult out;
+    return relay_stub_->ReduceOnce(&c, block, &out);
+  };
+  const grpc::Status refused = send(job_token);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("relay"));
+  // The relay's scope passes the token check: the shard judges the block.
+  EXPECT_EQ(send(relay_token).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 }  // namespace

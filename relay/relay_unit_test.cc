@@ -1,7 +1,10 @@
 // The relay's pieces without a network: the job's layout and membership as
 // GetJob describes them, the missing ranks of a ReduceOnce error, the
-// timer queue.
+// timer queue, a block round holding its ranks' and child relays' blocks.
 #include <atomic>
+#include <cstring>
+#include <functional>
+#include <random>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -9,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "relay/answers.h"
+#include "relay/block_round.h"
 #include "relay/job_view.h"
 #include "relay/timer_queue.h"
 
@@ -147,6 +151,178 @@ TEST(TimerQueueTest, RunsInTimeOrderAndDropsAfterStop) {
   EXPECT_FALSE(ran);
   absl::MutexLock l(&mu);
   EXPECT_THAT(order, ElementsAre(1, 2, 3));
+}
+
+// Rank r's FORWARD contribution at step 3: random moments of 5 channels.
+v1::Contribution Leaf(int rank, std::mt19937& rng) {
+  std::normal_distribution<double> value(0.5, 2.0);
+  v1::Contribution c;
+  c.set_job_id("j");
+  c.set_step(3);
+  c.set_phase(v1::FORWARD);
+  c.set_rank(rank);
+  c.mutable_moments()->set_count(1 + rank % 4);
+  for (int ch = 0; ch < 5; ++ch) {
+    c.mutable_moments()->add_mean(value(rng));
+    c.mutable_moments()->add_m2(std::abs(value(rng)));
+  }
+  return c;
+}
+
+std::vector<int> Iota(int first, int n) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i) v.push_back(first + i);
+  return v;
+}
+
+// A child relay's merged block of `members` among positions
+// [first, first + n) (ranks = positions), from `leaves` by rank.
+v1::Contribution ChildBlock(int first, int n, const std::vector<int>& members,
+                            const std::vector<v1::Contribution>& leaves) {
+  BlockRound child(Iota(first, n), members, first, n, absl::Now());
+  for (int r : members) {
+    v1::Contribution c = leaves[r];
+    AnswerFn done = [](const RoundAnswer&) {};
+    EXPECT_EQ(child.Add(c, done), BlockRound::Added::kHeld);
+  }
+  EXPECT_TRUE(child.complete());
+  absl::StatusOr<v1::Contribution> merged = child.Merge();
+  EXPECT_TRUE(merged.ok()) << merged.status();
+  return merged.ok() ? *merged : v1::Contribution();
+}
+
+BlockRound::Added AddTo(BlockRound& round, v1::Contribution c) {
+  AnswerFn done = [](const RoundAnswer&) {};
+  return round.Add(c, done);
+}
+
+// Positions 0-7, rank 6 no member at the step.
+const std::vector<int> kMembers = {0, 1, 2, 3, 4, 5, 7};
+
+TEST(BlockRoundTest, ChildBlocksMergeBitForBitAsTheRanksThemselves) {
+  std::mt19937 rng(7);
+  std::vector<v1::Contribution> leaves;
+  for (int r = 0; r < 8; ++r) leaves.push_back(Leaf(r, rng));
+  BlockRound flat(Iota(0, 8), kMembers, 0, 8, absl::Now());
+  for (int r : kMembers)
+    ASSERT_EQ(AddTo(flat, leaves[r]), BlockRound::Added::kHeld);
+  absl::StatusOr<v1::Contribution> want = flat.Merge();
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  // Ranks 0 and 1 themselves, a block of 2-3, a block of 4-7 without 6,
+  // in every order of arrival.
+  std::vector<v1::Contribution> parts = {leaves[0], leaves[1],
+                                         ChildBlock(2, 2, {2, 3}, leaves),
+                                         ChildBlock(4, 4, {4, 5, 7}, leaves)};
+  std::vector<int> order = {0, 1, 2, 3};
+  do {
+    BlockRound nested(Iota(0, 8), kMembers, 0, 8, absl::Now());
+    for (int i : order) {
+      EXPECT_FALSE(nested.complete());
+      ASSERT_EQ(AddTo(nested, parts[i]), BlockRound::Added::kHeld);
+    }
+    ASSERT_TRUE(nested.complete());
+    absl::StatusOr<v1::Contribution> got = nested.Merge();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->SerializeAsString(), want->SerializeAsString())
+        << got->DebugString() << "\nwant\n"
+        << want->DebugString();
+  } while (std::next_permutation(order.begin(), order.end()));
+}
+
+TEST(BlockRoundTest, RefusesAChildBlockThatDoesNotFitAndHoldsNothingOfIt) {
+  std::mt19937 rng(8);
+  std::vector<v1::Contribution> leaves;
+  for (int r = 0; r < 8; ++r) leaves.push_back(Leaf(r, rng));
+  const v1::Contribution good = ChildBlock(4, 4, {4, 5, 7}, leaves);
+  const std::vector<
+      std::pair<const char*, std::function<void(v1::RelayBlock&)>>>
+      bad = {
+          {"a run past its members",
+           [](v1::RelayBlock& b) { b.set_rank_runs(3, 8); }},
+          {"a run of two billion ranks",
+           [](v1::RelayBlock& b) {
+             b.clear_rank_runs();
+             b.add_rank_runs(4);
+             b.add_rank_runs(2147483647);
+           }},
+          {"a run backwards",
+           [](v1::RelayBlock& b) {
+             b.clear_rank_runs();
+             b.add_rank_runs(5);
+             b.add_rank_runs(4);
+             b.add_rank_runs(7);
+             b.add_rank_runs(7);
+           }},
+          {"a member left out",
+           [](v1::RelayBlock& b) {
+             b.clear_rank_runs();
+             b.add_rank_runs(4);
+             b.add_rank_runs(5);
+           }},
+          {"an odd number of run ends",
+           [](v1::RelayBlock& b) { b.add_rank_runs(7); }},
+          {"a fingerprint short",
+           [](v1::RelayBlock& b) { b.mutable_fingerprints()->RemoveLast(); }},
+          {"another fingerprint kind",
+           [](v1::RelayBlock& b) { b.set_fingerprint_kind(1); }},
+          {"positions not a power of two",
+           [](v1::RelayBlock& b) { b.set_positions(3); }},
+          {"a block larger than this one",
+           [](v1::RelayBlock& b) { b.set_positions(16); }},
+          {"no positions", [](v1::RelayBlock& b) { b.set_positions(0); }},
+          {"misaligned", [](v1::RelayBlock& b) { b.set_first_position(2); }},
+          {"outside this block",
+           [](v1::RelayBlock& b) { b.set_first_position(8); }},
+          {"negative", [](v1::RelayBlock& b) { b.set_first_position(-4); }},
+      };
+  for (const auto& [what, mutate] : bad) {
+    SCOPED_TRACE(what);
+    v1::Contribution c = good;
+    mutate(*c.mutable_relay());
+    BlockRound round(Iota(0, 8), kMembers, 0, 8, absl::Now());
+    EXPECT_EQ(AddTo(round, c), BlockRound::Added::kRefused);
+    // Nothing of it is held: the ranks' own contributions complete it.
+    for (int r : kMembers) {
+      ASSERT_EQ(AddTo(round, leaves[r]), BlockRound::Added::kHeld) << r;
+    }
+    EXPECT_TRUE(round.complete());
+  }
+  // Named by a rank that is not its first member.
+  v1::Contribution c = good;
+  c.set_rank(5);
+  BlockRound round(Iota(0, 8), kMembers, 0, 8, absl::Now());
+  EXPECT_EQ(AddTo(round, c), BlockRound::Added::kRefused);
+}
+
+TEST(BlockRoundTest, ABlockOverlappingWhatIsHeldIsRefusedAResendWaits) {
+  std::mt19937 rng(9);
+  std::vector<v1::Contribution> leaves;
+  for (int r = 0; r < 8; ++r) leaves.push_back(Leaf(r, rng));
+  const v1::Contribution block = ChildBlock(2, 2, {2, 3}, leaves);
+  {
+    // Rank 3 sent itself: a block with rank 3 is refused.
+    BlockRound round(Iota(0, 8), kMembers, 0, 8, absl::Now());
+    ASSERT_EQ(AddTo(round, leaves[3]), BlockRound::Added::kHeld);
+    EXPECT_EQ(AddTo(round, block), BlockRound::Added::kRefused);
+  }
+  {
+    // The block is held: rank 3 itself, or rank 2 itself, is refused; the
+    // same block again waits with it; another payload for it is refused.
+    BlockRound round(Iota(0, 8), kMembers, 0, 8, absl::Now());
+    ASSERT_EQ(AddTo(round, block), BlockRound::Added::kHeld);
+    EXPECT_EQ(AddTo(round, leaves[3]), BlockRound::Added::kRefused);
+    EXPECT_EQ(AddTo(round, leaves[2]), BlockRound::Added::kRefused);
+    EXPECT_EQ(AddTo(round, block), BlockRound::Added::kHeld);
+    v1::Contribution other = block;
+    other.mutable_moments()->set_mean(0, other.moments().mean(0) + 1);
+    EXPECT_EQ(AddTo(round, other), BlockRound::Added::kRefused);
+    for (int r : {0, 1, 4, 5, 7}) {
+      ASSERT_EQ(AddTo(round, leaves[r]), BlockRound::Added::kHeld);
+    }
+    EXPECT_TRUE(round.complete());
+    EXPECT_EQ(round.TakeHeld().at(2).waiters.size(), 2u);
+  }
 }
 
 }  // namespace

@@ -43,7 +43,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(
 
 }  // namespace
 
-Upstream::Upstream(std::vector<std::string> shards, std::string token,
+Upstream::Upstream(std::vector<std::string> shards, const std::string& parent,
+                   std::string token,
                    std::shared_ptr<grpc::ChannelCredentials> credentials,
                    TimerQueue& timers)
     : authorization_(token.empty() ? "" : absl::StrCat("Bearer ", token)),
@@ -51,6 +52,10 @@ Upstream::Upstream(std::vector<std::string> shards, std::string token,
   for (const std::string& address : shards) {
     channels_.push_back(MakeChannel(address, credentials));
     stubs_.push_back(v1::Aggregator::NewStub(channels_.back()));
+  }
+  if (!parent.empty()) {
+    channels_.push_back(MakeChannel(parent, credentials));
+    parent_stub_ = v1::Aggregator::NewStub(channels_.back());
   }
 }
 
@@ -105,7 +110,9 @@ void Upstream::Attempt(std::shared_ptr<ReduceCall> call) {
     return;
   }
   grpc::ClientContext* context = call->context.get();
-  stubs_[call->shard]->async()->ReduceOnce(
+  v1::Aggregator::Stub& stub =
+      parent_stub_ != nullptr ? *parent_stub_ : *stubs_[call->shard];
+  stub.async()->ReduceOnce(
       context, &call->request, &call->response,
       [this, call](grpc::Status status) { Attempted(call, status); });
 }

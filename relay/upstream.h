@@ -33,11 +33,13 @@ class Upstream {
   // GetJob's deadline.
   static constexpr absl::Duration kGetJobTimeout = absl::Seconds(10);
 
-  // `shards`: addresses in ordinal order (not empty); `token`: sent as
-  // `authorization: Bearer` when not empty; `credentials`: every shard
-  // channel's (relay_tls.h MakeUpstreamCredentials). `timers` outlives
-  // this.
-  Upstream(std::vector<std::string> shards, std::string token,
+  // `shards`: addresses in ordinal order (not empty); `parent`: a parent
+  // relay's address, which then takes every Reduce (GetJob still goes to
+  // the shards), or empty; `token`: sent as `authorization: Bearer` when
+  // not empty; `credentials`: every channel's (relay_tls.h
+  // MakeUpstreamCredentials). `timers` outlives this.
+  Upstream(std::vector<std::string> shards, const std::string& parent,
+           std::string token,
            std::shared_ptr<grpc::ChannelCredentials> credentials,
            TimerQueue& timers);
   // Shutdown().
@@ -50,7 +52,9 @@ class Upstream {
 
   // The shard's answer to one ReduceOnce: its status and, when OK, result.
   using ReduceDone = std::function<void(const grpc::Status&, v1::RoundResult)>;
-  // Sends `c` to shard `shard` (ReduceOnce, no deadline of its own) and
+  // Sends `c` to shard `shard`, or to the parent relay when there is one
+  // (which sends it on to that shard), as ReduceOnce with no deadline of
+  // its own, and
   // resends it while the shard is unreachable (UNAVAILABLE: not started,
   // or a connection that broke) until `deadline`: the shard's idempotency
   // makes a resend of the same contribution safe. `done` runs once.
@@ -86,6 +90,7 @@ class Upstream {
   TimerQueue& timers_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;
+  std::unique_ptr<v1::Aggregator::Stub> parent_stub_;  // null: none
 
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
