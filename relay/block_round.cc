@@ -49,12 +49,11 @@ absl::StatusOr<Payload> PayloadOf(const v1::Contribution& c, int& channels) {
 
 BlockRound::BlockRound(std::vector<int> position_ranks,
                        std::vector<int> members, int first_position,
-                       int positions, absl::Time first_arrival)
+                       int positions)
     : position_ranks_(std::move(position_ranks)),
       members_(std::move(members)),
       first_position_(first_position),
       positions_(positions),
-      first_arrival_(first_arrival),
       position_held_(position_ranks_.size(), false) {
   // Both by position: one pass.
   position_member_.resize(position_ranks_.size(), false);
@@ -70,10 +69,12 @@ BlockRound::BlockRound(std::vector<int> position_ranks,
 BlockRound::Added BlockRound::Resend(HeldContribution& held,
                                      const v1::Contribution& c,
                                      AnswerFn& done) const {
-  if (forwarded_ ||
-      held.contribution.SerializeAsString() != c.SerializeAsString()) {
-    return Added::kRefused;
-  }
+  if (forwarded_) return Added::kRefused;
+  v1::Contribution a = held.contribution;
+  v1::Contribution b = c;
+  a.clear_round_age_ms();
+  b.clear_round_age_ms();
+  if (a.SerializeAsString() != b.SerializeAsString()) return Added::kRefused;
   held.waiters.push_back(std::move(done));
   return Added::kHeld;
 }

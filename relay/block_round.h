@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "relay/answers.h"
 #include "syncnorm/v1/aggregator.pb.h"
 
@@ -28,10 +27,9 @@ class BlockRound {
  public:
   // `position_ranks`: the ranks of the block's positions that exist, by
   // position, from `first_position`; `members`: those that are members at
-  // the step, by position (not empty); `first_arrival`: when the relay
-  // got the round's first contribution, of this block or another.
+  // the step, by position (not empty).
   BlockRound(std::vector<int> position_ranks, std::vector<int> members,
-             int first_position, int positions, absl::Time first_arrival);
+             int first_position, int positions);
 
   // Holds `c` with `done` waiting for it: a member's own contribution, or
   // a child relay's block (c.relay) of an aligned sub-block within this
@@ -67,8 +65,6 @@ class BlockRound {
   }
 
   const std::vector<int>& members() const { return members_; }
-  // The round's first arrival at this relay (as constructed).
-  absl::Time first_arrival() const { return first_arrival_; }
 
   // Forwarded: the merged block is with the shard; nothing more is held.
   bool forwarded() const { return forwarded_; }
@@ -85,11 +81,11 @@ class BlockRound {
   // within this block and its number of positions (clipped to the
   // positions that exist) when it does.
   bool BlockFits(const v1::Contribution& c, int& offset, int& end) const;
-  // A resend of what `held` holds waits with it.
+  // A resend of what `held` holds (the same bytes but for round_age_ms,
+  // which a child's resend says anew) waits with it.
   Added Resend(HeldContribution& held, const v1::Contribution& c,
                AnswerFn& done) const;
 
-  const absl::Time first_arrival_;
   std::map<int, HeldContribution> held_;  // by rank
   // By position from first_position: a member held, itself or in a block.
   std::vector<bool> position_held_;

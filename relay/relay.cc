@@ -1,6 +1,7 @@
 #include "relay/relay.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -202,12 +203,14 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
   BlockRound* round = FindOrOpen(key, job, std::move(positions),
                                  std::move(members), p, actions);
   if (round == nullptr) return;  // answered
+  Backdate(key, p.contribution, view, now);
   if (round->Add(p.contribution, p.done) == BlockRound::Added::kRefused) {
     // A resend that differs, one after the block went up, a rank the
     // block did not count at its first arrival, or a child's block that
     // does not fit its members here: the shard judges it.
-    PassOne(jk.second, std::move(p),
-            RetryDeadline(&view, round->first_arrival()), actions);
+    const absl::Time first = RoundFirst(key);
+    PassOne(jk.second, std::move(p), RetryDeadline(&view, first), actions,
+            first);
     return;
   }
   if (!round->forwarded() && round->complete()) Complete(key, *round, actions);
@@ -247,19 +250,43 @@ BlockRound* Relay::FindOrOpen(const BlockKey& key, JobEntry& job,
            .emplace(key, std::make_unique<BlockRound>(
                              std::move(positions), std::move(members),
                              block * options_.block_positions,
-                             options_.block_positions, start.first))
+                             options_.block_positions))
            .first;
   ScheduleCheck(
       key, std::min(PassAt(view, start.first), now + options_.job_refresh));
   return it->second.get();
 }
 
-void Relay::PassOne(int shard, Pending p, absl::Time deadline,
-                    Actions& actions) {
+void Relay::PassOne(int shard, Pending p, absl::Time deadline, Actions& actions,
+                    absl::Time started) {
   std::vector<AnswerFn> waiters;
   waiters.push_back(std::move(p.done));
   PassThrough(shard, std::move(p.contribution), std::move(waiters), deadline,
-              actions);
+              actions, started);
+}
+
+absl::Time Relay::RoundFirst(const BlockKey& key) const {
+  return round_starts_.at(RoundKeyOf(key)).first;
+}
+
+void Relay::Backdate(const BlockKey& key, const v1::Contribution& c,
+                     const JobView& view, absl::Time now) {
+  if (c.round_age_ms() <= 0) return;
+  const absl::Time began = now - absl::Milliseconds(c.round_age_ms());
+  RoundStart& start = round_starts_.at(RoundKeyOf(key));
+  if (began >= start.first) return;
+  start.first = began;
+  // The round's blocks here pass through sooner now.
+  const BlockKey from(std::get<0>(key), std::get<1>(key), std::get<2>(key),
+                      std::get<3>(key), std::get<4>(key), std::get<5>(key),
+                      std::numeric_limits<int>::min(),
+                      std::numeric_limits<int>::min());
+  for (auto it = blocks_.lower_bound(from);
+       it != blocks_.end() && RoundKeyOf(it->first) == RoundKeyOf(key); ++it) {
+    if (!it->second->forwarded()) {
+      ScheduleCheck(it->first, PassAt(view, began));
+    }
+  }
 }
 
 void Relay::Complete(const BlockKey& key, BlockRound& round, Actions& actions) {
@@ -271,8 +298,12 @@ void Relay::Complete(const BlockKey& key, BlockRound& round, Actions& actions) {
   round.set_forwarded();
   ++counters_.blocks_forwarded;
   const JobEntry& job = jobs_.at(JobKey(std::get<0>(key), std::get<1>(key)));
+  const absl::Time first = RoundFirst(key);
   const absl::Time deadline =
-      RetryDeadline(job.view ? &*job.view : nullptr, round.first_arrival());
+      RetryDeadline(job.view ? &*job.view : nullptr, first);
+  // How long the round has been open here: the shard (or the parent)
+  // times its grace and deadline from the round's start.
+  merged->set_round_age_ms(absl::ToInt64Milliseconds(absl::Now() - first));
   const int shard = std::get<1>(key);
   actions.push_back(
       [this, key, shard, deadline, c = *std::move(merged)]() mutable {
@@ -317,7 +348,7 @@ void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
 void Relay::Release(const BlockKey& key, Actions& actions) {
   auto it = blocks_.find(key);
   if (it == blocks_.end()) return;
-  const absl::Time first = it->second->first_arrival();
+  const absl::Time first = RoundFirst(key);
   std::map<int, HeldContribution> held = it->second->TakeHeld();
   Forget(key);
   const JobEntry& job = jobs_.at(JobKey(std::get<0>(key), std::get<1>(key)));
@@ -325,7 +356,7 @@ void Relay::Release(const BlockKey& key, Actions& actions) {
       RetryDeadline(job.view ? &*job.view : nullptr, first);
   for (auto& [rank, h] : held) {
     PassThrough(std::get<1>(key), std::move(h.contribution),
-                std::move(h.waiters), deadline, actions);
+                std::move(h.waiters), deadline, actions, first);
   }
 }
 
@@ -349,8 +380,12 @@ void Relay::Forget(const BlockKey& key) {
 
 void Relay::PassThrough(int shard, v1::Contribution c,
                         std::vector<AnswerFn> waiters, absl::Time deadline,
-                        Actions& actions) {
+                        Actions& actions, absl::Time started) {
   ++counters_.passed_through;
+  if (started != absl::InfiniteFuture()) {
+    c.set_round_age_ms(std::max<int64_t>(
+        c.round_age_ms(), absl::ToInt64Milliseconds(absl::Now() - started)));
+  }
   actions.push_back([this, shard, deadline, c = std::move(c),
                      waiters = std::move(waiters)]() mutable {
     v1::Contribution key;
@@ -398,7 +433,7 @@ void Relay::Check(const BlockKey& key) {
     const JobKey jk(std::get<0>(key), std::get<1>(key));
     JobEntry& job = jobs_.at(jk);
     const absl::Time now = absl::Now();
-    const absl::Time pass_at = PassAt(*job.view, it->second->first_arrival());
+    const absl::Time pass_at = PassAt(*job.view, RoundFirst(key));
     if (now >= pass_at) {
       Release(key, actions);
     } else {

@@ -66,7 +66,9 @@ class Relay {
   // A block's round: (job, shard, layer, step, phase, backward index).
   using RoundKey = std::tuple<std::string, int, int, int64_t, int, int>;
   struct RoundStart {
-    absl::Time first;     // the round's first arrival at this relay
+    // The round's first arrival at this relay, or earlier: a child relay's
+    // round_age_ms moves it back.
+    absl::Time first;
     int open_blocks = 0;  // its block rounds held
   };
   using Actions = std::vector<std::function<void()>>;
@@ -101,7 +103,18 @@ class Relay {
                          Pending& p, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PassThrough of one contribution with its one waiter.
-  void PassOne(int shard, Pending p, absl::Time deadline, Actions& actions)
+  void PassOne(int shard, Pending p, absl::Time deadline, Actions& actions,
+               absl::Time started = absl::InfiniteFuture())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the round of the block `key` (held) began here: its first
+  // arrival, moved back by what child relays said (Backdate).
+  absl::Time RoundFirst(const BlockKey& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A child relay's contribution `c` to the block `key` (held) says the
+  // round began there round_age_ms before it sent: the round's start here
+  // moves back to that, and its blocks' pass-through times with it.
+  void Backdate(const BlockKey& key, const v1::Contribution& c,
+                const JobView& view, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block's members at the round's step, by position, and the ranks
   // of its positions.
@@ -114,8 +127,11 @@ class Relay {
   void Release(const BlockKey& key, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `c` up for `waiters`; with `started` (the round's start here),
+  // saying how long the round has been open (Contribution.round_age_ms).
   void PassThrough(int shard, v1::Contribution c, std::vector<AnswerFn> waiters,
-                   absl::Time deadline, Actions& actions)
+                   absl::Time deadline, Actions& actions,
+                   absl::Time started = absl::InfiniteFuture())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fetch(const JobKey& jk, JobEntry& job, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

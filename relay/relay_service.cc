@@ -23,14 +23,27 @@ std::string Authorization(const grpc::CallbackServerContext* context) {
   return std::string(it->second.data(), it->second.size());
 }
 
-// A child relay's block needs the `relay` scope besides the job's, as the
-// shard asks (a rank's job token cannot vouch for other ranks).
-absl::Status Authorize(const Authenticator* auth,
-                       const std::string& authorization,
-                       const v1::Contribution& c) {
+// Whether the relay takes `c` from this caller. A child relay's block
+// needs the `relay` scope besides the job's, as the shard asks (a rank's
+// job token cannot vouch for other ranks); a round age from a caller
+// without it is dropped, as the shard drops it (a rank's would close the
+// round early for everyone).
+absl::Status Admit(const Authenticator* auth, const std::string& authorization,
+                   v1::Contribution& c) {
+  if (c.round_age_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round_age_ms ", c.round_age_ms(),
+        " is negative; a relay sets how long the round had been open at it, "
+        "at least 0, and a rank leaves it unset"));
+  }
   if (auth == nullptr) return absl::OkStatus();
-  return c.has_relay() ? auth->AuthorizeRelay(authorization, c.job_id())
-                       : auth->AuthorizeJob(authorization, c.job_id());
+  if (c.has_relay()) return auth->AuthorizeRelay(authorization, c.job_id());
+  absl::Status job = auth->AuthorizeJob(authorization, c.job_id());
+  if (job.ok() && c.round_age_ms() > 0 &&
+      !auth->AuthorizeRelay(authorization, c.job_id()).ok()) {
+    c.clear_round_age_ms();
+  }
+  return job;
 }
 
 // One rank's Reduce stream: each contribution goes to the relay, each
@@ -82,7 +95,7 @@ class ReduceStream final
       hold = pending_ >= kMaxPendingPerStream;
       read_held_ = hold;
     }
-    absl::Status refused = Authorize(auth_, authorization_, c);
+    absl::Status refused = Admit(auth_, authorization_, c);
     // The answer keeps the stream alive: it may come after OnDone.
     std::shared_ptr<ReduceStream> me = self_;
     if (!refused.ok()) {
@@ -217,11 +230,12 @@ class UnaryRound final : public grpc::ServerUnaryReactor {
     auto round = std::shared_ptr<UnaryRound>(new UnaryRound(response));
     round->self_ = round;
     UnaryRound* raw = round.get();
-    absl::Status refused = Authorize(auth, Authorization(context), request);
+    v1::Contribution c = request;
+    absl::Status refused = Admit(auth, Authorization(context), c);
     if (!refused.ok()) {
-      raw->Answer(ErrorAnswer(request, refused));
+      raw->Answer(ErrorAnswer(c, refused));
     } else {
-      relay.Contribute(request, [round](const RoundAnswer& answer) {
+      relay.Contribute(std::move(c), [round](const RoundAnswer& answer) {
         round->Answer(answer);
       });
     }

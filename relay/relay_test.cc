@@ -798,5 +798,114 @@ TEST_F(RelayTest, AChildsBlockNeedsTheRelayScopeAtItsParent) {
   EXPECT_EQ(send(relay_token).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+TEST_F(RelayTest, AHeldRoundsGraceRunsFromWhereItBeganBelow) {
+  // One group of 4 under a parent relay of blocks of 4 (the whole group),
+  // over a child of blocks of 2 that takes ranks 0-2; rank 3 is gone.
+  // Quorum 3 with 1 s of grace. Ranks 0 and 2 send at once, rank 1 after
+  // 500 ms. The child's block {0, 1} goes up at 500 ms saying the round
+  // began 500 ms before; its {2, 3} goes through at the grace less its
+  // margin; the parent's block, incomplete, at the grace less its own,
+  // saying when the round began. So the shard completes the round about
+  // 1 s after the first send, as it would have direct, and not after the
+  // relays' holds, one after another (about 2 s).
+  constexpr int kWorld = 4;
+  RelayOptions top;
+  top.listen = "127.0.0.1:0";
+  top.upstream = aggregator_->address();
+  top.block_positions = 4;
+  top.pass_through_margin = absl::Milliseconds(20);
+  absl::StatusOr<std::unique_ptr<RelayServer>> parent = RelayServer::Start(top);
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  RelayOptions below = top;
+  below.block_positions = 2;
+  below.pass_through_margin = absl::Milliseconds(80);
+  below.parent_relay = AddressOf(**parent);
+  absl::StatusOr<std::unique_ptr<RelayServer>> child =
+      RelayServer::Start(below);
+  ASSERT_TRUE(child.ok()) << child.status();
+  auto child_stub = StubFor(AddressOf(**child));
+  CreateJob("held", kWorld, 0, /*quorum=*/3, /*grace_ms=*/1000);
+  std::mt19937 rng(43);
+  const RoundInput in = ForwardInput("held", kWorld - 1, 0, rng);
+  std::vector<v1::RoundResult> results(kWorld - 1);
+  std::vector<absl::Duration> took(kWorld - 1);
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld - 1; ++r) {
+    threads.emplace_back([&, r] {
+      if (r == 1) absl::SleepFor(start + absl::Milliseconds(500) - absl::Now());
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+      const grpc::Status s =
+          child_stub->ReduceOnce(&context, in.contributions[r], &results[r]);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      took[r] = absl::Now() - start;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld - 1; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_THAT(results[r].missing_ranks(), ElementsAre(3));
+    ref::ExpectClose(Values(results[r].moments().mean()), in.mean[0], 1e-12,
+                     "mean");
+    ref::ExpectClose(Values(results[r].moments().var()), in.var[0], 1e-12,
+                     "var");
+    EXPECT_GE(took[r], absl::Milliseconds(900));
+    EXPECT_LT(took[r], absl::Milliseconds(1500));
+  }
+}
+
+TEST_F(RelayTest, OnlyARelayTokenMayMoveARoundsStartBack) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/relay_age_tokens");
+  const std::string job_token = "token-of-job-aged-0123456789";
+  const std::string relay_token = "token-of-a-relay-0123456789";
+  {
+    std::ofstream out(path);
+    out << job_token << " job:aged\n";
+    out << relay_token << " relay,job:aged\n";
+  }
+  RelayOptions options;
+  options.tokens_file = path;
+  StartRelay(options);
+  CreateJob("aged", 2, 0, 0, 0, /*timeout_ms=*/3000);
+  std::mt19937 rng(44);
+  const auto send = [&](const std::string& token, const v1::Contribution& c) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer " + token);
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::RoundResult out;
+    return relay_stub_->ReduceOnce(&context, c, &out);
+  };
+  for (const std::string& token : {job_token, relay_token}) {
+    SCOPED_TRACE(token);
+    const int64_t step = token == job_token ? 0 : 1;
+    const RoundInput in = ForwardInput("aged", 2, step, rng);
+    v1::Contribution aged = in.contributions[0];
+    aged.set_round_age_ms(3600 * 1000);
+    const absl::Time start = absl::Now();
+    grpc::Status first;
+    std::thread rank0([&] { first = send(token, aged); });
+    absl::SleepFor(absl::Milliseconds(300));
+    const grpc::Status second = send(job_token, in.contributions[1]);
+    rank0.join();
+    if (token == job_token) {
+      // A rank's word is dropped: the round completes with both ranks.
+      EXPECT_TRUE(first.ok()) << first.error_message();
+      EXPECT_TRUE(second.ok()) << second.error_message();
+    } else {
+      // The relay scope's word is kept: the round began a timeout ago.
+      EXPECT_EQ(first.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+          << first.error_message();
+      EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+    }
+  }
+  v1::Contribution negative = ForwardInput("aged", 2, 2, rng).contributions[0];
+  negative.set_round_age_ms(-1);
+  const grpc::Status refused = send(relay_token, negative);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("round_age_ms -1"));
+}
+
 }  // namespace
 }  // namespace syncnorm

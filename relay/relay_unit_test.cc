@@ -179,7 +179,7 @@ std::vector<int> Iota(int first, int n) {
 // [first, first + n) (ranks = positions), from `leaves` by rank.
 v1::Contribution ChildBlock(int first, int n, const std::vector<int>& members,
                             const std::vector<v1::Contribution>& leaves) {
-  BlockRound child(Iota(first, n), members, first, n, absl::Now());
+  BlockRound child(Iota(first, n), members, first, n);
   for (int r : members) {
     v1::Contribution c = leaves[r];
     AnswerFn done = [](const RoundAnswer&) {};
@@ -203,7 +203,7 @@ TEST(BlockRoundTest, ChildBlocksMergeBitForBitAsTheRanksThemselves) {
   std::mt19937 rng(7);
   std::vector<v1::Contribution> leaves;
   for (int r = 0; r < 8; ++r) leaves.push_back(Leaf(r, rng));
-  BlockRound flat(Iota(0, 8), kMembers, 0, 8, absl::Now());
+  BlockRound flat(Iota(0, 8), kMembers, 0, 8);
   for (int r : kMembers)
     ASSERT_EQ(AddTo(flat, leaves[r]), BlockRound::Added::kHeld);
   absl::StatusOr<v1::Contribution> want = flat.Merge();
@@ -216,7 +216,7 @@ TEST(BlockRoundTest, ChildBlocksMergeBitForBitAsTheRanksThemselves) {
                                          ChildBlock(4, 4, {4, 5, 7}, leaves)};
   std::vector<int> order = {0, 1, 2, 3};
   do {
-    BlockRound nested(Iota(0, 8), kMembers, 0, 8, absl::Now());
+    BlockRound nested(Iota(0, 8), kMembers, 0, 8);
     for (int i : order) {
       EXPECT_FALSE(nested.complete());
       ASSERT_EQ(AddTo(nested, parts[i]), BlockRound::Added::kHeld);
@@ -280,7 +280,7 @@ TEST(BlockRoundTest, RefusesAChildBlockThatDoesNotFitAndHoldsNothingOfIt) {
     SCOPED_TRACE(what);
     v1::Contribution c = good;
     mutate(*c.mutable_relay());
-    BlockRound round(Iota(0, 8), kMembers, 0, 8, absl::Now());
+    BlockRound round(Iota(0, 8), kMembers, 0, 8);
     EXPECT_EQ(AddTo(round, c), BlockRound::Added::kRefused);
     // Nothing of it is held: the ranks' own contributions complete it.
     for (int r : kMembers) {
@@ -291,7 +291,7 @@ TEST(BlockRoundTest, RefusesAChildBlockThatDoesNotFitAndHoldsNothingOfIt) {
   // Named by a rank that is not its first member.
   v1::Contribution c = good;
   c.set_rank(5);
-  BlockRound round(Iota(0, 8), kMembers, 0, 8, absl::Now());
+  BlockRound round(Iota(0, 8), kMembers, 0, 8);
   EXPECT_EQ(AddTo(round, c), BlockRound::Added::kRefused);
 }
 
@@ -302,14 +302,14 @@ TEST(BlockRoundTest, ABlockOverlappingWhatIsHeldIsRefusedAResendWaits) {
   const v1::Contribution block = ChildBlock(2, 2, {2, 3}, leaves);
   {
     // Rank 3 sent itself: a block with rank 3 is refused.
-    BlockRound round(Iota(0, 8), kMembers, 0, 8, absl::Now());
+    BlockRound round(Iota(0, 8), kMembers, 0, 8);
     ASSERT_EQ(AddTo(round, leaves[3]), BlockRound::Added::kHeld);
     EXPECT_EQ(AddTo(round, block), BlockRound::Added::kRefused);
   }
   {
     // The block is held: rank 3 itself, or rank 2 itself, is refused; the
     // same block again waits with it; another payload for it is refused.
-    BlockRound round(Iota(0, 8), kMembers, 0, 8, absl::Now());
+    BlockRound round(Iota(0, 8), kMembers, 0, 8);
     ASSERT_EQ(AddTo(round, block), BlockRound::Added::kHeld);
     EXPECT_EQ(AddTo(round, leaves[3]), BlockRound::Added::kRefused);
     EXPECT_EQ(AddTo(round, leaves[2]), BlockRound::Added::kRefused);

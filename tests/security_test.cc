@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -386,6 +387,49 @@ TEST_F(TokensTest, ARelayBlockNeedsTheRelayScope) {
   st = once(kRelayToken, other_job);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   ExpectNoTokenInLog();
+}
+
+// A round's age moves its deadline back: a rank's job token cannot say
+// it (the round waits for the other rank as usual), the relay's can.
+TEST_F(TokensTest, ARoundAgeCountsOnlyFromARelay) {
+  ASSERT_TRUE(With(kAdminToken).CreateJob(Job("a", 2)).ok());
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials()));
+  const auto once = [&](const std::string& token, const v1::Contribution& c,
+                        grpc::Status* status) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    v1::RoundResult result;
+    *status = stub->ReduceOnce(&context, c, &result);
+  };
+  v1::Contribution aged = Forward("a", 1, 0);
+  aged.set_round_age_ms(3600 * 1000);  // past the 2 s timeout
+  // From a rank: ignored, so rank 1 sent 300 ms later completes the round.
+  grpc::Status first;
+  std::thread rank0([&] { once(kJobAToken, aged, &first); });
+  absl::SleepFor(absl::Milliseconds(300));
+  grpc::Status second;
+  once(kJobAToken, Forward("a", 1, 1), &second);
+  rank0.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  EXPECT_TRUE(second.ok()) << second.error_message();
+  // From the relay: the round began a timeout ago, so it is overdue now.
+  aged.set_step(2);
+  const absl::Time start = absl::Now();
+  grpc::Status relayed;
+  once(kRelayToken, aged, &relayed);
+  EXPECT_EQ(relayed.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << relayed.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // A negative age is refused, whoever sends it.
+  aged.set_step(3);
+  aged.set_round_age_ms(-1);
+  grpc::Status negative;
+  once(kRelayToken, aged, &negative);
+  EXPECT_EQ(negative.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(negative.error_message(), "round_age_ms -1"))
+      << negative.error_message();
 }
 
 // Streams without a token in force end at once, UNAUTHENTICATED, before

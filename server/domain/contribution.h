@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "kernels/moments.h"
 #include "kernels/round_update.h"
 
@@ -58,6 +59,10 @@ struct Contribution {
   // first merged rank, `payload` and `update` the block's merge and the
   // update each of its ranks sent.
   std::optional<RelayBlock> block;
+  // Set when a relay sent this: how long before it sent, the round had
+  // begun at the relay (Contribution.round_age_ms). The round's grace and
+  // deadline run from its earliest start. At least zero.
+  absl::Duration round_age = absl::ZeroDuration();
 };
 
 // Causes of a failed round a client may act on; values match the wire's

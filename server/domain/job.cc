@@ -126,6 +126,12 @@ absl::Status Job::Validate(const Contribution& c) const {
         " contribution: a BACKWARD names which backward through its step's "
         "forward it is, from 0; a FORWARD leaves it 0"));
   }
+  if (c.round_age < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round_age_ms ", absl::ToInt64Milliseconds(c.round_age),
+        " is negative; a relay sets how long the round had been open at it, "
+        "at least 0, and a rank leaves it unset"));
+  }
   if (c.backward != 0 && spec_.staleness > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "backward_index ", c.backward, ": job '", BoundedText(spec_.job_id),

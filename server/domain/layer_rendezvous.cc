@@ -397,6 +397,11 @@ void LayerRendezvous::AddToRound(const RoundKey& key, Round& round,
     out.push_back(Failure(std::move(done), Conflict(c)));
     return;
   }
+  if (c.round_age > absl::ZeroDuration()) {
+    // A relay held the round this long: it began then, as its ranks see
+    // it. Never more than a timeout back.
+    round.Backdate(now - std::min(c.round_age, spec_.round_timeout));
+  }
   if (added == Round::AddResult::kAdded &&
       (round.complete() || QuorumReached(round, now))) {
     Complete(key, round, now, out, applied);
@@ -407,7 +412,7 @@ bool LayerRendezvous::QuorumReached(const Round& round, absl::Time now) const {
   const QuorumPolicy& q = spec_.quorum;
   return q.enabled() &&
          round.received() >= std::min(q.min_ranks, round.members()) &&
-         now >= round.first_arrival() + q.grace;
+         now >= round.started() + q.grace;
 }
 
 void LayerRendezvous::Report(const RoundKey& key, const Round& round,
@@ -419,7 +424,7 @@ void LayerRendezvous::Report(const RoundKey& key, const Round& round,
   r.layer = layer_;
   r.step = std::get<1>(key);
   r.phase = std::get<2>(key);
-  r.latency = now - round.first_arrival();
+  r.latency = now - round.started();
   r.status = outcome.status;
   r.contributors = round.PresentRanks();
   r.missing_ranks = round.MissingRanks();
@@ -688,7 +693,8 @@ bool LayerRendezvous::Expire(absl::Time now, Deliveries& out) {
     for (const auto& [key, round] : rounds_) {
       if (QuorumReached(round, now)) {
         quorate.push_back(key);
-      } else if (round.deadline() <= now) {
+      } else if (std::min(round.deadline(),
+                          round.started() + spec_.round_timeout) <= now) {
         overdue.push_back(key);
       }
     }

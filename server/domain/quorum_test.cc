@@ -201,6 +201,63 @@ TEST_F(QuorumTest, ZeroGraceCompletesOnTheArrivalThatMakesTheQuorum) {
   EXPECT_THAT(out.get(0).missing_ranks, ElementsAre(0));
 }
 
+TEST_F(QuorumTest, ARelaysRoundAgeMovesTheGraceAndTheDeadlineBack) {
+  // Quorum 2 of 3, 1 s of grace, a 5 s timeout. A relay's contribution
+  // says its round began 700 ms before it sent: the grace ends 300 ms
+  // after it arrived, not 1 s.
+  ASSERT_TRUE(
+      agg_.CreateJob(QuorumSpec("aged", 3, 0, 2, absl::Seconds(1))).ok());
+  OutcomeRecorder out(2);
+  Contribution relayed = Forward("aged", 0, 0, 1.0);
+  relayed.round_age = absl::Milliseconds(700);
+  agg_.Contribute(std::move(relayed), out.Slot(0));
+  agg_.Contribute(Forward("aged", 0, 1, 2.0), out.Slot(1));
+  clock_.Advance(absl::Milliseconds(299));
+  agg_.ExpireRounds(clock_.Now());
+  EXPECT_EQ(out.calls(0), 0);
+  clock_.Advance(absl::Milliseconds(1));
+  agg_.ExpireRounds(clock_.Now());
+  ASSERT_EQ(out.calls(0), 1);
+  EXPECT_TRUE(out.get(0).status.ok()) << out.get(0).status;
+  EXPECT_THAT(out.get(0).missing_ranks, ElementsAre(2));
+  // The round's latency counts from where it began.
+  ASSERT_EQ(observer_.completed().size(), 1u);
+  EXPECT_EQ(observer_.completed()[0].latency, absl::Milliseconds(1000));
+
+  // Without a quorum: an age of 4.5 s leaves 500 ms of the 5 s timeout;
+  // an age past the timeout counts as the timeout.
+  OutcomeRecorder late(2);
+  Contribution old = Forward("aged", 1, 0, 1.0);
+  old.round_age = absl::Milliseconds(4500);
+  agg_.Contribute(std::move(old), late.Slot(0));
+  clock_.Advance(absl::Milliseconds(499));
+  agg_.ExpireRounds(clock_.Now());
+  EXPECT_EQ(late.calls(0), 0);
+  clock_.Advance(absl::Milliseconds(1));
+  agg_.ExpireRounds(clock_.Now());
+  ASSERT_EQ(late.calls(0), 1);
+  EXPECT_EQ(late.get(0).status.code(), absl::StatusCode::kDeadlineExceeded);
+  Contribution older = Forward("aged", 2, 0, 1.0);
+  older.round_age = absl::Hours(1);
+  agg_.Contribute(std::move(older), late.Slot(1));
+  EXPECT_EQ(late.calls(1), 0);  // the timeout back: its deadline is now
+  agg_.ExpireRounds(clock_.Now());
+  ASSERT_EQ(late.calls(1), 1);
+  EXPECT_EQ(late.get(1).status.code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(QuorumTest, ANegativeRoundAgeIsRefused) {
+  ASSERT_TRUE(
+      agg_.CreateJob(QuorumSpec("neg", 2, 0, 0, absl::ZeroDuration())).ok());
+  OutcomeRecorder out(1);
+  Contribution c = Forward("neg", 0, 0, 1.0);
+  c.round_age = absl::Milliseconds(-5);
+  agg_.Contribute(std::move(c), out.Slot(0));
+  ASSERT_EQ(out.calls(0), 1);
+  EXPECT_EQ(out.get(0).status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.get(0).status.message(), HasSubstr("round_age_ms -5"));
+}
+
 TEST_F(QuorumTest, QuorumAndItsResultSurviveARestart) {
   const JobSpec spec = QuorumSpec("durable", 3, 0, 2, absl::Milliseconds(200));
   ASSERT_TRUE(agg_.CreateJob(spec).ok());

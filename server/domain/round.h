@@ -5,6 +5,7 @@
 #ifndef SYNCNORM_SERVER_DOMAIN_ROUND_H_
 #define SYNCNORM_SERVER_DOMAIN_ROUND_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -102,6 +103,12 @@ class Round {
   absl::Time deadline() const { return deadline_; }
   // When the first payload arrived; InfiniteFuture before any.
   absl::Time first_arrival() const { return first_arrival_; }
+  // When the round began: its first arrival, or earlier when a relay said
+  // it had begun there earlier (Backdate). The quorum's grace and the
+  // deadline run from it.
+  absl::Time started() const { return std::min(first_arrival_, started_); }
+  // A relay's contribution said the round had begun at `start`.
+  void Backdate(absl::Time start) { started_ = std::min(started_, start); }
 
   // Global ranks (members or excused) that have not contributed,
   // ascending.
@@ -184,6 +191,7 @@ class Round {
   MergeTree tree_;  // the payloads, merged as they arrive
   std::vector<std::optional<uint64_t>> fingerprints_;  // of payload and update
   absl::Time first_arrival_ = absl::InfiniteFuture();
+  absl::Time started_ = absl::InfiniteFuture();  // Backdate's earliest
   size_t received_ = 0;
   size_t awaited_ = 0;  // members without a payload
   int members_ = 0;     // members and excused ranks

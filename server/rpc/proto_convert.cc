@@ -149,6 +149,7 @@ Contribution ContributionFromProto(v1::Contribution&& proto) {
   c.phase = static_cast<Phase>(proto.phase());
   c.rank = proto.rank();
   c.backward = proto.backward_index();
+  c.round_age = absl::Milliseconds(proto.round_age_ms());
   c.update = RoundUpdateFromProto(proto);
   if (proto.has_moments()) {
     c.payload = FromProto(proto.moments());

@@ -10,14 +10,10 @@
 namespace syncnorm {
 
 ReduceOnceReactor::ReduceOnceReactor(UnaryFinisher* call,
-                                     Aggregator* aggregator,
-                                     v1::Contribution request,
-                                     std::optional<RelayBlock> block,
+                                     Aggregator* aggregator, Contribution c,
                                      v1::RoundResult* response,
                                      std::shared_ptr<WaitingCalls> waiting)
     : WaitingCallReactor(call, std::move(waiting)), response_(response) {
-  Contribution c = ContributionFromProto(std::move(request));
-  c.block = std::move(block);
   Contribution key;
   key.job_id = c.job_id;
   key.layer = c.layer;

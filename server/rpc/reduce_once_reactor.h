@@ -22,11 +22,10 @@ class ReduceOnceReactor final : public WaitingCallReactor {
  public:
   // Starts the contribution. `call` finishes it; `response` is the call's
   // and valid until Finish; `aggregator` must outlive the callback.
-  // `block`: the request's relay block, read and authorized
-  // (RelayBlockFromProto). `waiting` (null: not counted) was entered for this
-  // call.
-  ReduceOnceReactor(UnaryFinisher* call, Aggregator* aggregator,
-                    v1::Contribution request, std::optional<RelayBlock> block,
+  // `c`: the request, its relay block read and authorized
+  // (RelayBlockFromProto), its round_age cleared unless the caller may set
+  // it. `waiting` (null: not counted) was entered for this call.
+  ReduceOnceReactor(UnaryFinisher* call, Aggregator* aggregator, Contribution c,
                     v1::RoundResult* response,
                     std::shared_ptr<WaitingCalls> waiting = nullptr);
 

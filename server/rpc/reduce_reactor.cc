@@ -163,6 +163,13 @@ void ReduceReactor::OnReadDone(bool ok) {
     refused = c.block.has_value()
                   ? auth_->AuthorizeRelay(authorization_, c.job_id)
                   : auth_->AuthorizeJob(authorization_, c.job_id);
+    // Only a relay's word moves the round's start back (a rank's would
+    // close others' rounds early).
+    if (refused.ok() && c.round_age > absl::ZeroDuration() &&
+        !c.block.has_value() &&
+        !auth_->AuthorizeRelay(authorization_, c.job_id).ok()) {
+      c.round_age = absl::ZeroDuration();
+    }
   }
   if (!refused.ok()) {
     RoundOutcome outcome;

@@ -255,8 +255,17 @@ void AggregatorService::StartReduceOnce(
     call->Finish(ToGrpcStatus(denied));
     return;
   }
-  new ReduceOnceReactor(call, aggregator_, request, std::move(block),
-                        call->response(), waiting_);  // deletes itself
+  Contribution c = ContributionFromProto(v1::Contribution(request));
+  c.block = std::move(block);
+  // Only a relay's word moves the round's start back (a rank's would close
+  // others' rounds early).
+  if (c.round_age > absl::ZeroDuration() && auth_ != nullptr &&
+      !c.block.has_value() &&
+      !auth_->AuthorizeRelay(AuthorizationOf(call->context()), c.job_id).ok()) {
+    c.round_age = absl::ZeroDuration();
+  }
+  new ReduceOnceReactor(call, aggregator_, std::move(c), call->response(),
+                        waiting_);  // deletes itself
 }
 
 absl::Status AggregatorService::ServeGetRunningStats(
