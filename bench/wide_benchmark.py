@@ -18,7 +18,10 @@ servers are started fresh and measured over the same measured rounds:
 With --relays R, each configuration also runs through R relays
 (relay/syncnorm_relay, blocks of --relay_block positions) in front of a
 fresh syncnorm server: its rows ("relayed") carry the shard's CPU and the
-relays' CPU, each per rank's contribution.
+relays' CPU, each per rank's contribution. With --relay_parents B2,B3,...
+the relays form a tree: above the R relays, one relay of blocks of B2
+positions takes their blocks (--parent_relay), one of B3 above it, and
+so on; the top one sends to the shard.
 Every answer is checked against the client's own float64 merge; any error
 fails the run. Rows go to --json as JSON lines (one per server and
 configuration) for the capacity model.
@@ -51,7 +54,8 @@ KEYS = ["server", "W", "L", "C", "mode", "rounds", "contributions", "seconds",
 # A relayed row's: its relays, their block and their CPU (all of them) per
 # rank's contribution. server_cpu_us_per_contribution stays the shard's,
 # per rank's contribution too.
-RELAY_KEYS = ["relays", "relay_block", "relay_cpu_us_per_contribution"]
+RELAY_KEYS = ["relays", "relay_block", "relay_parents",
+              "relay_cpu_us_per_contribution"]
 
 # Contributions measured per configuration unless --rounds says otherwise.
 TARGET_CONTRIBUTIONS = 16384
@@ -103,16 +107,17 @@ def expect(client, line):
             return True
 
 
-def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8)):
+def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
     """One configuration against a fresh server of `kind` (syncnorm, floor,
     or relayed: syncnorm behind relays[0] relays of blocks of relays[1]
-    positions): the JSON row, or None (the reason printed) when the client
+    positions, under one relay each of the blocks in relays[2], bottom
+    up): the JSON row, or None (the reason printed) when the client
     failed."""
     name = "%s-%d-%d-%d-%s" % (kind, w, layers, c, mode)
     server = start_server("syncnorm" if kind == "relayed" else kind, tmp, name)
     pid = server.proc.pid
     err_log = os.path.join(tmp, name + ".client.log")
-    relay_procs = []
+    relay_procs, parent_procs = [], []
     try:
         if kind == "relayed":
             # Each relay serves whole blocks (a block split between relays
@@ -122,11 +127,26 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8)):
             n = 1
             while n * 2 <= min(relays[0], w // relays[1]):
                 n *= 2
+            # The tree's upper levels, top first: each level's margin one
+            # hop (20 ms) above the level over it (docs/relay.md).
+            parent = []
+            levels = len(relays[2])
+            for level, block in enumerate(reversed(relays[2])):
+                parent_procs.append(common.Server(
+                    "relay/syncnorm_relay", tmp,
+                    "%s-parent%d" % (name, block),
+                    ["--upstream=" + server.address,
+                     "--block_positions=%d" % block,
+                     "--pass_through_margin_ms=%d" % (20 * (level + 1))]
+                    + parent, data_dir=False))
+                parent = ["--parent_relay=" + parent_procs[-1].address]
             relay_procs = [
                 common.Server("relay/syncnorm_relay", tmp,
                               "%s-relay%d" % (name, i),
                               ["--upstream=" + server.address,
-                               "--block_positions=%d" % relays[1]],
+                               "--block_positions=%d" % relays[1],
+                               "--pass_through_margin_ms=%d"
+                               % (20 * (levels + 1))] + parent,
                               data_dir=False)
                 for i in range(n)]
         base_rss = rss_bytes(pid)
@@ -146,7 +166,8 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8)):
                 break
             marks.append(proc_stat(pid) + proc_stat(client.pid)[:1]
                          + (rss_bytes(pid),
-                            sum(proc_stat(r.proc.pid)[0] for r in relay_procs)))
+                            sum(proc_stat(r.proc.pid)[0]
+                                for r in relay_procs + parent_procs)))
             client.stdin.write("\n")
             client.stdin.flush()
         try:
@@ -164,7 +185,7 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8)):
                 open(err_log).read()[-2000:]), file=sys.stderr)
             return None
     finally:
-        for r in relay_procs:
+        for r in relay_procs + parent_procs:
             r.stop()
         server.stop()
         shutil.rmtree(os.path.join(tmp, name + "-data"), ignore_errors=True)
@@ -180,6 +201,8 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8)):
         "minor_faults_per_contribution": (flt1 - flt0) / n,
         "relays": len(relay_procs),
         "relay_block": relays[1] if relay_procs else 0,
+        "relay_parents": ",".join(str(b) for b in relays[2])
+                         if relay_procs else "",
         "relay_cpu_us_per_contribution": (rcpu1 - rcpu0) / n * 1e6,
     })
     return {k: row[k] for k in KEYS + RELAY_KEYS}
@@ -239,8 +262,10 @@ def print_relayed(rows, configs):
         if r is None or s is None:
             continue
         w, layers, c, mode = cfg
-        out.append([w, layers, c, mode, "%d x %d" % (r["relays"],
-                                                     r["relay_block"]),
+        tree = "%d x %d" % (r["relays"], r["relay_block"])
+        for block in filter(None, r.get("relay_parents", "").split(",")):
+            tree += " < 1 x %s" % block
+        out.append([w, layers, c, mode, tree,
                     ms_pair(r, "round"), ms_pair(s, "round"),
                     "%.2fx" % (r["round_p50_ms"] / s["round_p50_ms"]),
                     "%.1f / %.1f" % (r["server_cpu_us_per_contribution"],
@@ -252,7 +277,7 @@ def print_relayed(rows, configs):
         return
     print("\n### Through relays against direct (same run; the relays, the "
           "shard and the client share the machine's cores)\n")
-    common.table(["W", "L", "C", "mode", "relays x block",
+    common.table(["W", "L", "C", "mode", "relays x block (< parents)",
                   "round, relayed (ms p50 / p99)", "round, direct",
                   "round p50 relayed vs direct",
                   "shard CPU us / rank's contribution, relayed / direct",
@@ -346,6 +371,10 @@ def main():
                    "contiguous run of W / relays ranks")
     p.add_argument("--relay_block", type=int, default=8,
                    help="the relays' --block_positions")
+    p.add_argument("--relay_parents", default="",
+                   help="a tree: block sizes of one relay per upper level, "
+                   "bottom up (each larger than the level's below, and a "
+                   "power of two), e.g. 64,4096")
     p.add_argument("--rounds", type=int, default=0,
                    help="measured rounds per configuration (rounded up to a "
                    "multiple of L); 0: %d contributions' worth, at least L"
@@ -359,6 +388,7 @@ def main():
     if a.smoke:
         a.worlds, a.layers, a.channels, a.rounds = "8,64", "1", "256", 20
         a.relays = max(a.relays, 2)
+        a.relay_parents = a.relay_parents or "16"
     worlds, layer_list = parse_ints(a.worlds), parse_ints(a.layers)
     channel_list, modes = parse_ints(a.channels), a.modes.split(",")
     # The client and the server each hold a socket per rank.
@@ -385,7 +415,8 @@ def main():
                     for kind in order:
                         row = run_one(kind, w, layers, c, mode, rounds, tmp,
                                       len(configs),
-                                      (a.relays, a.relay_block))
+                                      (a.relays, a.relay_block,
+                                       tuple(parse_ints(a.relay_parents))))
                         if row is None:
                             failed.append(cfg + (kind,))
                             continue
