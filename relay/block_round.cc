@@ -55,6 +55,11 @@ BlockRound::BlockRound(std::vector<int> position_ranks,
       first_position_(first_position),
       positions_(positions),
       position_held_(position_ranks_.size(), false) {
+  by_rank_.reserve(position_ranks_.size());
+  for (size_t i = 0; i < position_ranks_.size(); ++i) {
+    by_rank_.emplace_back(position_ranks_[i], static_cast<int>(i));
+  }
+  std::sort(by_rank_.begin(), by_rank_.end());
   // Both by position: one pass.
   position_member_.resize(position_ranks_.size(), false);
   size_t m = 0;
@@ -131,12 +136,12 @@ BlockRound::Added BlockRound::Add(v1::Contribution& c, AnswerFn& done) {
   if (c.has_relay()) {
     if (!BlockFits(c, first, end)) return Added::kRefused;
   } else {
-    first = static_cast<int>(
-        std::find(position_ranks_.begin(), position_ranks_.end(), c.rank()) -
-        position_ranks_.begin());
+    auto at = std::lower_bound(by_rank_.begin(), by_rank_.end(),
+                               std::make_pair(c.rank(), 0));
+    if (at == by_rank_.end() || at->first != c.rank()) return Added::kRefused;
+    first = at->second;
     end = first + 1;
-    if (first == static_cast<int>(position_ranks_.size()) ||
-        !position_member_[first] || position_held_[first]) {
+    if (!position_member_[first] || position_held_[first]) {
       return Added::kRefused;
     }
   }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -75,6 +76,8 @@ class BlockRound {
   const std::vector<int> members_;
   // By position from first_position: whether its rank is a member.
   std::vector<bool> position_member_;
+  // (rank, position) ascending: a rank's position in O(log B).
+  std::vector<std::pair<int, int>> by_rank_;
   const int first_position_;
   const int positions_;
   // Whether a child relay's block fits (see Add); its first position
