@@ -1,0 +1,71 @@
+#include "client/relay_fallback.h"
+
+#include <utility>
+
+#include "client/contributor.h"
+#include "client/shard_router.h"
+
+namespace syncnorm {
+namespace {
+
+// The window of `step`, rounded down also for a negative step (which the
+// shard refuses, but must not make two windows out of one).
+int64_t WindowOf(int64_t step) {
+  const int64_t n = RelayFallback::kStepsPerWindow;
+  return step >= 0 ? step / n : -((-step + n - 1) / n);
+}
+
+}  // namespace
+
+RelayFallback::RelayFallback(std::shared_ptr<grpc::Channel> relay,
+                             std::vector<std::shared_ptr<grpc::Channel>> shards,
+                             std::string job_id, int rank,
+                             const ClientOptions& options,
+                             const ClientClock* clock)
+    : relay_(std::move(relay)),
+      shards_(std::move(shards)),
+      job_id_(std::move(job_id)),
+      rank_(rank),
+      options_(options),
+      clock_(clock),
+      contributors_(shards_.size()) {}
+
+RelayFallback::~RelayFallback() = default;
+
+bool RelayFallback::OnShards(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (!on_shards_) return false;
+  // Keeps the channel connecting, so that it is READY by the next window
+  // once the relay is back (an idle channel would not try by itself).
+  const bool ready =
+      relay_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
+  const int64_t window = WindowOf(step);
+  if (window == window_) return true;
+  window_ = window;
+  on_shards_ = !ready;
+  return on_shards_;
+}
+
+void RelayFallback::RelayUnreachable(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  on_shards_ = true;
+  window_ = WindowOf(step);
+}
+
+Contributor& RelayFallback::For(int layer) {
+  const int shard = ShardOf(job_id_, layer, static_cast<int>(shards_.size()));
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Contributor>& c = contributors_[shard];
+  if (c == nullptr) {
+    c = std::make_unique<Contributor>(shards_[shard], job_id_, rank_, options_,
+                                      clock_);
+  }
+  return *c;
+}
+
+absl::StatusOr<v1::RoundResult> RelayFallback::Round(const v1::Contribution& c,
+                                                     absl::Time deadline) {
+  return For(c.layer()).RoundUntil(c, deadline);
+}
+
+}  // namespace syncnorm
