@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "client/contributor.h"
 #include "client/shard_router.h"
 
@@ -30,13 +31,45 @@ RelayFallback::RelayFallback(std::shared_ptr<grpc::Channel> relay,
       clock_(clock),
       contributors_(shards_.size()) {}
 
-RelayFallback::~RelayFallback() = default;
+RelayFallback::~RelayFallback() {
+  std::thread prober;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    prober = std::move(prober_);
+  }
+  if (prober.joinable()) prober.join();
+}
+
+void RelayFallback::Probe() {
+  // Waits in short slices, so that the destructor need not wait long.
+  constexpr absl::Duration kSlice = absl::Milliseconds(100);
+  absl::MutexLock lock(&mu_);
+  auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || on_shards_;
+  };
+  while (!stopping_) {
+    mu_.Await(absl::Condition(&wanted));
+    if (stopping_) break;
+    mu_.Unlock();
+    const grpc_connectivity_state state =
+        relay_->GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_READY) {
+      absl::SleepFor(kSlice);
+    } else {
+      relay_->WaitForStateChange(state,
+                                 absl::ToChronoTime(absl::Now() + kSlice));
+    }
+    mu_.Lock();
+  }
+}
 
 bool RelayFallback::OnShards(int64_t step) {
   absl::MutexLock lock(&mu_);
   if (!on_shards_) return false;
-  // Keeps the channel connecting, so that it is READY by the next window
-  // once the relay is back (an idle channel would not try by itself).
+  // The prober keeps the channel connecting (an idle channel would not try
+  // by itself), so that it is READY by the next window once the relay is
+  // back.
   const bool ready =
       relay_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
   const int64_t window = WindowOf(step);
@@ -50,6 +83,7 @@ void RelayFallback::RelayUnreachable(int64_t step) {
   absl::MutexLock lock(&mu_);
   on_shards_ = true;
   window_ = WindowOf(step);
+  if (!prober_.joinable()) prober_ = std::thread([this] { Probe(); });
 }
 
 Contributor& RelayFallback::For(int layer) {

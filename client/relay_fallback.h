@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -31,7 +32,9 @@ class Contributor;
 // Once fallen back, the rank stays on the shards until a step of a later
 // window of kStepsPerWindow steps finds the relay's channel READY: the
 // ranks of a block, which lose their relay in the same round, then return
-// in the same step, and the relay's block is complete again.
+// in the same step, and the relay's block is complete again. Meanwhile a
+// thread of its own waits on the relay's channel, so that its connection
+// attempts are polled and READY is seen as soon as the relay is back.
 //
 // Thread-safe.
 class RelayFallback {
@@ -71,6 +74,9 @@ class RelayFallback {
  private:
   // The contributor of the shard that holds `layer`.
   Contributor& For(int layer) ABSL_LOCKS_EXCLUDED(mu_);
+  // The prober's loop: while the rank is on the shards, waits for the
+  // relay's channel to connect.
+  void Probe() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const std::shared_ptr<grpc::Channel> relay_;
@@ -84,8 +90,10 @@ class RelayFallback {
   bool on_shards_ ABSL_GUARDED_BY(mu_) = false;
   // The window of the step at which the relay was last looked at.
   int64_t window_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // One per shard, null until first used; never replaced once made.
   std::vector<std::unique_ptr<Contributor>> contributors_ ABSL_GUARDED_BY(mu_);
+  std::thread prober_ ABSL_GUARDED_BY(mu_);  // started at the first fallback
 };
 
 }  // namespace syncnorm
