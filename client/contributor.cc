@@ -223,20 +223,29 @@ void Contributor::ReturnMessage(std::unique_ptr<v1::Contribution> m) {
 absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
   const absl::Time deadline = clock_->Now() + options_.round_timeout;
   if (fallback_ == nullptr) return RoundUntil(c, deadline);
-  if (fallback_->OnShards(c.step())) return fallback_->Round(c, deadline);
+  const RelayFallback::Route route = fallback_->RouteOf(c.step());
+  if (route == RelayFallback::Route::kShards) {
+    return fallback_->Round(c, deadline);
+  }
+  const absl::Time answer_by =
+      route == RelayFallback::Route::kProbation
+          ? std::min(deadline, clock_->Now() + options_.connect_timeout)
+          : deadline;
   bool unreachable = false;
-  absl::StatusOr<v1::RoundResult> r =
-      RoundOnStream(c, deadline, options_.connect_timeout, &unreachable);
+  absl::StatusOr<v1::RoundResult> r = RoundOnStream(
+      c, answer_by, deadline, options_.connect_timeout, &unreachable);
   if (!unreachable) return r;
-  // The relay may have forwarded the round before it went: the shard
-  // answers the resend as a retry (its fingerprint matches).
+  // The relay may have forwarded the round before it went (or may still
+  // forward it): the shard answers whichever copy comes second as a retry
+  // (its fingerprint matches).
   fallback_->RelayUnreachable(c.step());
   return fallback_->Round(c, deadline);
 }
 
 absl::StatusOr<v1::RoundResult> Contributor::RoundUntil(
     const v1::Contribution& c, absl::Time deadline) {
-  return RoundOnStream(c, deadline, absl::InfiniteDuration(), nullptr);
+  return RoundOnStream(c, deadline, deadline, absl::InfiniteDuration(),
+                       nullptr);
 }
 
 bool Contributor::Unreachable(absl::Duration bound, absl::Time deadline) const {
@@ -249,7 +258,7 @@ bool Contributor::Unreachable(absl::Duration bound, absl::Time deadline) const {
 }
 
 absl::StatusOr<v1::RoundResult> Contributor::RoundOnStream(
-    const v1::Contribution& c, absl::Time deadline,
+    const v1::Contribution& c, absl::Time deadline, absl::Time round_deadline,
     absl::Duration unreachable_after, bool* unreachable) {
   const Key key(c.layer(), c.step(), c.phase(), BackwardIndexOf(c));
   Slot slot;
@@ -319,6 +328,13 @@ absl::StatusOr<v1::RoundResult> Contributor::RoundOnStream(
   }
   if (done) return RoundResultStatus(std::move(slot.result));
   if (!last.ok() && !Retryable(last)) return last;
+  if (unreachable != nullptr && deadline < round_deadline) {
+    // On probation: the relay held the round past its answer time.
+    *unreachable = true;
+    return absl::UnavailableError(absl::StrCat(
+        "no answer within ", absl::FormatDuration(unreachable_after),
+        " for round ", Describe(c), " on probation"));
+  }
   return absl::DeadlineExceededError(absl::StrCat(
       "no result for round ", Describe(c), " within the client's ",
       absl::FormatDuration(options_.round_timeout), " round timeout",

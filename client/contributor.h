@@ -47,7 +47,9 @@ namespace syncnorm {
 // A relay's contributor (the channel reaches a relay) may have a fallback:
 // a round whose stream broke, with no connection to the relay again within
 // ClientOptions::connect_timeout, goes on to the fallback, and so do the
-// later rounds while RelayFallback::OnShards says so. Errors that are the
+// later rounds while RelayFallback::RouteOf says so (and a round on
+// probation that the relay does not answer within connect_timeout; see
+// RelayFallback). Errors that are the
 // round's own answer (in-band, or a stream the server ended with a status
 // other than UNAVAILABLE, CANCELLED, UNKNOWN or INTERNAL) are returned.
 //
@@ -102,11 +104,14 @@ class Contributor {
     v1::RoundResult result;
   };
 
-  // RoundUntil, which gives up when the stream broke and the channel is
-  // not READY again within `unreachable_after` (InfiniteDuration: never):
-  // then sets *unreachable and returns UNAVAILABLE.
+  // RoundUntil(c, deadline) for a round that must end by `round_deadline`
+  // (at or after `deadline`). With `unreachable` (may be null), it also
+  // gives up when the stream broke and the channel is not READY again
+  // within `unreachable_after`, or when `deadline` passes before
+  // `round_deadline` without an answer: then sets *unreachable and returns
+  // UNAVAILABLE.
   absl::StatusOr<v1::RoundResult> RoundOnStream(
-      const v1::Contribution& c, absl::Time deadline,
+      const v1::Contribution& c, absl::Time deadline, absl::Time round_deadline,
       absl::Duration unreachable_after, bool* unreachable)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Waits at most `bound` (and not past `deadline`) for the channel to be

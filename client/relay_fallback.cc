@@ -46,7 +46,7 @@ void RelayFallback::Probe() {
   constexpr absl::Duration kSlice = absl::Milliseconds(100);
   absl::MutexLock lock(&mu_);
   auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || on_shards_;
+    return stopping_ || route_ == Route::kShards;
   };
   while (!stopping_) {
     mu_.Await(absl::Condition(&wanted));
@@ -64,24 +64,26 @@ void RelayFallback::Probe() {
   }
 }
 
-bool RelayFallback::OnShards(int64_t step) {
+RelayFallback::Route RelayFallback::RouteOf(int64_t step) {
   absl::MutexLock lock(&mu_);
-  if (!on_shards_) return false;
-  // The prober keeps the channel connecting (an idle channel would not try
-  // by itself), so that it is READY by the next window once the relay is
-  // back.
-  const bool ready =
-      relay_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
+  if (route_ == Route::kRelay) return route_;
   const int64_t window = WindowOf(step);
-  if (window == window_) return true;
+  if (window == window_) return route_;
   window_ = window;
-  on_shards_ = !ready;
-  return on_shards_;
+  if (route_ == Route::kProbation) {
+    route_ = Route::kRelay;
+  } else if (relay_->GetState(/*try_to_connect=*/true) ==
+             GRPC_CHANNEL_READY) {
+    // The prober keeps the channel connecting (an idle channel would not
+    // try by itself), so it is READY here once the relay is back.
+    route_ = Route::kProbation;
+  }
+  return route_;
 }
 
 void RelayFallback::RelayUnreachable(int64_t step) {
   absl::MutexLock lock(&mu_);
-  on_shards_ = true;
+  route_ = Route::kShards;
   window_ = WindowOf(step);
   if (!prober_.joinable()) prober_ = std::thread([this] { Probe(); });
 }

@@ -32,7 +32,13 @@ class Contributor;
 // Once fallen back, the rank stays on the shards until a step of a later
 // window of kStepsPerWindow steps finds the relay's channel READY: the
 // ranks of a block, which lose their relay in the same round, then return
-// in the same step, and the relay's block is complete again. Meanwhile a
+// in the same step, and the relay's block is complete again. A rank that
+// returns a window before the rest of its block (its channel was READY
+// sooner) would wait in the relay's incomplete block until the
+// pass-through margin, round after round: so in the window it returns in,
+// a round the relay does not answer within connect_timeout goes to the
+// shard too (exact: the shard answers whichever copy comes second as a
+// retry), and the rank waits on the shards for the next window. Meanwhile a
 // thread of its own waits on the relay's channel, so that its connection
 // attempts are polled and READY is seen as soon as the relay is back.
 //
@@ -55,14 +61,21 @@ class RelayFallback {
   RelayFallback(const RelayFallback&) = delete;
   RelayFallback& operator=(const RelayFallback&) = delete;
 
-  // Whether the round of `step` goes to the shards: true after a fallback
-  // until the first round of a new window finds the relay READY (then
-  // false, and the rank is back on the relay). Asks the relay's channel to
-  // connect meanwhile.
-  bool OnShards(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where a round goes.
+  enum class Route {
+    kRelay,      // the relay, as long as it is reachable
+    kShards,     // the layer's shard
+    kProbation,  // the relay, which must answer within connect_timeout
+  };
 
-  // Records that the relay could not take a round of `step`: the rounds go
-  // to the shards from now on, as OnShards says.
+  // The route of a round of `step`: kShards after a fallback, until the
+  // first round of a new window finds the relay READY; the rounds of that
+  // window then are on probation, and those of later windows kRelay.
+  Route RouteOf(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Records that the relay could not take a round of `step` (unreachable,
+  // or no answer on probation): the rounds go to the shards from now on,
+  // as RouteOf says.
   void RelayUnreachable(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sends `c` to the shard of its layer and returns its result, or its
@@ -87,8 +100,8 @@ class RelayFallback {
   const ClientClock* const clock_;
 
   absl::Mutex mu_;
-  bool on_shards_ ABSL_GUARDED_BY(mu_) = false;
-  // The window of the step at which the relay was last looked at.
+  Route route_ ABSL_GUARDED_BY(mu_) = Route::kRelay;
+  // The window of the step at which the route last changed.
   int64_t window_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // One per shard, null until first used; never replaced once made.

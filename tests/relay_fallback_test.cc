@@ -27,6 +27,7 @@
 #include "tests/testing/cluster.h"
 #include "tests/testing/scrape.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tcp_proxy.h"
 
 namespace syncnorm {
 namespace {
@@ -199,6 +200,21 @@ std::vector<ForwardReply> Direct(Client& client, const std::string& job,
   return out;
 }
 
+// One round of every rank of `groups`, each from its own thread.
+std::vector<absl::StatusOr<ForwardReply>> Step(
+    const std::vector<std::unique_ptr<NodeGroup>>& groups, int64_t step,
+    const RoundInput& in) {
+  std::vector<absl::StatusOr<ForwardReply>> replies(groups.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < groups.size(); ++r) {
+    threads.emplace_back([&, r] {
+      replies[r] = groups[r]->SyncForward(0, step, in.local[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return replies;
+}
+
 // Every rank's answer equals the direct answer's bits and the reference.
 void ExpectAnswers(const std::vector<absl::StatusOr<ForwardReply>>& replies,
                    const std::vector<ForwardReply>& direct,
@@ -317,6 +333,52 @@ TEST_F(RelayFallbackTest, AnIncompleteBlockCompletesAtTheShardWithoutItsRelay) {
   for (auto& t : threads) t.join();
   EXPECT_LT(absl::Now() - killed, 4 * kBound);
   ExpectAnswers(replies, Direct(direct, "direct", 0, in), in);
+}
+
+// A rank whose channel finds the relay back a window before the rest of
+// its block (their way to it is held silent) goes to the relay on
+// probation; the incomplete block does not answer, so within the connect
+// timeout it resends to the shard and waits there for the next window,
+// when the whole block returns.
+TEST_F(RelayFallbackTest, ARankBackBeforeItsBlockFallsBackWithinTheBound) {
+  constexpr int kWorld = 8;
+  absl::StatusOr<std::unique_ptr<testing::TcpProxy>> proxy =
+      testing::TcpProxy::Start(relay_port_);
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  Client early(Options(/*relay=*/true));
+  ClientOptions late_options = Options(/*relay=*/true);
+  late_options.relay = absl::StrCat("127.0.0.1:", (*proxy)->port());
+  Client late(late_options);
+  Client direct(Options(/*relay=*/false));
+  CreateJob(direct, "j", kWorld);
+  CreateJob(direct, "direct", kWorld);
+  std::vector<std::unique_ptr<NodeGroup>> groups;
+  groups.push_back(early.NewNodeGroup("j", 0));
+  for (int r = 1; r < kWorld; ++r) groups.push_back(late.NewNodeGroup("j", r));
+  auto step = [&](int64_t s) {
+    SCOPED_TRACE(absl::StrCat("step ", s));
+    const RoundInput in = MakeInput(kWorld, s);
+    const double calls = RelayCalls();
+    const absl::Time start = absl::Now();
+    ExpectAnswers(Step(groups, s, in), Direct(direct, "direct", s, in), in);
+    EXPECT_LT(absl::Now() - start, 4 * kBound);
+    return RelayCalls() - calls;
+  };
+  EXPECT_EQ(step(0), 1);
+  KillRelay();
+  (*proxy)->HoldNew(true);
+  for (int64_t s = 1; s <= 3; ++s) EXPECT_EQ(step(s), 0);
+  int again = 0;
+  ASSERT_TRUE(StartRelay(aggregator_->address(),
+                         absl::StrCat("127.0.0.1:", relay_port_), again)
+                  .ok());
+  absl::SleepFor(absl::Seconds(2));  // the early client's channel connects
+  // Step 8: rank 0 alone on the relay, then on the shard within the bound.
+  for (int64_t s = 4; s <= 15; ++s) EXPECT_EQ(step(s), 0);
+  (*proxy)->HoldNew(false);
+  (*proxy)->DropAll();
+  absl::SleepFor(absl::Seconds(2));  // the late client's channel connects
+  for (int64_t s = 16; s <= 17; ++s) EXPECT_EQ(step(s), 1);
 }
 
 // relay_fallback off: today's behaviour, the round waits for the relay
