@@ -153,9 +153,8 @@ std::unique_ptr<Contributor> Client::NewContributor(const std::string& job_id,
   if (options_.relay_fallback) {
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     for (const Shard& s : shards_) channels.push_back(s.channel);
-    fallback = std::make_unique<RelayFallback>(relay_channel_,
-                                               std::move(channels), job_id,
-                                               rank, options_);
+    fallback = std::make_unique<RelayFallback>(
+        relay_channel_, std::move(channels), job_id, rank, options_);
   }
   return std::make_unique<Contributor>(relay_channel_, job_id, rank, options_,
                                        /*clock=*/nullptr, std::move(fallback));

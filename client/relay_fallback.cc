@@ -72,8 +72,7 @@ RelayFallback::Route RelayFallback::RouteOf(int64_t step) {
   window_ = window;
   if (route_ == Route::kProbation) {
     route_ = Route::kRelay;
-  } else if (relay_->GetState(/*try_to_connect=*/true) ==
-             GRPC_CHANNEL_READY) {
+  } else if (relay_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
     // The prober keeps the channel connecting (an idle channel would not
     // try by itself), so it is READY here once the relay is back.
     route_ = Route::kProbation;

@@ -106,14 +106,15 @@ class RelayFallbackTest : public ::testing::Test {
   void SetUp() override {
     dir_ = testing::MakeScratchDir("relay_fallback");
     absl::StatusOr<std::unique_ptr<testing::AggregatorProcess>> aggregator =
-        testing::AggregatorProcess::Start(dir_, {"--metrics_listen=127.0.0.1:0"});
+        testing::AggregatorProcess::Start(dir_,
+                                          {"--metrics_listen=127.0.0.1:0"});
     ASSERT_TRUE(aggregator.ok()) << aggregator.status();
     aggregator_ = *std::move(aggregator);
     metrics_port_ =
         testing::MetricsPortFromLog(absl::StrCat(dir_, "/aggregator.log"));
     ASSERT_GT(metrics_port_, 0);
-    ASSERT_TRUE(StartRelay(aggregator_->address(), "127.0.0.1:0", relay_port_)
-                    .ok());
+    ASSERT_TRUE(
+        StartRelay(aggregator_->address(), "127.0.0.1:0", relay_port_).ok());
   }
 
   absl::Status StartRelay(const std::string& address, const std::string& listen,
@@ -186,15 +187,15 @@ std::vector<ForwardReply> Direct(Client& client, const std::string& job,
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      replies[r] = client.NewNodeGroup(job, r)->SyncForward(0, step,
-                                                            in.local[r]);
+      replies[r] =
+          client.NewNodeGroup(job, r)->SyncForward(0, step, in.local[r]);
     });
   }
   for (auto& t : threads) t.join();
   std::vector<ForwardReply> out;
   for (int r = 0; r < world; ++r) {
-    EXPECT_TRUE(replies[r].ok()) << "direct rank " << r << ": "
-                                 << replies[r].status();
+    EXPECT_TRUE(replies[r].ok())
+        << "direct rank " << r << ": " << replies[r].status();
     out.push_back(replies[r].ok() ? *replies[r] : ForwardReply());
   }
   return out;
@@ -207,9 +208,8 @@ std::vector<absl::StatusOr<ForwardReply>> Step(
   std::vector<absl::StatusOr<ForwardReply>> replies(groups.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < groups.size(); ++r) {
-    threads.emplace_back([&, r] {
-      replies[r] = groups[r]->SyncForward(0, step, in.local[r]);
-    });
+    threads.emplace_back(
+        [&, r] { replies[r] = groups[r]->SyncForward(0, step, in.local[r]); });
   }
   for (auto& t : threads) t.join();
   return replies;
@@ -234,7 +234,8 @@ void ExpectAnswers(const std::vector<absl::StatusOr<ForwardReply>>& replies,
 // The relay forwards the block of step 0 and is killed before the shard
 // answers it; the block's ranks resend to the shard, which answers them as
 // retries. Later steps stay on the shards until the relay is back.
-TEST_F(RelayFallbackTest, ABlockForwardedBeforeTheRelayDiedIsAnsweredByTheShard) {
+TEST_F(RelayFallbackTest,
+       ABlockForwardedBeforeTheRelayDiedIsAnsweredByTheShard) {
   constexpr int kWorld = 16;
   Client relayed(Options(/*relay=*/true));
   Client direct(Options(/*relay=*/false));
@@ -425,11 +426,13 @@ TEST_F(RelayFallbackTest, TheRoundsOwnErrorsDoNotFallBack) {
   Client relayed(Options(/*relay=*/true));
   CreateJob(relayed, "j", kWorld, /*round_timeout_ms=*/1000);
   std::vector<std::unique_ptr<NodeGroup>> groups;
-  for (int r = 0; r < kWorld; ++r) groups.push_back(relayed.NewNodeGroup("j", r));
+  for (int r = 0; r < kWorld; ++r)
+    groups.push_back(relayed.NewNodeGroup("j", r));
   RoundInput in = MakeInput(kWorld, 0);
   const Moments negative{-1, in.local[0].mean, in.local[0].m2};
   absl::StatusOr<ForwardReply> refused, missed;
-  std::thread rank1([&] { missed = groups[1]->SyncForward(0, 0, in.local[1]); });
+  std::thread rank1(
+      [&] { missed = groups[1]->SyncForward(0, 0, in.local[1]); });
   refused = groups[0]->SyncForward(0, 0, negative);
   rank1.join();
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
@@ -443,9 +446,8 @@ TEST_F(RelayFallbackTest, TheRoundsOwnErrorsDoNotFallBack) {
   std::vector<absl::StatusOr<ForwardReply>> replies(kWorld);
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] {
-      replies[r] = groups[r]->SyncForward(0, 1, in.local[r]);
-    });
+    threads.emplace_back(
+        [&, r] { replies[r] = groups[r]->SyncForward(0, 1, in.local[r]); });
   }
   for (auto& t : threads) t.join();
   // A block of the relay, complete: not held until the job's deadline.
