@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/relay_fallback.h"
 #include "client/shard_router.h"
 #include "client/sharded_node_group.h"
 #include "client/solo_node_group.h"
@@ -142,10 +143,21 @@ int Client::ShardOf(const std::string& job_id, int layer) const {
 
 std::unique_ptr<Contributor> Client::NewContributor(const std::string& job_id,
                                                     int rank) const {
-  // A relay takes every layer's rounds and routes them itself.
-  return std::make_unique<Contributor>(
-      relay_channel_ != nullptr ? relay_channel_ : shards_[0].channel, job_id,
-      rank, options_);
+  if (relay_channel_ == nullptr) {
+    return std::make_unique<Contributor>(shards_[0].channel, job_id, rank,
+                                         options_);
+  }
+  // A relay takes every layer's rounds and routes them itself; without it
+  // they go to each layer's shard.
+  std::unique_ptr<RelayFallback> fallback;
+  if (options_.relay_fallback) {
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    for (const Shard& s : shards_) channels.push_back(s.channel);
+    fallback = std::make_unique<RelayFallback>(
+        relay_channel_, std::move(channels), job_id, rank, options_);
+  }
+  return std::make_unique<Contributor>(relay_channel_, job_id, rank, options_,
+                                       /*clock=*/nullptr, std::move(fallback));
 }
 
 std::unique_ptr<NodeGroup> Client::NewNodeGroup(const std::string& job_id,

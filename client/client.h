@@ -136,9 +136,10 @@ class Client {
 
   // A contributor for `rank` of the job, with its own Reduce stream on this
   // client's channel, or on the relay's (ClientOptions::relay), which takes
-  // every layer. With several shards and no relay it reaches shard 0 only
-  // (rounds of layers held elsewhere fail FAILED_PRECONDITION): use
-  // NewNodeGroup.
+  // every layer; with relay_fallback, rounds the relay cannot take go to
+  // each layer's shard (RelayFallback). With several shards and no relay it
+  // reaches shard 0 only (rounds of layers held elsewhere fail
+  // FAILED_PRECONDITION): use NewNodeGroup.
   std::unique_ptr<Contributor> NewContributor(const std::string& job_id,
                                               int rank) const;
 

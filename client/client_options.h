@@ -50,6 +50,21 @@ struct ClientOptions {
   // Default empty.
   std::string relay;
 
+  // Whether a round the relay cannot take goes to the layer's shard, as a
+  // client without a relay sends it (docs/relay.md, "A client's
+  // fallback"). The relay cannot take it when its stream broke and no
+  // connection to it came up within connect_timeout. The client then sends
+  // its rounds to the shards, and returns to the relay at the first step of
+  // a later window of 8 steps (8k..8k+7) at which it accepts connections
+  // again; in that window a round the relay does not answer within
+  // connect_timeout goes to the shard too. It is exact: the shard tells a
+  // rank's resend from a conflicting one, also when the relay's merged
+  // block carried it. Off: the rounds wait for the relay (or a replacement
+  // at its address) until round_timeout. Default true: a relay holds no
+  // state, so a dead relay should not stop a job that the shards can
+  // serve.
+  bool relay_fallback = true;
+
   // ---- Credentials (see docs/operations.md, "Security") ----
   // TLS: on when `tls` is set or any PEM below is given. tls_root_ca: the
   // CA that signed the server's certificate (PEM text; empty: the system's

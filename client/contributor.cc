@@ -62,13 +62,15 @@ int BackwardIndexOf(const M& m) {
 
 Contributor::Contributor(std::shared_ptr<grpc::Channel> channel,
                          std::string job_id, int rank,
-                         const ClientOptions& options, const ClientClock* clock)
+                         const ClientOptions& options, const ClientClock* clock,
+                         std::unique_ptr<RelayFallback> fallback)
     : channel_(std::move(channel)),
       stub_(v1::Aggregator::NewStub(channel_)),
       job_id_(std::move(job_id)),
       rank_(rank),
       options_(options),
-      clock_(clock != nullptr ? clock : &real_clock_) {
+      clock_(clock != nullptr ? clock : &real_clock_),
+      fallback_(std::move(fallback)) {
   watchdog_ = std::thread([this] { Watchdog(); });
 }
 
@@ -220,6 +222,44 @@ void Contributor::ReturnMessage(std::unique_ptr<v1::Contribution> m) {
 
 absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
   const absl::Time deadline = clock_->Now() + options_.round_timeout;
+  if (fallback_ == nullptr) return RoundUntil(c, deadline);
+  const RelayFallback::Route route = fallback_->RouteOf(c.step());
+  if (route == RelayFallback::Route::kShards) {
+    return fallback_->Round(c, deadline);
+  }
+  const absl::Time answer_by =
+      route == RelayFallback::Route::kProbation
+          ? std::min(deadline, clock_->Now() + options_.connect_timeout)
+          : deadline;
+  bool unreachable = false;
+  absl::StatusOr<v1::RoundResult> r = RoundOnStream(
+      c, answer_by, deadline, options_.connect_timeout, &unreachable);
+  if (!unreachable) return r;
+  // The relay may have forwarded the round before it went (or may still
+  // forward it): the shard answers whichever copy comes second as a retry
+  // (its fingerprint matches).
+  fallback_->RelayUnreachable(c.step());
+  return fallback_->Round(c, deadline);
+}
+
+absl::StatusOr<v1::RoundResult> Contributor::RoundUntil(
+    const v1::Contribution& c, absl::Time deadline) {
+  return RoundOnStream(c, deadline, deadline, absl::InfiniteDuration(),
+                       nullptr);
+}
+
+bool Contributor::Unreachable(absl::Duration bound, absl::Time deadline) const {
+  if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+    return false;
+  }
+  clock_->AwaitReady(*channel_, std::min(clock_->Now() + bound, deadline));
+  return channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY &&
+         clock_->Now() < deadline;
+}
+
+absl::StatusOr<v1::RoundResult> Contributor::RoundOnStream(
+    const v1::Contribution& c, absl::Time deadline, absl::Time round_deadline,
+    absl::Duration unreachable_after, bool* unreachable) {
   const Key key(c.layer(), c.step(), c.phase(), BackwardIndexOf(c));
   Slot slot;
   {
@@ -232,6 +272,7 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
   absl::Duration backoff = options_.reconnect_backoff_initial;
   absl::Status last = absl::OkStatus();
   bool done = false;
+  bool broke = false;  // this pass's stream broke (not by the watchdog)
   for (;;) {
     std::shared_ptr<Stream> stream = CurrentStream();
     {
@@ -253,12 +294,24 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
         slot.done = done = false;
       }
       // A stream the watchdog cancelled says nothing about the server.
-      if (!done && stream->broken && !stream->cancelled) last = stream->status;
+      broke = !done && stream->broken && !stream->cancelled;
+      if (broke) last = stream->status;
       if (done || clock_->Now() >= deadline ||
           (!last.ok() && !Retryable(last))) {
         slots_.erase(key);
         break;
       }
+    }
+    // The stream broke and no connection comes up: the relay is gone.
+    if (broke && unreachable != nullptr &&
+        Unreachable(unreachable_after, deadline)) {
+      absl::MutexLock lock(&mu_);
+      slots_.erase(key);
+      *unreachable = true;
+      return absl::UnavailableError(absl::StrCat(
+          "no connection within ", absl::FormatDuration(unreachable_after),
+          " after the stream of round ", Describe(c),
+          " broke: ", last.ToString()));
     }
     // While the connection is down, wait on the channel instead of sleeping:
     // its connection attempt is polled (the streams fail fast, so no call
@@ -275,6 +328,13 @@ absl::StatusOr<v1::RoundResult> Contributor::Round(const v1::Contribution& c) {
   }
   if (done) return RoundResultStatus(std::move(slot.result));
   if (!last.ok() && !Retryable(last)) return last;
+  if (unreachable != nullptr && deadline < round_deadline) {
+    // On probation: the relay held the round past its answer time.
+    *unreachable = true;
+    return absl::UnavailableError(absl::StrCat(
+        "no answer within ", absl::FormatDuration(unreachable_after),
+        " for round ", Describe(c), " on probation"));
+  }
   return absl::DeadlineExceededError(absl::StrCat(
       "no result for round ", Describe(c), " within the client's ",
       absl::FormatDuration(options_.round_timeout), " round timeout",

@@ -16,6 +16,7 @@
 #include "client/client_clock.h"
 #include "client/client_options.h"
 #include "client/forward_reply.h"
+#include "client/relay_fallback.h"
 #include "grpcpp/channel.h"
 #include "kernels/moments.h"
 #include "kernels/round_update.h"
@@ -43,15 +44,27 @@ namespace syncnorm {
 // call returns within about its round timeout, and the contributor serves
 // the next round on a new stream.
 //
+// A relay's contributor (the channel reaches a relay) may have a fallback:
+// a round whose stream broke, with no connection to the relay again within
+// ClientOptions::connect_timeout, goes on to the fallback, and so do the
+// later rounds while RelayFallback::RouteOf says so (and a round on
+// probation that the relay does not answer within connect_timeout; see
+// RelayFallback). Errors that are the
+// round's own answer (in-band, or a stream the server ended with a status
+// other than UNAVAILABLE, CANCELLED, UNKNOWN or INTERNAL) are returned.
+//
 // Thread-safe: several threads may run rounds at once (say, different
 // layers); each waits for its own result.
 class Contributor {
  public:
   // `clock` times round deadlines, backoff and the watchdog; null: the wall
-  // clock. Not owned; it must outlive the contributor.
+  // clock. Not owned; it must outlive the contributor. `fallback`: where
+  // rounds go when the relay behind `channel` is unreachable; null: none
+  // (rounds wait for the server until the round timeout).
   Contributor(std::shared_ptr<grpc::Channel> channel, std::string job_id,
               int rank, const ClientOptions& options,
-              const ClientClock* clock = nullptr);
+              const ClientClock* clock = nullptr,
+              std::unique_ptr<RelayFallback> fallback = nullptr);
   ~Contributor();
   Contributor(const Contributor&) = delete;
   Contributor& operator=(const Contributor&) = delete;
@@ -72,8 +85,14 @@ class Contributor {
   absl::StatusOr<GradSums> ReduceBackward(int layer, int64_t step, int backward,
                                           const GradSums& local);
 
-  // Sends any contribution and returns its result (errors as status).
+  // Sends any contribution and returns its result (errors as status),
+  // within ClientOptions::round_timeout.
   absl::StatusOr<v1::RoundResult> Round(const v1::Contribution& c);
+
+  // The same on this contributor's own stream, never the fallback, by
+  // `deadline` (then DEADLINE_EXCEEDED).
+  absl::StatusOr<v1::RoundResult> RoundUntil(const v1::Contribution& c,
+                                             absl::Time deadline);
 
  private:
   // layer, step, phase, backward_index (0 for a FORWARD): a round as its
@@ -85,6 +104,19 @@ class Contributor {
     v1::RoundResult result;
   };
 
+  // RoundUntil(c, deadline) for a round that must end by `round_deadline`
+  // (at or after `deadline`). With `unreachable` (may be null), it also
+  // gives up when the stream broke and the channel is not READY again
+  // within `unreachable_after`, or when `deadline` passes before
+  // `round_deadline` without an answer: then sets *unreachable and returns
+  // UNAVAILABLE.
+  absl::StatusOr<v1::RoundResult> RoundOnStream(
+      const v1::Contribution& c, absl::Time deadline, absl::Time round_deadline,
+      absl::Duration unreachable_after, bool* unreachable)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits at most `bound` (and not past `deadline`) for the channel to be
+  // READY; whether it is not, with time left before `deadline`.
+  bool Unreachable(absl::Duration bound, absl::Time deadline) const;
   // The current stream, opening one if there is none or it broke.
   std::shared_ptr<Stream> CurrentStream() ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until the slot is done, the stream breaks, or the deadline; reads
@@ -118,6 +150,7 @@ class Contributor {
   const ClientOptions options_;
   const RealClientClock real_clock_;
   const ClientClock* const clock_;
+  const std::unique_ptr<RelayFallback> fallback_;  // null: none
 
   absl::Mutex write_mu_ ABSL_ACQUIRED_AFTER(mu_);  // one writer at a time
   absl::Mutex mu_;

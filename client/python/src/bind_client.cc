@@ -190,7 +190,7 @@ void BindClientClass(py::module_& m) {
                        bool tls, const std::string& root_ca,
                        const std::string& client_cert,
                        const std::string& client_key, double connect_timeout_s,
-                       const std::string& relay) {
+                       const std::string& relay, bool relay_fallback) {
              ClientOptions options = MakeOptions(
                  address, rpc_timeout_s, round_timeout_s, connect_timeout_s);
              options.token = token;
@@ -199,6 +199,7 @@ void BindClientClass(py::module_& m) {
              options.tls_client_cert = client_cert;
              options.tls_client_key = client_key;
              options.relay = relay;
+             options.relay_fallback = relay_fallback;
              return std::make_unique<PyClient>(options);
            }),
            py::arg("address"), py::arg("rpc_timeout_s") = 30.0,
@@ -206,13 +207,18 @@ void BindClientClass(py::module_& m) {
            py::arg("tls") = false, py::arg("root_ca") = "",
            py::arg("client_cert") = "", py::arg("client_key") = "",
            py::arg("connect_timeout_s") = 5.0, py::arg("relay") = "",
+           py::arg("relay_fallback") = true,
            "token: bearer token sent on every call; tls: TLS (also implied "
            "by any PEM); root_ca, client_cert, client_key: PEM text; "
            "connect_timeout_s: how long one connection attempt may take; "
            "relay: host:port of this rank's relay, which takes its rounds "
-           "(empty: none).")
+           "(empty: none); relay_fallback: send the rounds to the shards "
+           "while the relay is unreachable.")
       .def_property_readonly(
           "relay", [](PyClient& c) { return c.client.options().relay; })
+      .def_property_readonly(
+          "relay_fallback",
+          [](PyClient& c) { return c.client.options().relay_fallback; })
       .def_property_readonly(
           "address", [](PyClient& c) { return c.client.options().address; })
       .def_property_readonly(

@@ -189,12 +189,19 @@ class Client:
     relay: "host:port" of this rank's relay (docs/relay.md): its rounds go
     there, every layer's, and the relay sends them on to the shards; every
     other call goes to the shards at address. None: no relay.
+    relay_fallback: when the relay is unreachable (its stream broke and no
+    connection came up within connect_timeout), send the rounds to the
+    shards as a client without a relay does, and go back to the relay at
+    the first step of a later window of 8 steps that finds it up again
+    (docs/relay.md, "A client's fallback"). False: the rounds wait for the
+    relay until round_timeout. Default True: a relay holds no state, so a
+    dead one should not stop a job the shards can serve.
     """
 
     def __init__(self, address="127.0.0.1:50051", rpc_timeout=30.0,
                  round_timeout=60.0, *, token=None, root_ca=None,
                  client_cert=None, client_key=None, tls=False,
-                 connect_timeout=5.0, relay=None):
+                 connect_timeout=5.0, relay=None, relay_fallback=True):
         if (client_cert is None) != (client_key is None):
             raise ValueError("client_cert and client_key go together")
         self.rpc_timeout = float(rpc_timeout)
@@ -202,7 +209,8 @@ class Client:
             address, float(rpc_timeout), float(round_timeout),
             token=token or "", tls=bool(tls), root_ca=_pem(root_ca),
             client_cert=_pem(client_cert), client_key=_pem(client_key),
-            connect_timeout_s=float(connect_timeout), relay=relay or "")
+            connect_timeout_s=float(connect_timeout), relay=relay or "",
+            relay_fallback=bool(relay_fallback))
 
     @property
     def address(self):
@@ -212,6 +220,11 @@ class Client:
     def relay(self):
         """The relay's address that rounds go to; None without one."""
         return self._raw.relay or None
+
+    @property
+    def relay_fallback(self):
+        """Whether rounds go to the shards while the relay is unreachable."""
+        return self._raw.relay_fallback
 
     @property
     def connect_timeout(self):
