@@ -15,6 +15,9 @@ servers are started fresh and measured over the same measured rounds:
   server RSS per rank: VmRSS after the rounds (streams still open) minus
                    VmRSS before the client connected, divided by W
   server minor page faults per contribution.
+  server idle CPU: its CPU share of a core over 1 s before the client
+                   starts; relayed rows also show the shard's CPU net of
+                   it, which otherwise dominates a shard behind relays.
 With --relays R, each configuration also runs through R relays
 (relay/syncnorm_relay, blocks of --relay_block positions) in front of a
 fresh syncnorm server: its rows ("relayed") carry the shard's CPU and the
@@ -55,7 +58,11 @@ KEYS = ["server", "W", "L", "C", "mode", "rounds", "contributions", "seconds",
 # rank's contribution. server_cpu_us_per_contribution stays the shard's,
 # per rank's contribution too.
 RELAY_KEYS = ["relays", "relay_block", "relay_parents",
-              "relay_cpu_us_per_contribution"]
+              "relay_cpu_us_per_contribution", "server_idle_cpu_share",
+              "server_net_cpu_us_per_contribution"]
+
+# How long each server is watched idle before the client starts.
+IDLE_SECONDS = 1.0
 
 # Contributions measured per configuration unless --rounds says otherwise.
 TARGET_CONTRIBUTIONS = 16384
@@ -70,6 +77,19 @@ def proc_stat(pid):
     fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks, int(fields[7])
+
+
+def threads_cpu_seconds(pid):
+    """CPU seconds of process `pid`'s live threads, to the nanosecond
+    (/proc schedstat; /proc stat counts 10 ms ticks)."""
+    total = 0
+    for task in os.listdir("/proc/%d/task" % pid):
+        try:
+            total += int(open("/proc/%d/task/%s/schedstat"
+                              % (pid, task)).read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def rss_bytes(pid):
@@ -149,6 +169,14 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
                                % (20 * (levels + 1))] + parent,
                               data_dir=False)
                 for i in range(n)]
+        # The server's CPU while idle (its reaper, gRPC's timers), as a
+        # share of a core: at a shard behind relays it is most of what the
+        # rounds' window counts, so the relayed rows also show their CPU
+        # net of it.
+        idle0, idle_t0 = threads_cpu_seconds(pid), time.time()
+        time.sleep(IDLE_SECONDS)
+        idle_share = ((threads_cpu_seconds(pid) - idle0)
+                      / (time.time() - idle_t0))
         base_rss = rss_bytes(pid)
         client = subprocess.Popen(
             [common.runfile("bench/bench-wide-client"),
@@ -167,7 +195,8 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
             marks.append(proc_stat(pid) + proc_stat(client.pid)[:1]
                          + (rss_bytes(pid),
                             sum(proc_stat(r.proc.pid)[0]
-                                for r in relay_procs + parent_procs)))
+                                for r in relay_procs + parent_procs),
+                            time.time()))
             client.stdin.write("\n")
             client.stdin.flush()
         try:
@@ -189,11 +218,15 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
             r.stop()
         server.stop()
         shutil.rmtree(os.path.join(tmp, name + "-data"), ignore_errors=True)
-    (cpu0, flt0, ccpu0, _, rcpu0), (cpu1, flt1, ccpu1, rss1, rcpu1) = marks
+    ((cpu0, flt0, ccpu0, _, rcpu0, t0),
+     (cpu1, flt1, ccpu1, rss1, rcpu1, t1)) = marks
     n = result["contributions"]
     row = dict(result)
     row.update({
         "server_cpu_us_per_contribution": (cpu1 - cpu0) / n * 1e6,
+        "server_idle_cpu_share": idle_share,
+        "server_net_cpu_us_per_contribution":
+            max(0.0, cpu1 - cpu0 - idle_share * (t1 - t0)) / n * 1e6,
         "client_cpu_us_per_contribution": (ccpu1 - ccpu0) / n * 1e6,
         "server_rss_bytes": rss1,
         "server_rss_base_bytes": base_rss,
@@ -270,6 +303,10 @@ def print_relayed(rows, configs):
                     "%.2fx" % (r["round_p50_ms"] / s["round_p50_ms"]),
                     "%.1f / %.1f" % (r["server_cpu_us_per_contribution"],
                                      s["server_cpu_us_per_contribution"]),
+                    "%.1f / %.1f (idle %.1f%%)" % (
+                        r["server_net_cpu_us_per_contribution"],
+                        s["server_net_cpu_us_per_contribution"],
+                        100 * r["server_idle_cpu_share"]),
                     "%.1f" % r["relay_cpu_us_per_contribution"],
                     "%.1f / %.1f" % (r["rss_per_rank_bytes"] / 1024,
                                      s["rss_per_rank_bytes"] / 1024)])
@@ -281,6 +318,7 @@ def print_relayed(rows, configs):
                   "round, relayed (ms p50 / p99)", "round, direct",
                   "round p50 relayed vs direct",
                   "shard CPU us / rank's contribution, relayed / direct",
+                  "the same net of the shard's idle CPU",
                   "relays' CPU us / rank's contribution",
                   "shard RSS KiB / rank, relayed / direct"], out)
     for cfg in configs:
@@ -292,6 +330,10 @@ def print_relayed(rows, configs):
                      r["server_cpu_us_per_contribution"],
                      "direct_shard_cpu", s["server_cpu_us_per_contribution"],
                      "us")
+        common.ratio("relayed_shard_net_cpu_per_rank_contribution[%s]" % tag,
+                     r["server_net_cpu_us_per_contribution"],
+                     "direct_shard_net_cpu",
+                     s["server_net_cpu_us_per_contribution"], "us")
         common.ratio("relayed_round_p50[%s]" % tag, r["round_p50_ms"],
                      "direct_round_p50", s["round_p50_ms"], "ms")
 
