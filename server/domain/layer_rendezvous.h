@@ -243,6 +243,12 @@ class LayerRendezvous {
   void AddToRound(const RoundKey& key, Round& round, Contribution c,
                   RoundCallback done, absl::Time now, Deliveries& out,
                   bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands a taken block's scores of its ranks (RelayBlock.health) to
+  // health_ after the deliveries before it. REQUIRES: health_ not null.
+  void ObserveRelayed(int group, std::vector<RankHealth> scores,
+                      Deliveries& out) const;
+  // An outcome for a delivery that answers nobody.
+  static const std::shared_ptr<const RoundOutcome>& NoOutcome();
   // Whether the quorum policy lets `round` complete at `now` without the
   // ranks still missing.
   bool QuorumReached(const Round& round, absl::Time now) const;
