@@ -11,28 +11,44 @@
 namespace syncnorm {
 namespace {
 
-// One rank's entry, or nothing to send (no batch, moments of another
-// width than the answer's).
-bool ScoreOne(int rank, int64_t step, const v1::Moments& sent,
-              const GlobalMoments& global, const std::vector<int>& channels,
-              v1::RankHealth& out) {
-  const size_t width = global.mean.size();
+// The moments a rank sent, or none (count 0: not scored) when they do
+// not fit the answer's channels.
+Moments MomentsOf(const v1::Contribution& c, size_t width) {
+  const v1::Moments& sent = c.moments();
   if (sent.count() < 1 || static_cast<size_t>(sent.mean_size()) != width ||
       static_cast<size_t>(sent.m2_size()) != width) {
-    return false;
+    return Moments();
   }
-  const Moments m = FromProto(sent);
-  const RankScores s =
+  return FromProto(sent);
+}
+
+// One rank's entry. The mean shift is against the rest of the group, the
+// global merge with the rank taken out: a shifted rank elsewhere inflates
+// that center's variance, which only makes the shift look smaller. The
+// variance ratio is against the other ranks of the block (`within`, their
+// pooled within-rank variance with their own outliers set aside, as the
+// shard scores a group): against the rest of the group, any shifted or
+// scaled rank elsewhere would make every healthy rank's variance look
+// small. Where the block cannot tell (no other rank of it with 2 values),
+// the rest of the group serves.
+v1::RankHealth ScoreOne(int rank, int64_t step, const Moments& m,
+                        const RankScores& within, const GlobalMoments& global,
+                        const std::vector<int>& channels) {
+  const RankScores group =
       ScoreRank(m, /*in_center=*/false, CenterWithout(global, m, channels),
                 channels);
+  const double ratio = std::isnan(within.variance_ratio)
+                           ? group.variance_ratio
+                           : within.variance_ratio;
+  v1::RankHealth out;
   out.set_rank(rank);
   out.set_step(step);
   out.set_count(m.count);
-  if (std::isfinite(s.mean_shift)) out.set_mean_shift(s.mean_shift);
-  if (std::isfinite(s.variance_ratio)) out.set_variance_ratio(s.variance_ratio);
+  if (std::isfinite(group.mean_shift)) out.set_mean_shift(group.mean_shift);
+  if (std::isfinite(ratio)) out.set_variance_ratio(ratio);
   const int stuck = StuckChannel(m, global.var, /*tracked=*/-1);
   if (stuck >= 0) out.set_stuck_channel(stuck);
-  return true;
+  return out;
 }
 
 // Whether rank `r` is in the (first, last) runs of `runs`.
@@ -51,15 +67,21 @@ void BlockHealth::Score(const BlockId& id,
   if (answer.phase() != v1::FORWARD || !answer.has_moments()) return;
   const GlobalMoments global = FromProto(answer.moments());
   if (global.var.size() != global.mean.size()) return;
-  const std::vector<int> channels =
-      ScoredChannels(static_cast<int>(global.mean.size()));
-  std::vector<v1::RankHealth> entries;
+  const size_t width = global.mean.size();
+  const std::vector<int> channels = ScoredChannels(static_cast<int>(width));
+  std::vector<int> ranks;
+  std::vector<Moments> moments;
   for (const auto& [rank, h] : held) {
-    v1::RankHealth e;
-    if (ScoreOne(rank, answer.step(), h.contribution.moments(), global,
-                 channels, e)) {
-      entries.push_back(std::move(e));
-    }
+    ranks.push_back(rank);
+    moments.push_back(MomentsOf(h.contribution, width));
+  }
+  const std::vector<RankScores> within =
+      ScoreAmongThemselves(moments, static_cast<int>(width));
+  std::vector<v1::RankHealth> entries;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (moments[i].count < 1) continue;  // no batch, or not the layer's
+    entries.push_back(ScoreOne(ranks[i], answer.step(), moments[i], within[i],
+                               global, channels));
   }
   if (entries.empty()) return;
   absl::MutexLock lock(&mu_);

@@ -629,7 +629,7 @@ class RelayHealthTest : public RelayTest {
   static constexpr int kWide = 32;  // channels
   static constexpr int kBatch = 16;
 
-  enum class Fault { kNone, kShift, kScale, kStuck };
+  enum class Fault { kNone, kShift, kScale, kStuck, kFarOff };
 
   void CreateHealthJob(const std::string& job) {
     v1::CreateJobRequest request;
@@ -660,6 +660,7 @@ class RelayHealthTest : public RelayTest {
       for (double& v : x) {
         v = value(rng);
         if (fault == Fault::kShift) v += 0.5 * 2.0;
+        if (fault == Fault::kFarOff) v += 10 * 2.0;
         if (fault == Fault::kScale) v = 1.5 + (v - 1.5) * 1.5;
         if (fault == Fault::kStuck && ch == 7) v = 0.25;
       }
@@ -774,6 +775,23 @@ TEST_F(RelayHealthTest, ABrokenRankBehindARelayIsFlaggedByItsRank) {
   EXPECT_THAT(kinds[13], ElementsAre(v1::HealthFlag::MEAN_SHIFT));
   EXPECT_TRUE(kinds[21].count(v1::HealthFlag::VARIANCE_RATIO));
   EXPECT_THAT(kinds[5], ElementsAre(v1::HealthFlag::STUCK_CHANNEL));
+  EXPECT_EQ(relay_->counters().passed_through, 0);
+}
+
+// A rank ten standard deviations off (a wrong input normalization) puts
+// between-rank spread into the rest of the group's variance: the relay
+// judges each rank's variance against its own block's, so the others'
+// variances do not look small, and only that rank is flagged.
+TEST_F(RelayHealthTest, AFarOffRankFlagsItselfAndNoOther) {
+  StartRelay();
+  CreateHealthJob("far");
+  std::mt19937 rng(343);
+  Train("far", 5, /*backward=*/false, {{29, Fault::kFarOff}}, rng);
+  const v1::StatsHealth health = Health("far");
+  ASSERT_EQ(health.flags_size(), 1);
+  EXPECT_EQ(health.flags(0).rank(), 29);
+  EXPECT_EQ(health.flags(0).kind(), v1::HealthFlag::MEAN_SHIFT);
+  EXPECT_EQ(relay_->counters().passed_through, 0);
 }
 
 }  // namespace

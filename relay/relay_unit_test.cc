@@ -151,12 +151,13 @@ TEST(TimerQueueTest, RunsInTimeOrderAndDropsAfterStop) {
   EXPECT_THAT(order, ElementsAre(1, 2, 3));
 }
 
-// One channel: rank 0 (4 values, mean 0, M2 12) and rank 1 (4 values,
-// mean 3, M2 12) in this block, 8 values (mean 0, M2 28) in another.
-// The round's answer: 16 values, mean 0.75, M2 79 (var 79/16). Worked out
-// apart from the code: rank 1 against the other 12 values (mean 0, var
-// 40/11) has z^2 = 9 / (40/11 (1/4 + 1/12)) and a variance ratio of
-// 4 / (40/11) over 3 degrees of freedom; rank 0 against mean 1, var 64/11.
+// One channel: rank 0 (4 values, mean 0, M2 24) and rank 1 (4 values,
+// mean 3, M2 12) in this block, 8 values (mean 0, M2 28) in another. The
+// round's answer: 16 values, mean 0.75, M2 91 (var 91/16). Worked out
+// apart from the code: rank 1's mean against the other 12 values (mean
+// 0, var 52/11) has z^2 = 9 / (52/11 (1/4 + 1/12)); rank 0's against
+// mean 1, var 64/11, z^2 = 1 / (64/11 (1/3)). Each variance against the
+// block's pooled one, 36 / 6: 4/6 and 8/6 over 3 degrees of freedom.
 std::map<int, HeldContribution> TwoRanks(int64_t step) {
   std::map<int, HeldContribution> held;
   for (int r : {0, 1}) {
@@ -166,7 +167,7 @@ std::map<int, HeldContribution> TwoRanks(int64_t step) {
     c.set_phase(v1::FORWARD);
     c.mutable_moments()->set_count(4);
     c.mutable_moments()->add_mean(r == 0 ? 0.0 : 3.0);
-    c.mutable_moments()->add_m2(12.0);
+    c.mutable_moments()->add_m2(r == 0 ? 24.0 : 12.0);
   }
   return held;
 }
@@ -177,7 +178,7 @@ v1::RoundResult Answer(int64_t step) {
   a.set_phase(v1::FORWARD);
   a.mutable_moments()->set_count(16);
   a.mutable_moments()->add_mean(0.75);
-  a.mutable_moments()->add_var(79.0 / 16);
+  a.mutable_moments()->add_var(91.0 / 16);
   return a;
 }
 
@@ -204,10 +205,10 @@ TEST(BlockHealthTest, ScoresEachRankAgainstTheRestOfItsGroup) {
   EXPECT_EQ(r1.rank(), 1);
   EXPECT_EQ(r1.step(), 5);
   EXPECT_EQ(r1.count(), 4);
-  EXPECT_NEAR(r1.mean_shift(), 2.488540819529664, 1e-12);
-  EXPECT_NEAR(r1.variance_ratio(), 0.390770244535251, 1e-12);
+  EXPECT_NEAR(r1.mean_shift(), 2.1419878138859154, 1e-12);
+  EXPECT_NEAR(r1.variance_ratio(), -0.19232950539786947, 1e-12);
   EXPECT_NEAR(r0.mean_shift(), 0.05113613395291277, 1e-12);
-  EXPECT_NEAR(r0.variance_ratio(), -0.1592370737615364, 1e-12);
+  EXPECT_NEAR(r0.variance_ratio(), 0.6419493765929746, 1e-12);
   EXPECT_FALSE(r1.has_stuck_channel());
   EXPECT_EQ(health.ranks_scored(), 2);
   EXPECT_EQ(health.entries_sent(), 2);

@@ -96,6 +96,78 @@ double ScoreExcess(const RankScores& s) {
   return e;
 }
 
+namespace {
+
+// The center of the ranks in `clean`: their pooled mean and within-rank
+// variance.
+HealthCenter PooledCenter(const std::vector<Moments>& moments,
+                          const std::vector<bool>& clean,
+                          const std::vector<int>& channels) {
+  HealthCenter c;
+  c.mean.assign(channels.size(), 0.0);
+  c.var.assign(channels.size(), 0.0);
+  for (size_t i = 0; i < moments.size(); ++i) {
+    const Moments& m = moments[i];
+    if (!clean[i] || m.count < 1) continue;
+    c.count += m.count;
+    c.dof += m.count - 1;
+    const double n = static_cast<double>(m.count);
+    for (size_t k = 0; k < channels.size(); ++k) {
+      c.mean[k] += n * m.mean[channels[k]];
+      c.var[k] += m.m2[channels[k]];
+    }
+  }
+  for (size_t k = 0; k < channels.size(); ++k) {
+    c.mean[k] = c.count > 0 ? c.mean[k] / static_cast<double>(c.count) : 0;
+    c.var[k] = c.dof > 0 ? c.var[k] / static_cast<double>(c.dof) : 0;
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<RankScores> ScoreAmongThemselves(
+    const std::vector<Moments>& moments, int channels) {
+  const size_t w = moments.size();
+  std::vector<RankScores> scores(w);
+  if (w < 2 || channels <= 0) return scores;
+  const std::vector<int> scored = ScoredChannels(channels);
+  std::vector<bool> clean(w);
+  int ranks_with_data = 0;
+  for (size_t i = 0; i < w; ++i) {
+    clean[i] = moments[i].count >= 1;
+    ranks_with_data += clean[i] ? 1 : 0;
+  }
+  if (ranks_with_data < 2) return scores;
+  int in_center = ranks_with_data;
+  for (int outliers = 0;; ++outliers) {
+    const HealthCenter center = PooledCenter(moments, clean, scored);
+    for (size_t i = 0; i < w; ++i) {
+      scores[i] = ScoreRank(moments[i], clean[i], center, scored);
+    }
+    // The worst rank of the center leaves it while a majority of the
+    // ranks with data stays.
+    if (outliers == kMaxHealthOutliers ||
+        2 * (in_center - 1) <= ranks_with_data) {
+      break;
+    }
+    int worst = -1;
+    double worst_excess = kHealthThreshold;
+    for (size_t i = 0; i < w; ++i) {
+      if (!clean[i]) continue;
+      const double e = ScoreExcess(scores[i]);
+      if (e > worst_excess) {
+        worst = static_cast<int>(i);
+        worst_excess = e;
+      }
+    }
+    if (worst < 0) break;
+    clean[worst] = false;
+    --in_center;
+  }
+  return scores;
+}
+
 int StuckChannel(const Moments& m, const std::vector<double>& global_var,
                  int tracked) {
   if (m.count < 2) return -1;

@@ -17,6 +17,13 @@ namespace syncnorm {
 // larger layers), which bounds a round's scoring to O(W * 256).
 inline constexpr int kMaxScoredChannels = 256;
 
+// A score beyond this, in standard normal units, counts as beyond (mean
+// shift one-sided, the variance ratio both ways).
+inline constexpr double kHealthThreshold = 5.0;
+// Ranks set aside as outliers before the others are scored against the
+// rest, per round (ScoreAmongThemselves).
+inline constexpr int kMaxHealthOutliers = 4;
+
 // The channels scored of a layer of `channels`: all of a small layer, an
 // evenly spaced subset of a large one, ascending.
 std::vector<int> ScoredChannels(int channels);
@@ -58,6 +65,18 @@ struct RankScores {
 RankScores ScoreRank(const Moments& m, bool in_center,
                      const HealthCenter& center,
                      const std::vector<int>& channels);
+
+// Each of `moments` (ranks' moments of a layer of `channels`, in any
+// order) against the others: their pooled mean, and their pooled
+// within-rank variance (sum of M2 over sum of n - 1), which a rank's
+// shift does not inflate. The rank that scores worst beyond
+// kHealthThreshold is set aside and the others are scored again without
+// it, at most kMaxHealthOutliers times and never a majority of the ranks
+// with a batch, so that one outlier does not make the others look off.
+// All NaN for fewer than 2 ranks with a batch. REQUIRES: each of
+// `moments` has `channels` channels.
+std::vector<RankScores> ScoreAmongThemselves(
+    const std::vector<Moments>& moments, int channels);
 
 // How far beyond the threshold a score is (mean shift one-sided, the
 // variance ratio both ways); NaN counts as 0.

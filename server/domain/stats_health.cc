@@ -15,32 +15,6 @@ namespace {
 constexpr HealthKind kScored[2] = {HealthKind::kMeanShift,
                                    HealthKind::kVarianceRatio};
 
-// The center of the ranks in `clean`: their pooled mean, and their pooled
-// within-rank variance (sum of m2 over sum of n - 1), which a rank's shift
-// does not inflate.
-HealthCenter CenterOf(const HealthSample& s, const std::vector<bool>& clean,
-                      const std::vector<int>& channels) {
-  HealthCenter c;
-  c.mean.assign(channels.size(), 0.0);
-  c.var.assign(channels.size(), 0.0);
-  for (size_t i = 0; i < s.moments.size(); ++i) {
-    const Moments& m = s.moments[i];
-    if (!clean[i] || m.count < 1) continue;
-    c.count += m.count;
-    c.dof += m.count - 1;
-    const double n = static_cast<double>(m.count);
-    for (size_t k = 0; k < channels.size(); ++k) {
-      c.mean[k] += n * m.mean[channels[k]];
-      c.var[k] += m.m2[channels[k]];
-    }
-  }
-  for (size_t k = 0; k < channels.size(); ++k) {
-    c.mean[k] = c.count > 0 ? c.mean[k] / static_cast<double>(c.count) : 0;
-    c.var[k] = c.dof > 0 ? c.var[k] / static_cast<double>(c.dof) : 0;
-  }
-  return c;
-}
-
 }  // namespace
 
 const char* HealthKindName(HealthKind kind) {
@@ -113,45 +87,9 @@ StatsHealth::~StatsHealth() {
 }
 
 std::vector<RankScores> StatsHealth::ScoreAll(const HealthSample& s) {
-  const size_t w = s.moments.size();
-  std::vector<RankScores> scores(w);
-  if (w < 2 || s.global.mean.empty()) return scores;
-  const std::vector<int> channels =
-      ScoredChannels(static_cast<int>(s.global.mean.size()));
-  std::vector<bool> clean(w);
-  int ranks_with_data = 0;
-  for (size_t i = 0; i < w; ++i) {
-    clean[i] = s.moments[i].count >= 1;
-    ranks_with_data += clean[i] ? 1 : 0;
-  }
-  if (ranks_with_data < 2) return scores;
-  int in_center = ranks_with_data;
-  for (int outliers = 0;; ++outliers) {
-    const HealthCenter center = CenterOf(s, clean, channels);
-    for (size_t i = 0; i < w; ++i) {
-      scores[i] = ScoreRank(s.moments[i], clean[i], center, channels);
-    }
-    // The worst rank of the center leaves it while a majority of the
-    // ranks with data stays, so that one outlier does not make the
-    // others look shifted.
-    if (outliers == kMaxOutliers || 2 * (in_center - 1) <= ranks_with_data) {
-      break;
-    }
-    int worst = -1;
-    double worst_excess = kThreshold;
-    for (size_t i = 0; i < w; ++i) {
-      if (!clean[i]) continue;
-      const double e = ScoreExcess(scores[i]);
-      if (e > worst_excess) {
-        worst = static_cast<int>(i);
-        worst_excess = e;
-      }
-    }
-    if (worst < 0) break;
-    clean[worst] = false;
-    --in_center;
-  }
-  return scores;
+  if (s.global.mean.empty()) return std::vector<RankScores>(s.moments.size());
+  return ScoreAmongThemselves(s.moments,
+                              static_cast<int>(s.global.mean.size()));
 }
 
 std::vector<std::pair<double, double>> StatsHealth::Scores(

@@ -101,7 +101,7 @@ class StatsHealth {
   // some other rank does too. A score beyond kThreshold (standard normal
   // units) for kRun of the rank's consecutive scored rounds of a layer
   // raises a flag; kRun rounds within it clear the flag.
-  static constexpr double kThreshold = 5.0;
+  static constexpr double kThreshold = kHealthThreshold;
   static constexpr int kRun = 3;
   // A stuck channel is flagged once the values seen stuck, sum of (n - 1)
   // over consecutive rounds, reach this (a continuous channel of a healthy
@@ -114,7 +114,7 @@ class StatsHealth {
   static constexpr int kMaxScoredChannels = ::syncnorm::kMaxScoredChannels;
   // Ranks set aside as outliers before the others are scored against the
   // rest, per round (the group's center is not pulled by them).
-  static constexpr int kMaxOutliers = 4;
+  static constexpr int kMaxOutliers = kMaxHealthOutliers;
   // Tracked (group, layer, rank)s at most; more are not scored into runs.
   static constexpr int kMaxTracked = 65536;
   static constexpr int kMaxCleared = 64;
