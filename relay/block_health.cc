@@ -34,9 +34,8 @@ Moments MomentsOf(const v1::Contribution& c, size_t width) {
 v1::RankHealth ScoreOne(int rank, int64_t step, const Moments& m,
                         const RankScores& within, const GlobalMoments& global,
                         const std::vector<int>& channels) {
-  const RankScores group =
-      ScoreRank(m, /*in_center=*/false, CenterWithout(global, m, channels),
-                channels);
+  const RankScores group = ScoreRank(
+      m, /*in_center=*/false, CenterWithout(global, m, channels), channels);
   const double ratio = std::isnan(within.variance_ratio)
                            ? group.variance_ratio
                            : within.variance_ratio;

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <memory>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -696,9 +696,8 @@ class RelayHealthTest : public RelayTest {
       std::vector<v1::Contribution> forward;
       for (int r = 0; r < kWorld; ++r) {
         const auto f = faults.find(r);
-        forward.push_back(Forward(job, step, r,
-                                  f == faults.end() ? Fault::kNone : f->second,
-                                  rng));
+        forward.push_back(Forward(
+            job, step, r, f == faults.end() ? Fault::kNone : f->second, rng));
       }
       for (const auto& result :
            SendAll(*relay_stub_, forward, /*streams=*/false, rng)) {
@@ -769,9 +768,9 @@ TEST_F(RelayHealthTest, ABrokenRankBehindARelayIsFlaggedByItsRank) {
   }
   // Each broken rank by its own kind (a scaled batch's mean strays too),
   // and no healthy rank.
-  EXPECT_THAT(kinds, ::testing::UnorderedElementsAre(
-                         ::testing::Key(5), ::testing::Key(13),
-                         ::testing::Key(21)));
+  EXPECT_THAT(kinds,
+              ::testing::UnorderedElementsAre(
+                  ::testing::Key(5), ::testing::Key(13), ::testing::Key(21)));
   EXPECT_THAT(kinds[13], ElementsAre(v1::HealthFlag::MEAN_SHIFT));
   EXPECT_TRUE(kinds[21].count(v1::HealthFlag::VARIANCE_RATIO));
   EXPECT_THAT(kinds[5], ElementsAre(v1::HealthFlag::STUCK_CHANNEL));

@@ -47,8 +47,8 @@ HealthCenter CenterWithout(const GlobalMoments& global, const Moments& rank,
     const double delta = rank.mean[ch] - rest_mean;
     // Chan: M2 = M2_rank + M2_rest + delta^2 n m / N, solved for M2_rest;
     // rounding may leave a hair below zero.
-    const double m2 = std::max(
-        0.0, global.var[ch] * total - rank.m2[ch] - delta * delta * n * m / total);
+    const double m2 = std::max(0.0, global.var[ch] * total - rank.m2[ch] -
+                                        delta * delta * n * m / total);
     c.mean[k] = rest_mean;
     c.var[k] = c.dof > 0 ? m2 / static_cast<double>(c.dof) : 0;
   }
@@ -64,9 +64,9 @@ RankScores ScoreRank(const Moments& m, bool in_center,
   const double total = static_cast<double>(center.count);
   // The variance of the rank's mean minus the center's, in units of the
   // channel's variance.
-  const double se =
-      in_center ? 1.0 / n - 1.0 / total
-                : 1.0 / n + (center.count > 0 ? 1.0 / total : 0.0);
+  const double se = in_center
+                        ? 1.0 / n - 1.0 / total
+                        : 1.0 / n + (center.count > 0 ? 1.0 / total : 0.0);
   double s = 0, r = 0;
   int used = 0;
   for (size_t k = 0; k < channels.size() && k < center.var.size(); ++k) {
@@ -92,7 +92,8 @@ RankScores ScoreRank(const Moments& m, bool in_center,
 double ScoreExcess(const RankScores& s) {
   double e = 0;
   if (s.mean_shift > 0) e = std::max(e, s.mean_shift);
-  if (!std::isnan(s.variance_ratio)) e = std::max(e, std::abs(s.variance_ratio));
+  if (!std::isnan(s.variance_ratio))
+    e = std::max(e, std::abs(s.variance_ratio));
   return e;
 }
 

@@ -364,9 +364,7 @@ RankHealth Scored(int rank, int64_t step, double shift, int stuck = -1,
 // block's retry counts its scores once.
 TEST_F(RelayBlockTest, ARelayedRanksScoresRaiseAndClearItsFlag) {
   ASSERT_TRUE(agg_.CreateJob(Spec("h", 8)).ok());
-  const auto flags = [&] {
-    return (*agg_.GetStatsHealth("h", 16))->flags;
-  };
+  const auto flags = [&] { return (*agg_.GetStatsHealth("h", 16))->flags; };
   for (int64_t step = 0; step < 8; ++step) {
     SCOPED_TRACE(step);
     Contribution block = Block("h", step, Phase::kForward, 0, 4, 8);
@@ -379,8 +377,9 @@ TEST_F(RelayBlockTest, ARelayedRanksScoresRaiseAndClearItsFlag) {
           Scored(0, step - 1, -0.3)};
     }
     Contribution retry = block;
-    auto out = Send({std::move(block), Block("h", step, Phase::kForward, 4, 4, 8),
-                     std::move(retry)});
+    auto out =
+        Send({std::move(block), Block("h", step, Phase::kForward, 4, 4, 8),
+              std::move(retry)});
     for (int i = 0; i < 3; ++i) {
       ASSERT_TRUE(out->get(i).status.ok()) << i << out->get(i).status;
     }

@@ -65,10 +65,10 @@ absl::Status CheckRelayedHealth(const Contribution& c, int channels) {
   std::sort(keys.begin(), keys.end());
   const auto twice = std::adjacent_find(keys.begin(), keys.end());
   if (twice != keys.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "relay block of rank ", c.rank, " carries rank ", twice->first,
-        "'s health of step ", twice->second,
-        " twice; each rank's round is scored once"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("relay block of rank ", c.rank, " carries rank ",
+                     twice->first, "'s health of step ", twice->second,
+                     " twice; each rank's round is scored once"));
   }
   return absl::OkStatus();
 }

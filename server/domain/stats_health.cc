@@ -5,8 +5,8 @@
 #include <limits>
 #include <utility>
 
-#include "server/domain/round_observer.h"
 #include "server/domain/rank_score.h"
+#include "server/domain/round_observer.h"
 
 namespace syncnorm {
 namespace {

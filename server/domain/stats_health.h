@@ -201,8 +201,7 @@ class StatsHealth {
              std::vector<StatsHealthReport>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrackStuck(const RankKey& key, RankRuns& runs, int64_t step,
-                  int64_t count, int stuck,
-                  std::vector<StatsHealthReport>& out)
+                  int64_t count, int stuck, std::vector<StatsHealthReport>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDead(const HealthSample& sample,
                  std::vector<StatsHealthReport>& out)

@@ -171,10 +171,10 @@ absl::Status RankHealthFromProto(const v1::RelayBlock& proto,
   for (int i = 0; i < proto.health_size(); ++i) {
     const v1::RankHealth& h = proto.health(i);
     const auto bad = [&](absl::string_view what) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Contribution.relay.health[", i, "] (rank ", h.rank(), ", step ",
-          h.step(), "): ", what,
-          "; a relay leaves out a score it could not compute"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Contribution.relay.health[", i, "] (rank ", h.rank(),
+                       ", step ", h.step(), "): ", what,
+                       "; a relay leaves out a score it could not compute"));
     };
     if (h.has_mean_shift() && !std::isfinite(h.mean_shift())) {
       return bad(absl::StrCat("mean_shift is ", h.mean_shift()));
