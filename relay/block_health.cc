@@ -90,7 +90,14 @@ void BlockHealth::Score(const BlockId& id,
   by_serial_.erase(p.last_scored);
   p.last_scored = ++serial_;
   by_serial_[p.last_scored] = id;
-  p.rounds.push_back(std::move(entries));
+  // In step order, though answers of a block's rounds may be scored out
+  // of it: the shard skips a rank's round older than one it has tracked.
+  const int64_t step = answer.step();
+  auto at = std::find_if(p.rounds.begin(), p.rounds.end(),
+                         [step](const std::vector<v1::RankHealth>& r) {
+                           return r.front().step() > step;
+                         });
+  p.rounds.insert(at, std::move(entries));
   while (p.rounds.size() > static_cast<size_t>(kMaxRounds)) PopOldest(p);
   while (entries_held_ > kMaxEntries) {
     Erase(pending_.find(by_serial_.begin()->second));

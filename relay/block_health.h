@@ -59,7 +59,8 @@ class BlockHealth {
 
  private:
   struct Pending {
-    // Oldest first; one scored round's entries each.
+    // By step, oldest first; one scored round's entries each (never
+    // empty).
     std::deque<std::vector<v1::RankHealth>> rounds;
     int64_t last_scored = 0;  // its key in by_serial_
   };

@@ -243,7 +243,8 @@ TEST(BlockHealthTest, ScoresGoUpWithALaterContributionOfTheirBlockOnly) {
 
 TEST(BlockHealthTest, KeepsTheLatestRoundsOfABlockWhileNoneGoesUp) {
   BlockHealth health;
-  for (int64_t step = 0; step < 7; ++step) {
+  // Scored out of order (two steps' answers at once): sent in step order.
+  for (int64_t step : {0, 1, 3, 2, 4, 6, 5}) {
     health.Score(kBlock, TwoRanks(step), Answer(step));
   }
   v1::Contribution c = Next(v1::FORWARD, 7);
@@ -252,6 +253,22 @@ TEST(BlockHealthTest, KeepsTheLatestRoundsOfABlockWhileNoneGoesUp) {
   for (int i = 0; i < c.relay().health_size(); ++i) {
     EXPECT_EQ(c.relay().health(i).step(), 7 - BlockHealth::kMaxRounds + i / 2);
   }
+}
+
+TEST(BlockHealthTest, ForgetsTheBlocksScoredLeastRecentlyPastItsBound) {
+  BlockHealth health;
+  // Two entries a block: one block more than the bound holds.
+  const int blocks = static_cast<int>(BlockHealth::kMaxEntries / 2) + 1;
+  for (int b = 0; b < blocks; ++b) {
+    health.Score(BlockHealth::BlockId("job", 0, 3, 0, b), TwoRanks(5),
+                 Answer(5));
+  }
+  v1::Contribution first = Next(v1::FORWARD, 6);
+  health.Attach(BlockHealth::BlockId("job", 0, 3, 0, 0), first);
+  EXPECT_EQ(first.relay().health_size(), 0);
+  v1::Contribution second = Next(v1::FORWARD, 6);
+  health.Attach(BlockHealth::BlockId("job", 0, 3, 0, 1), second);
+  EXPECT_EQ(second.relay().health_size(), 2);
 }
 
 }  // namespace
