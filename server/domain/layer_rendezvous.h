@@ -48,7 +48,9 @@ class LayerRendezvous {
   // that ends, with its contributors that arrived more than
   // `straggler_threshold` after the first. `health` (if not null, and the
   // job synchronous) scores every forward round that completes, after its
-  // answers: the last Delivery the round appends does it.
+  // answers: the last Delivery the round appends does it; and tracks the
+  // scores a relay's block carries once the block is taken
+  // (RelayBlock.health, checked with the block).
   // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
   LayerRendezvous(const JobSpec& spec, const GroupLayout& groups, int layer,
                   int recent_capacity, StateStore* store,
