@@ -183,6 +183,8 @@ absl::StatusOr<v1::Contribution> BlockRound::Merge() const {
       const v1::RelayBlock& b = c.relay();
       block.mutable_fingerprints()->Add(b.fingerprints().begin(),
                                         b.fingerprints().end());
+      // Its ranks' statistics-health scores go on up with it.
+      block.mutable_health()->MergeFrom(b.health());
       const int offset = b.first_position() - first_position_;
       tree.AddBlock(offset, b.positions(), b.fingerprints_size(), c.rank(),
                     *std::move(payload));

@@ -20,6 +20,13 @@ constexpr int64_t kRememberedBlocks = 1 << 16;
 // timeout is not known (the job could not be read).
 constexpr absl::Duration kUnknownJobRetry = absl::Seconds(30);
 
+// A block of a layer, whatever its round (statistics health).
+template <typename BlockKey>
+BlockHealth::BlockId HealthIdOf(const BlockKey& k) {
+  return BlockHealth::BlockId(std::get<0>(k), std::get<1>(k), std::get<2>(k),
+                              std::get<6>(k), std::get<7>(k));
+}
+
 template <typename BlockKey>
 auto RoundKeyOf(const BlockKey& k) {
   return std::make_tuple(std::get<0>(k), std::get<1>(k), std::get<2>(k),
@@ -43,8 +50,14 @@ Relay::Relay(const RelayOptions& options, Upstream& upstream,
     : options_(options), upstream_(upstream), timers_(timers) {}
 
 RelayCounters Relay::counters() const {
-  absl::MutexLock lock(&mu_);
-  return counters_;
+  RelayCounters c;
+  {
+    absl::MutexLock lock(&mu_);
+    c = counters_;
+  }
+  c.ranks_scored = health_.ranks_scored();
+  c.health_sent = health_.entries_sent();
+  return c;
 }
 
 void Relay::Contribute(v1::Contribution c, AnswerFn done) {
@@ -295,6 +308,9 @@ void Relay::Complete(const BlockKey& key, BlockRound& round, Actions& actions) {
     Release(key, actions);
     return;
   }
+  // Its ranks' scores of earlier rounds go up with it, never on the path
+  // of the round they scored.
+  health_.Attach(HealthIdOf(key), *merged);
   round.set_forwarded();
   ++counters_.blocks_forwarded;
   const JobEntry& job = jobs_.at(JobKey(std::get<0>(key), std::get<1>(key)));
@@ -337,8 +353,11 @@ void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
                       : ErrorAnswer(held.begin()->second.contribution,
                                     FromGrpc(status));
       Forget(key);
-      actions.push_back([held = std::move(held), answer] {
+      actions.push_back([this, id = HealthIdOf(key), held = std::move(held),
+                         answer, ok = status.ok()] {
         for (const auto& [rank, h] : held) AnswerAll(h.waiters, answer);
+        // After the answers: off the round's critical path.
+        if (ok) health_.Score(id, held, answer->result);
       });
     }
   }

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "relay/answers.h"
+#include "relay/block_health.h"
 #include "relay/block_round.h"
 #include "relay/job_view.h"
 #include "relay/relay_options.h"
@@ -34,6 +35,10 @@ struct RelayCounters {
   int64_t blocks_forwarded = 0;
   // Contributions sent through unmerged.
   int64_t passed_through = 0;
+  // Statistics health: ranks of merged blocks scored, and their scores
+  // sent up with a block (BlockHealth).
+  int64_t ranks_scored = 0;
+  int64_t health_sent = 0;
 };
 
 // Thread-safe. Answers go out on gRPC's or the timer queue's threads, or
@@ -154,6 +159,8 @@ class Relay {
   const RelayOptions options_;
   Upstream& upstream_;
   TimerQueue& timers_;
+  // Thread-safe itself; taken under mu_ or without it.
+  BlockHealth health_;
 
   mutable absl::Mutex mu_;
   std::map<JobKey, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -905,6 +907,206 @@ TEST_F(RelayTest, OnlyARelayTokenMayMoveARoundsStartBack) {
   const grpc::Status refused = send(relay_token, negative);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error_message(), HasSubstr("round_age_ms -1"));
+}
+
+// Statistics health through the relay (docs/relay.md, "Statistics
+// health"): W = 32 ranks in blocks of 8, C = 32 channels, batches of 16
+// values drawn from one normal distribution; a broken rank's inputs are
+// shifted by half a standard deviation, scaled by 1.5, or have a channel
+// stuck at a constant.
+class RelayHealthTest : public RelayTest {
+ protected:
+  static constexpr int kWorld = 32;
+  static constexpr int kWide = 32;  // channels
+  static constexpr int kBatch = 16;
+
+  enum class Fault { kNone, kShift, kScale, kStuck, kFarOff };
+
+  void CreateHealthJob(const std::string& job) {
+    v1::CreateJobRequest request;
+    request.set_job_id(job);
+    request.set_world_size(kWorld);
+    request.set_round_timeout_ms(20000);
+    request.add_layers()->set_num_features(kWide);
+    grpc::ClientContext context;
+    v1::JobInfo info;
+    const grpc::Status s = shard_->CreateJob(&context, request, &info);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_TRUE(info.accepts_relay_blocks());
+  }
+
+  // One rank's moments of its batch, computed from its values.
+  static v1::Contribution Forward(const std::string& job, int64_t step,
+                                  int rank, Fault fault, std::mt19937& rng) {
+    std::normal_distribution<double> value(1.5, 2.0);
+    v1::Contribution c;
+    c.set_job_id(job);
+    c.set_step(step);
+    c.set_phase(v1::FORWARD);
+    c.set_rank(rank);
+    v1::Moments& m = *c.mutable_moments();
+    m.set_count(kBatch);
+    for (int ch = 0; ch < kWide; ++ch) {
+      std::vector<double> x(kBatch);
+      for (double& v : x) {
+        v = value(rng);
+        if (fault == Fault::kShift) v += 0.5 * 2.0;
+        if (fault == Fault::kFarOff) v += 10 * 2.0;
+        if (fault == Fault::kScale) v = 1.5 + (v - 1.5) * 1.5;
+        if (fault == Fault::kStuck && ch == 7) v = 0.25;
+      }
+      double mean = 0, m2 = 0;
+      for (double v : x) mean += v / kBatch;
+      for (double v : x) m2 += (v - mean) * (v - mean);
+      m.add_mean(mean);
+      m.add_m2(m2);
+    }
+    return c;
+  }
+
+  static v1::Contribution Backward(const std::string& job, int64_t step,
+                                   int rank) {
+    v1::Contribution c;
+    c.set_job_id(job);
+    c.set_step(step);
+    c.set_phase(v1::BACKWARD);
+    c.set_rank(rank);
+    for (int ch = 0; ch < kWide; ++ch) {
+      c.mutable_grad_sums()->add_sum_dy(0.01 * (rank + ch));
+      c.mutable_grad_sums()->add_sum_dy_xmu(-0.02 * (rank - ch));
+    }
+    return c;
+  }
+
+  // `steps` steps of FORWARD (and BACKWARD) rounds through the relay, the
+  // ranks of `faults` broken from step 0.
+  void Train(const std::string& job, int steps, bool backward,
+             const std::map<int, Fault>& faults, std::mt19937& rng) {
+    for (int64_t step = 0; step < steps; ++step) {
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      std::vector<v1::Contribution> forward;
+      for (int r = 0; r < kWorld; ++r) {
+        const auto f = faults.find(r);
+        forward.push_back(Forward(
+            job, step, r, f == faults.end() ? Fault::kNone : f->second, rng));
+      }
+      for (const auto& result :
+           SendAll(*relay_stub_, forward, /*streams=*/false, rng)) {
+        ASSERT_FALSE(result.has_error()) << result.error().message();
+      }
+      if (!backward) continue;
+      std::vector<v1::Contribution> back;
+      for (int r = 0; r < kWorld; ++r) back.push_back(Backward(job, step, r));
+      for (const auto& result :
+           SendAll(*relay_stub_, back, /*streams=*/true, rng)) {
+        ASSERT_FALSE(result.has_error()) << result.error().message();
+      }
+    }
+  }
+
+  v1::StatsHealth Health(const std::string& job) {
+    v1::GetStatsHealthRequest request;
+    request.set_job_id(job);
+    grpc::ClientContext context;
+    v1::StatsHealth health;
+    const grpc::Status s = shard_->GetStatsHealth(&context, request, &health);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return health;
+  }
+};
+
+TEST_F(RelayHealthTest, HealthyRanksBehindARelayAreScoredAndRaiseNoFlag) {
+  StartRelay();
+  CreateHealthJob("healthy");
+  std::mt19937 rng(341);
+  constexpr int kSteps = 40;
+  Train("healthy", kSteps, /*backward=*/false, {}, rng);
+  const RelayCounters counters = relay_->counters();
+  EXPECT_EQ(counters.blocks_forwarded, kSteps * kWorld / 8);
+  EXPECT_EQ(counters.passed_through, 0);
+  // Every rank of every round scored; all but the last round's went up
+  // (with the next step's FORWARD).
+  EXPECT_EQ(counters.ranks_scored, kSteps * kWorld);
+  EXPECT_EQ(counters.health_sent, (kSteps - 1) * kWorld);
+  const v1::StatsHealth health = Health("healthy");
+  EXPECT_EQ(health.rounds_scored(), kSteps);
+  EXPECT_EQ(health.flags_in_force(), 0);
+  for (const v1::HealthFlag& f : health.flags()) {
+    ADD_FAILURE() << "rank " << f.rank() << " flagged, kind " << f.kind()
+                  << ", score " << f.score();
+  }
+}
+
+TEST_F(RelayHealthTest, ABrokenRankBehindARelayIsFlaggedByItsRank) {
+  StartRelay();
+  CreateHealthJob("broken");
+  std::mt19937 rng(342);
+  // In three blocks: shifted, scaled, a channel stuck.
+  const std::map<int, Fault> faults = {
+      {13, Fault::kShift}, {21, Fault::kScale}, {5, Fault::kStuck}};
+  Train("broken", 6, /*backward=*/true, faults, rng);
+  const v1::StatsHealth health = Health("broken");
+  std::map<int, std::set<int>> kinds;  // by rank
+  for (const v1::HealthFlag& f : health.flags()) {
+    EXPECT_TRUE(f.active()) << "rank " << f.rank();
+    EXPECT_EQ(f.layer(), 0);
+    EXPECT_EQ(f.group(), 0);
+    EXPECT_EQ(f.first_step(), 0) << "rank " << f.rank();
+    kinds[f.rank()].insert(f.kind());
+    if (f.kind() == v1::HealthFlag::STUCK_CHANNEL) {
+      EXPECT_EQ(f.channel(), 7);
+    }
+  }
+  // Each broken rank by its own kind (a scaled batch's mean strays too),
+  // and no healthy rank.
+  EXPECT_THAT(kinds,
+              ::testing::UnorderedElementsAre(
+                  ::testing::Key(5), ::testing::Key(13), ::testing::Key(21)));
+  EXPECT_THAT(kinds[13], ElementsAre(v1::HealthFlag::MEAN_SHIFT));
+  EXPECT_TRUE(kinds[21].count(v1::HealthFlag::VARIANCE_RATIO));
+  EXPECT_THAT(kinds[5], ElementsAre(v1::HealthFlag::STUCK_CHANNEL));
+  EXPECT_EQ(relay_->counters().passed_through, 0);
+}
+
+// Through a tree: the ranks' own relays (blocks of 8) score them, their
+// scores ride up inside their blocks through the parent (blocks of 32),
+// and the shard flags the broken rank by its rank.
+TEST_F(RelayHealthTest, ARankTwoLevelsDownIsFlaggedByItsRank) {
+  std::unique_ptr<RelayServer> parent =
+      StartTreeRelay(aggregator_->address(), 32, "");
+  ASSERT_NE(parent, nullptr);
+  RelayOptions child;
+  child.parent_relay = AddressOf(*parent);
+  child.pass_through_margin = absl::Milliseconds(40);
+  StartRelay(child);
+  CreateHealthJob("tree");
+  std::mt19937 rng(344);
+  Train("tree", 6, /*backward=*/true, {{13, Fault::kShift}}, rng);
+  const v1::StatsHealth health = Health("tree");
+  ASSERT_EQ(health.flags_size(), 1);
+  EXPECT_EQ(health.flags(0).rank(), 13);
+  EXPECT_EQ(health.flags(0).kind(), v1::HealthFlag::MEAN_SHIFT);
+  // The child scored every rank; the parent, holding only blocks, none.
+  EXPECT_EQ(relay_->counters().ranks_scored, 6 * kWorld);
+  EXPECT_EQ(parent->counters().ranks_scored, 0);
+  EXPECT_EQ(parent->counters().blocks_forwarded, 6 * 2);
+  EXPECT_EQ(parent->counters().passed_through, 0);
+}
+
+// A rank ten standard deviations off (a wrong input normalization) puts
+// between-rank spread into the rest of the group's variance: the relay
+// judges each rank's variance against its own block's, so the others'
+// variances do not look small, and only that rank is flagged.
+TEST_F(RelayHealthTest, AFarOffRankFlagsItselfAndNoOther) {
+  StartRelay();
+  CreateHealthJob("far");
+  std::mt19937 rng(343);
+  Train("far", 5, /*backward=*/false, {{29, Fault::kFarOff}}, rng);
+  const v1::StatsHealth health = Health("far");
+  ASSERT_EQ(health.flags_size(), 1);
+  EXPECT_EQ(health.flags(0).rank(), 29);
+  EXPECT_EQ(health.flags(0).kind(), v1::HealthFlag::MEAN_SHIFT);
+  EXPECT_EQ(relay_->counters().passed_through, 0);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // The relay's pieces without a network: the job's layout and membership as
 // GetJob describes them, the missing ranks of a ReduceOnce error, the
-// timer queue, a block round holding its ranks' and child relays' blocks.
+// timer queue, a block round holding its ranks' and child relays' blocks,
+// the scores of a block's ranks and when they go up.
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "relay/answers.h"
+#include "relay/block_health.h"
 #include "relay/block_round.h"
 #include "relay/job_view.h"
 #include "relay/timer_queue.h"
@@ -323,6 +326,126 @@ TEST(BlockRoundTest, ABlockOverlappingWhatIsHeldIsRefusedAResendWaits) {
     EXPECT_TRUE(round.complete());
     EXPECT_EQ(round.TakeHeld().at(2).waiters.size(), 2u);
   }
+}
+
+// One channel: rank 0 (4 values, mean 0, M2 24) and rank 1 (4 values,
+// mean 3, M2 12) in this block, 8 values (mean 0, M2 28) in another. The
+// round's answer: 16 values, mean 0.75, M2 91 (var 91/16). Worked out
+// apart from the code: rank 1's mean against the other 12 values (mean
+// 0, var 52/11) has z^2 = 9 / (52/11 (1/4 + 1/12)); rank 0's against
+// mean 1, var 64/11, z^2 = 1 / (64/11 (1/3)). Each variance against the
+// block's pooled one, 36 / 6: 4/6 and 8/6 over 3 degrees of freedom.
+std::map<int, HeldContribution> TwoRanks(int64_t step) {
+  std::map<int, HeldContribution> held;
+  for (int r : {0, 1}) {
+    v1::Contribution& c = held[r].contribution;
+    c.set_rank(r);
+    c.set_step(step);
+    c.set_phase(v1::FORWARD);
+    c.mutable_moments()->set_count(4);
+    c.mutable_moments()->add_mean(r == 0 ? 0.0 : 3.0);
+    c.mutable_moments()->add_m2(r == 0 ? 24.0 : 12.0);
+  }
+  return held;
+}
+
+v1::RoundResult Answer(int64_t step) {
+  v1::RoundResult a;
+  a.set_step(step);
+  a.set_phase(v1::FORWARD);
+  a.mutable_moments()->set_count(16);
+  a.mutable_moments()->add_mean(0.75);
+  a.mutable_moments()->add_var(91.0 / 16);
+  return a;
+}
+
+v1::Contribution Next(v1::Phase phase, int64_t step,
+                      std::vector<int> runs = {0, 1}) {
+  v1::Contribution c;
+  c.set_phase(phase);
+  c.set_step(step);
+  for (int r : runs) c.mutable_relay()->add_rank_runs(r);
+  return c;
+}
+
+const BlockHealth::BlockId kBlock("job", 0, 3, 0, 0);
+
+TEST(BlockHealthTest, ScoresEachRankAgainstTheRestOfItsGroup) {
+  BlockHealth health;
+  health.Score(kBlock, TwoRanks(5), Answer(5));
+  v1::Contribution c = Next(v1::FORWARD, 6);
+  health.Attach(kBlock, c);
+  ASSERT_EQ(c.relay().health_size(), 2);
+  const v1::RankHealth& r0 = c.relay().health(0);
+  const v1::RankHealth& r1 = c.relay().health(1);
+  EXPECT_EQ(r0.rank(), 0);
+  EXPECT_EQ(r1.rank(), 1);
+  EXPECT_EQ(r1.step(), 5);
+  EXPECT_EQ(r1.count(), 4);
+  EXPECT_NEAR(r1.mean_shift(), 2.1419878138859154, 1e-12);
+  EXPECT_NEAR(r1.variance_ratio(), -0.19232950539786947, 1e-12);
+  EXPECT_NEAR(r0.mean_shift(), 0.05113613395291277, 1e-12);
+  EXPECT_NEAR(r0.variance_ratio(), 0.6419493765929746, 1e-12);
+  EXPECT_FALSE(r1.has_stuck_channel());
+  EXPECT_EQ(health.ranks_scored(), 2);
+  EXPECT_EQ(health.entries_sent(), 2);
+  // Sent once.
+  v1::Contribution again = Next(v1::FORWARD, 7);
+  health.Attach(kBlock, again);
+  EXPECT_EQ(again.relay().health_size(), 0);
+}
+
+TEST(BlockHealthTest, ScoresGoUpWithALaterContributionOfTheirBlockOnly) {
+  BlockHealth health;
+  health.Score(kBlock, TwoRanks(5), Answer(5));
+  // Another block, or the scored FORWARD itself (a retry of it), carry
+  // nothing; the step's BACKWARD does, of the ranks still in the block.
+  v1::Contribution other = Next(v1::FORWARD, 6);
+  health.Attach(BlockHealth::BlockId("job", 0, 3, 0, 1), other);
+  EXPECT_EQ(other.relay().health_size(), 0);
+  v1::Contribution same = Next(v1::FORWARD, 5);
+  health.Attach(kBlock, same);
+  EXPECT_EQ(same.relay().health_size(), 0);
+  v1::Contribution backward = Next(v1::BACKWARD, 5, {1, 1});
+  health.Attach(kBlock, backward);
+  ASSERT_EQ(backward.relay().health_size(), 1);
+  EXPECT_EQ(backward.relay().health(0).rank(), 1);
+  // An answer without moments (a failed round) scores nothing.
+  v1::RoundResult failed;
+  failed.set_phase(v1::FORWARD);
+  failed.mutable_error()->set_code(4);
+  health.Score(kBlock, TwoRanks(6), failed);
+  EXPECT_EQ(health.ranks_scored(), 2);
+}
+
+TEST(BlockHealthTest, KeepsTheLatestRoundsOfABlockWhileNoneGoesUp) {
+  BlockHealth health;
+  // Scored out of order (two steps' answers at once): sent in step order.
+  for (int64_t step : {0, 1, 3, 2, 4, 6, 5}) {
+    health.Score(kBlock, TwoRanks(step), Answer(step));
+  }
+  v1::Contribution c = Next(v1::FORWARD, 7);
+  health.Attach(kBlock, c);
+  ASSERT_EQ(c.relay().health_size(), 2 * BlockHealth::kMaxRounds);
+  for (int i = 0; i < c.relay().health_size(); ++i) {
+    EXPECT_EQ(c.relay().health(i).step(), 7 - BlockHealth::kMaxRounds + i / 2);
+  }
+}
+
+TEST(BlockHealthTest, ForgetsTheBlocksScoredLeastRecentlyPastItsBound) {
+  BlockHealth health;
+  // Two entries a block: one block more than the bound holds.
+  const int blocks = static_cast<int>(BlockHealth::kMaxEntries / 2) + 1;
+  for (int b = 0; b < blocks; ++b) {
+    health.Score(BlockHealth::BlockId("job", 0, 3, 0, b), TwoRanks(5),
+                 Answer(5));
+  }
+  v1::Contribution first = Next(v1::FORWARD, 6);
+  health.Attach(BlockHealth::BlockId("job", 0, 3, 0, 0), first);
+  EXPECT_EQ(first.relay().health_size(), 0);
+  v1::Contribution second = Next(v1::FORWARD, 6);
+  health.Attach(BlockHealth::BlockId("job", 0, 3, 0, 1), second);
+  EXPECT_EQ(second.relay().health_size(), 2);
 }
 
 }  // namespace

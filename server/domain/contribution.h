@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <variant>
@@ -28,6 +29,21 @@ const char* PhaseName(Phase phase);
 // monostate when the sender gave none.
 using Payload = std::variant<std::monostate, Moments, GradSums>;
 
+// One rank's statistics-health scores in one forward round, as a relay
+// computed them (RankHealth on the wire; rank_score.h).
+struct RankHealth {
+  int rank = 0;
+  // The forward round's step.
+  int64_t step = 0;
+  // The rank's batch in it, >= 1.
+  int64_t count = 0;
+  // In standard normal units; NaN where not scored.
+  double mean_shift = std::numeric_limits<double>::quiet_NaN();
+  double variance_ratio = std::numeric_limits<double>::quiet_NaN();
+  // The lowest stuck channel, -1 for none.
+  int stuck_channel = -1;
+};
+
 // What a relay merged into one contribution (Contribution.relay on the
 // wire, docs/relay.md): an aligned block of a group's positions.
 struct RelayBlock {
@@ -38,6 +54,9 @@ struct RelayBlock {
   // Per rank of `ranks`: ContributionFingerprint of its payload and update,
   // of kFingerprintKind.
   std::vector<uint64_t> fingerprints;
+  // The scores of its ranks in the layer's earlier rounds that went up as
+  // blocks (RelayBlock.health).
+  std::vector<RankHealth> health;
 };
 
 // One rank's share of a round, keyed by (job_id, layer, step, phase,

@@ -1,11 +1,13 @@
 #include "server/domain/layer_rendezvous.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "server/domain/bounded_text.h"
+#include "server/domain/relayed_health.h"
 #include "wire/rank_list.h"
 
 namespace syncnorm {
@@ -174,7 +176,7 @@ absl::Status LayerRendezvous::BlockError(const Contribution& c) const {
           ", which is not at one of those positions of that group"));
     }
   }
-  return absl::OkStatus();
+  return CheckRelayedHealth(c, config_.channels);
 }
 
 absl::Status LayerRendezvous::Replaced(const Contribution& c) const {
@@ -367,6 +369,12 @@ void LayerRendezvous::AddToRound(const RoundKey& key, Round& round,
                                  bool& applied) {
   RoundCallback evicted;
   Round::AddResult added;
+  // A block's scores of its ranks' earlier rounds, tracked once it is
+  // taken (a retry's are the same ones).
+  std::vector<RankHealth> relayed;
+  if (c.block.has_value() && health_ != nullptr) {
+    relayed = std::move(c.block->health);
+  }
   if (c.block.has_value()) {
     int conflict = -1;
     absl::StatusOr<Round::AddResult> block =
@@ -406,6 +414,28 @@ void LayerRendezvous::AddToRound(const RoundKey& key, Round& round,
       (round.complete() || QuorumReached(round, now))) {
     Complete(key, round, now, out, applied);
   }
+  if (added == Round::AddResult::kAdded && !relayed.empty()) {
+    ObserveRelayed(std::get<0>(key), std::move(relayed), out);
+  }
+}
+
+void LayerRendezvous::ObserveRelayed(int group, std::vector<RankHealth> scores,
+                                     Deliveries& out) const {
+  // After the round's answers, if the block completed it: off its path.
+  auto shared =
+      std::make_shared<const std::vector<RankHealth>>(std::move(scores));
+  out.push_back(Delivery{
+      [health = health_, group, layer = layer_, shared](const RoundOutcome&) {
+        health->ObserveRelayed(group, layer, *shared);
+      },
+      NoOutcome()});
+}
+
+const std::shared_ptr<const RoundOutcome>& LayerRendezvous::NoOutcome() {
+  static const std::shared_ptr<const RoundOutcome>* const kNone =
+      new std::shared_ptr<const RoundOutcome>(
+          std::make_shared<const RoundOutcome>());
+  return *kNone;
 }
 
 bool LayerRendezvous::QuorumReached(const Round& round, absl::Time now) const {
@@ -554,13 +584,10 @@ void LayerRendezvous::Complete(const RoundKey& key, Round& round,
          std::move(record.fingerprints), out);
   if (phase == Phase::kForward) FailSuperseded(key, out);
   if (sample != nullptr) {
-    static const std::shared_ptr<const RoundOutcome>* const kNone =
-        new std::shared_ptr<const RoundOutcome>(
-            std::make_shared<const RoundOutcome>());
     out.push_back(Delivery{[health = health_, sample](const RoundOutcome&) {
                              health->Observe(*sample);
                            },
-                           *kNone});
+                           NoOutcome()});
   }
   applied = phase == Phase::kForward;
 }

@@ -48,7 +48,9 @@ class LayerRendezvous {
   // that ends, with its contributors that arrived more than
   // `straggler_threshold` after the first. `health` (if not null, and the
   // job synchronous) scores every forward round that completes, after its
-  // answers: the last Delivery the round appends does it.
+  // answers: the last Delivery the round appends does it; and tracks the
+  // scores a relay's block carries once the block is taken
+  // (RelayBlock.health, checked with the block).
   // REQUIRES: 0 <= layer < spec.layers.size(), recent_capacity > 0.
   LayerRendezvous(const JobSpec& spec, const GroupLayout& groups, int layer,
                   int recent_capacity, StateStore* store,
@@ -243,6 +245,12 @@ class LayerRendezvous {
   void AddToRound(const RoundKey& key, Round& round, Contribution c,
                   RoundCallback done, absl::Time now, Deliveries& out,
                   bool& applied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands a taken block's scores of its ranks (RelayBlock.health) to
+  // health_ after the deliveries before it. REQUIRES: health_ not null.
+  void ObserveRelayed(int group, std::vector<RankHealth> scores,
+                      Deliveries& out) const;
+  // An outcome for a delivery that answers nobody.
+  static const std::shared_ptr<const RoundOutcome>& NoOutcome();
   // Whether the quorum policy lets `round` complete at `now` without the
   // ranks still missing.
   bool QuorumReached(const Round& round, absl::Time now) const;

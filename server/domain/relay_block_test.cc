@@ -343,3 +343,113 @@ TEST_F(RelayBlockTest, AMembershipChangeUnderABlockEvictsItWhole) {
 
 }  // namespace
 }  // namespace syncnorm
+
+namespace syncnorm {
+namespace {
+
+RankHealth Scored(int rank, int64_t step, double shift, int stuck = -1,
+                  int64_t count = 4) {
+  RankHealth h;
+  h.rank = rank;
+  h.step = step;
+  h.count = count;
+  h.mean_shift = shift;
+  h.stuck_channel = stuck;
+  return h;
+}
+
+// A relay's scores of its ranks ride on the block's next contribution:
+// the shard tracks them as its own, a relayed rank is flagged by its rank
+// after 3 rounds beyond the threshold and cleared after 3 within, and a
+// block's retry counts its scores once.
+TEST_F(RelayBlockTest, ARelayedRanksScoresRaiseAndClearItsFlag) {
+  ASSERT_TRUE(agg_.CreateJob(Spec("h", 8)).ok());
+  const auto flags = [&] { return (*agg_.GetStatsHealth("h", 16))->flags; };
+  for (int64_t step = 0; step < 8; ++step) {
+    SCOPED_TRACE(step);
+    Contribution block = Block("h", step, Phase::kForward, 0, 4, 8);
+    if (step > 0) {
+      // Rank 2 shifted in steps 0-3, and rank 1's channel 2 stuck (16
+      // values stuck a round: flagged after 2 rounds, cleared at once).
+      block.block->health = {
+          Scored(2, step - 1, step - 1 < 4 ? 9.0 : 0.5),
+          Scored(1, step - 1, 0.1, step - 1 < 4 ? 2 : -1, 17),
+          Scored(0, step - 1, -0.3)};
+    }
+    Contribution retry = block;
+    auto out =
+        Send({std::move(block), Block("h", step, Phase::kForward, 4, 4, 8),
+              std::move(retry)});
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(out->get(i).status.ok()) << i << out->get(i).status;
+    }
+    const std::vector<HealthFlag> f = flags();
+    if (step == 3) {
+      // Rank 1's channel 2 after steps 0 and 1; rank 2 after steps 0-2.
+      ASSERT_EQ(f.size(), 2u);
+      EXPECT_EQ(f[0].rank, 1);
+      EXPECT_EQ(f[0].kind, HealthKind::kStuckChannel);
+      EXPECT_EQ(f[0].channel, 2);
+      EXPECT_EQ(f[1].rank, 2);
+      EXPECT_EQ(f[1].kind, HealthKind::kMeanShift);
+      EXPECT_EQ(f[1].first_step, 0);
+      EXPECT_EQ(f[1].last_step, 2);
+      EXPECT_EQ(f[1].score, 9.0);
+      EXPECT_TRUE(f[1].active);
+    }
+  }
+  // Rank 2 was within the threshold in steps 4, 5 and 6: cleared at 6.
+  const std::vector<HealthFlag> f = flags();
+  const auto rank2 = std::find_if(f.begin(), f.end(), [](const HealthFlag& x) {
+    return x.rank == 2 && x.kind == HealthKind::kMeanShift;
+  });
+  ASSERT_NE(rank2, f.end());
+  EXPECT_FALSE(rank2->active);
+  EXPECT_EQ(rank2->cleared_step, 6);
+  EXPECT_EQ((*agg_.GetStatsHealth("h", 16))->flags_in_force, 0);
+}
+
+TEST_F(RelayBlockTest, BadHealthEntriesAreRefusedNamingThem) {
+  ASSERT_TRUE(agg_.CreateJob(Spec("b", 8)).ok());
+  auto zero = Send({Block("b", 0, Phase::kForward, 0, 4, 8),
+                    Block("b", 0, Phase::kForward, 4, 4, 8)});
+  ASSERT_TRUE(zero->get(0).status.ok());
+  struct Case {
+    std::vector<RankHealth> health;
+    std::string why;
+  };
+  std::vector<Case> cases = {
+      {{Scored(5, 0, 9)}, "entry 0 (rank 5, step 0) names a rank the block"},
+      {{Scored(1, 0, 9), Scored(2, 1, 9)},
+       "entry 1 (rank 2, step 1) is of a step that is not before this "
+       "contribution's (1, FORWARD)"},
+      {{Scored(1, -1, 9)}, "(rank 1, step -1) is of a step"},
+      {{Scored(1, 0, 9, -1, 0)}, "has a count of 0"},
+      {{Scored(1, 0, 9, 3)}, "names stuck channel 3 of a layer of 3 channels"},
+      {{Scored(1, 0, 9), Scored(1, 0, 8)}, "rank 1's health of step 0 twice"},
+      {std::vector<RankHealth>(17, Scored(0, 0, 9)),
+       "carries 17 health entries for its 4 ranks; at most 4 per rank"},
+  };
+  for (const Case& c : cases) {
+    Contribution block = Block("b", 1, Phase::kForward, 0, 4, 8);
+    block.block->health = c.health;
+    auto out = Send({std::move(block)});
+    ASSERT_EQ(out->calls(0), 1) << c.why;
+    EXPECT_EQ(out->get(0).status.code(), absl::StatusCode::kInvalidArgument)
+        << c.why;
+    EXPECT_THAT(out->get(0).status.message(), HasSubstr(c.why));
+  }
+  // A BACKWARD carries its own step's scores; the round went on.
+  Contribution block = Block("b", 1, Phase::kForward, 0, 4, 8);
+  auto one = Send({std::move(block), Block("b", 1, Phase::kForward, 4, 4, 8)});
+  ASSERT_TRUE(one->get(0).status.ok()) << one->get(0).status;
+  Contribution backward = Block("b", 1, Phase::kBackward, 0, 4, 8);
+  backward.block->health = {Scored(3, 1, 9), Scored(3, 0, 9)};
+  auto back =
+      Send({std::move(backward), Block("b", 1, Phase::kBackward, 4, 4, 8)});
+  EXPECT_TRUE(back->get(0).status.ok()) << back->get(0).status;
+  EXPECT_EQ((*agg_.GetStatsHealth("b", 16))->flags_in_force, 0);
+}
+
+}  // namespace
+}  // namespace syncnorm

@@ -5,111 +5,15 @@
 #include <limits>
 #include <utility>
 
+#include "server/domain/rank_score.h"
 #include "server/domain/round_observer.h"
 
 namespace syncnorm {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 // The scored kinds, by their index in StatsHealth::RankRuns.
 constexpr HealthKind kScored[2] = {HealthKind::kMeanShift,
                                    HealthKind::kVarianceRatio};
-
-// A chi-square variable over its degrees of freedom, x = chi2_k / k, as a
-// standard normal deviate (Wilson and Hilferty, 1931): close from k = 2
-// on, so one threshold means about the same false-alarm rate for a layer
-// of 2 channels and one of 2048, and for batches of 2 and of 64.
-double WilsonHilferty(double x, double k) {
-  const double v = 2.0 / (9.0 * k);
-  return (std::cbrt(x) - (1.0 - v)) / std::sqrt(v);
-}
-
-// The channels scored for the mean and variance: all of a small layer, an
-// evenly spaced subset of a large one.
-std::vector<int> ScoredChannels(int channels) {
-  const int n = std::min(channels, StatsHealth::kMaxScoredChannels);
-  std::vector<int> out(n);
-  for (int i = 0; i < n; ++i) {
-    out[i] = static_cast<int>(static_cast<int64_t>(i) * channels / n);
-  }
-  return out;
-}
-
-// The center of the ranks in `clean`: their pooled mean, and their pooled
-// within-rank variance (sum of m2 over sum of n - 1), which a rank's shift
-// does not inflate.
-struct Center {
-  int64_t count = 0;
-  int64_t dof = 0;
-  std::vector<double> mean;
-  std::vector<double> var;
-};
-
-Center CenterOf(const HealthSample& s, const std::vector<bool>& clean,
-                const std::vector<int>& channels) {
-  Center c;
-  c.mean.assign(channels.size(), 0.0);
-  c.var.assign(channels.size(), 0.0);
-  for (size_t i = 0; i < s.moments.size(); ++i) {
-    const Moments& m = s.moments[i];
-    if (!clean[i] || m.count < 1) continue;
-    c.count += m.count;
-    c.dof += m.count - 1;
-    const double n = static_cast<double>(m.count);
-    for (size_t k = 0; k < channels.size(); ++k) {
-      c.mean[k] += n * m.mean[channels[k]];
-      c.var[k] += m.m2[channels[k]];
-    }
-  }
-  for (size_t k = 0; k < channels.size(); ++k) {
-    c.mean[k] = c.count > 0 ? c.mean[k] / static_cast<double>(c.count) : 0;
-    c.var[k] = c.dof > 0 ? c.var[k] / static_cast<double>(c.dof) : 0;
-  }
-  return c;
-}
-
-// Rank i's (mean shift, variance ratio) against `center`; NaN where it is
-// not scored. `in_center`: whether rank i's batch is part of the center.
-std::pair<double, double> ScoreOf(const Moments& m, bool in_center,
-                                  const Center& center,
-                                  const std::vector<int>& channels) {
-  double shift = kNaN, ratio = kNaN;
-  if (m.count < 1) return {shift, ratio};
-  const double n = static_cast<double>(m.count);
-  const double total = static_cast<double>(center.count);
-  // The variance of the rank's mean minus the center's, in units of the
-  // channel's variance.
-  const double se = in_center ? 1.0 / n - 1.0 / total : 1.0 / n + 1.0 / total;
-  double s = 0, r = 0;
-  int used = 0;
-  for (size_t k = 0; k < channels.size(); ++k) {
-    const double var = center.var[k];
-    if (!(var > 0) || !std::isfinite(var)) continue;
-    const double d = m.mean[channels[k]] - center.mean[k];
-    s += d * d / (var * se);
-    if (m.count >= 2) r += m.m2[channels[k]] / (n - 1.0) / var;
-    ++used;
-  }
-  if (used == 0) return {shift, ratio};
-  if (se > 0 && (!in_center || center.count > m.count)) {
-    shift = WilsonHilferty(s / used, used);
-  }
-  // The center's variance must rest on other ranks too.
-  if (m.count >= 2 && center.dof > (in_center ? m.count - 1 : 0)) {
-    ratio = WilsonHilferty(r / used, (n - 1.0) * used);
-  }
-  return {shift, ratio};
-}
-
-// How far beyond the threshold a score is (mean shift one-sided, the
-// variance ratio both ways); NaN counts as within.
-double Excess(const std::pair<double, double>& score) {
-  double e = 0;
-  if (score.first > 0) e = std::max(e, score.first);
-  if (!std::isnan(score.second)) e = std::max(e, std::abs(score.second));
-  return e;
-}
 
 }  // namespace
 
@@ -182,47 +86,19 @@ StatsHealth::~StatsHealth() {
   }
 }
 
+std::vector<RankScores> StatsHealth::ScoreAll(const HealthSample& s) {
+  if (s.global.mean.empty()) return std::vector<RankScores>(s.moments.size());
+  return ScoreAmongThemselves(s.moments,
+                              static_cast<int>(s.global.mean.size()));
+}
+
 std::vector<std::pair<double, double>> StatsHealth::Scores(
     const HealthSample& s) {
-  const size_t w = s.moments.size();
-  std::vector<std::pair<double, double>> scores(w, {kNaN, kNaN});
-  if (w < 2 || s.global.mean.empty()) return scores;
-  const std::vector<int> channels =
-      ScoredChannels(static_cast<int>(s.global.mean.size()));
-  std::vector<bool> clean(w);
-  int ranks_with_data = 0;
-  for (size_t i = 0; i < w; ++i) {
-    clean[i] = s.moments[i].count >= 1;
-    ranks_with_data += clean[i] ? 1 : 0;
+  std::vector<std::pair<double, double>> out;
+  for (const RankScores& r : ScoreAll(s)) {
+    out.emplace_back(r.mean_shift, r.variance_ratio);
   }
-  if (ranks_with_data < 2) return scores;
-  int in_center = ranks_with_data;
-  for (int outliers = 0;; ++outliers) {
-    const Center center = CenterOf(s, clean, channels);
-    for (size_t i = 0; i < w; ++i) {
-      scores[i] = ScoreOf(s.moments[i], clean[i], center, channels);
-    }
-    // The worst rank of the center leaves it while a majority of the
-    // ranks with data stays, so that one outlier does not make the
-    // others look shifted.
-    if (outliers == kMaxOutliers || 2 * (in_center - 1) <= ranks_with_data) {
-      break;
-    }
-    int worst = -1;
-    double worst_excess = kThreshold;
-    for (size_t i = 0; i < w; ++i) {
-      if (!clean[i]) continue;
-      const double e = Excess(scores[i]);
-      if (e > worst_excess) {
-        worst = static_cast<int>(i);
-        worst_excess = e;
-      }
-    }
-    if (worst < 0) break;
-    clean[worst] = false;
-    --in_center;
-  }
-  return scores;
+  return out;
 }
 
 const std::string& StatsHealth::NameOf(int layer) const {
@@ -254,84 +130,98 @@ void StatsHealth::Cleared(HealthFlag flag, int64_t step,
 
 void StatsHealth::ScoreRanks(const HealthSample& s,
                              std::vector<StatsHealthReport>& out) {
-  const std::vector<std::pair<double, double>> scores = Scores(s);
-  const std::vector<double>& global_var = s.global.var;
-  const int channels = static_cast<int>(global_var.size());
+  const std::vector<RankScores> scores = ScoreAll(s);
   for (size_t i = 0; i < s.moments.size(); ++i) {
     const Moments& m = s.moments[i];
     if (m.count < 1) continue;  // no batch: neither evidence nor clearance
     const RankKey key(s.layer, s.group, s.ranks[i]);
     auto it = ranks_.find(key);
-    // A channel of one value where the group's values vary.
-    int stuck = -1;
-    if (m.count >= 2) {
-      const int tracked = it != ranks_.end() ? it->second.stuck_channel : -1;
-      if (tracked >= 0 && tracked < channels && m.m2[tracked] == 0 &&
-          global_var[tracked] > 0) {
-        stuck = tracked;
-      } else {
-        for (int c = 0; c < channels; ++c) {
-          if (m.m2[c] == 0 && global_var[c] > 0) {
-            stuck = c;
-            break;
-          }
-        }
-      }
-    }
-    const double excess = Excess(scores[i]);
-    if (it == ranks_.end()) {
-      if (excess <= kThreshold && stuck < 0) continue;  // healthy: nothing
-      if (static_cast<int>(ranks_.size()) >= kMaxTracked) continue;
-      it = ranks_.emplace(key, RankRuns()).first;
-    }
-    RankRuns& runs = it->second;
-    runs.last_step = s.step;
-    const double values[2] = {scores[i].first, scores[i].second};
-    for (int k = 0; k < 2; ++k) {
-      if (std::isnan(values[k])) continue;
-      const bool bad =
-          k == 0 ? values[k] > kThreshold : std::abs(values[k]) > kThreshold;
-      runs.score[k] = values[k];
-      if (bad) {
-        if (runs.beyond[k]++ == 0) runs.run_start[k] = s.step;
-        runs.within[k] = 0;
-        if (!runs.on[k] && runs.beyond[k] >= kRun) {
-          runs.on[k] = true;
-          runs.first[k] = runs.run_start[k];
-          out.push_back(
-              Report(RankFlag(key, runs, kScored[k]), /*raised=*/true));
-        }
-      } else {
-        runs.beyond[k] = 0;
-        if (runs.on[k] && ++runs.within[k] >= kRun) {
-          runs.on[k] = false;
-          runs.within[k] = 0;
-          Cleared(RankFlag(key, runs, kScored[k]), s.step, out);
-        }
-      }
-    }
-    if (m.count >= 2) {
-      if (stuck >= 0 && stuck == runs.stuck_channel) {
-        runs.stuck_evidence += m.count - 1;
-      } else {
-        if (runs.stuck_on) {
-          runs.stuck_on = false;
-          Cleared(RankFlag(key, runs, HealthKind::kStuckChannel), s.step, out);
-        }
-        runs.stuck_channel = stuck;
-        runs.stuck_evidence = stuck >= 0 ? m.count - 1 : 0;
-        runs.stuck_start = s.step;
-      }
-      if (stuck >= 0 && !runs.stuck_on &&
-          runs.stuck_evidence >= kStuckEvidence) {
-        runs.stuck_on = true;
-        runs.stuck_first = runs.stuck_start;
-        out.push_back(Report(RankFlag(key, runs, HealthKind::kStuckChannel),
-                             /*raised=*/true));
-      }
-    }
-    if (runs.Idle()) ranks_.erase(it);
+    const int tracked = it != ranks_.end() ? it->second.stuck_channel : -1;
+    Track(key, s.step, m.count, scores[i],
+          StuckChannel(m, s.global.var, tracked), out);
   }
+}
+
+void StatsHealth::Track(const RankKey& key, int64_t step, int64_t count,
+                        const RankScores& scores, int stuck,
+                        std::vector<StatsHealthReport>& out) {
+  auto it = ranks_.find(key);
+  if (it == ranks_.end()) {
+    if (ScoreExcess(scores) <= kThreshold && stuck < 0) return;  // healthy
+    if (static_cast<int>(ranks_.size()) >= kMaxTracked) return;
+    it = ranks_.emplace(key, RankRuns()).first;
+  }
+  RankRuns& runs = it->second;
+  runs.last_step = step;
+  const double values[2] = {scores.mean_shift, scores.variance_ratio};
+  for (int k = 0; k < 2; ++k) {
+    if (std::isnan(values[k])) continue;
+    const bool bad =
+        k == 0 ? values[k] > kThreshold : std::abs(values[k]) > kThreshold;
+    runs.score[k] = values[k];
+    if (bad) {
+      if (runs.beyond[k]++ == 0) runs.run_start[k] = step;
+      runs.within[k] = 0;
+      if (!runs.on[k] && runs.beyond[k] >= kRun) {
+        runs.on[k] = true;
+        runs.first[k] = runs.run_start[k];
+        out.push_back(Report(RankFlag(key, runs, kScored[k]), /*raised=*/true));
+      }
+    } else {
+      runs.beyond[k] = 0;
+      if (runs.on[k] && ++runs.within[k] >= kRun) {
+        runs.on[k] = false;
+        runs.within[k] = 0;
+        Cleared(RankFlag(key, runs, kScored[k]), step, out);
+      }
+    }
+  }
+  if (count >= 2) TrackStuck(key, runs, step, count, stuck, out);
+  if (runs.Idle()) ranks_.erase(it);
+}
+
+void StatsHealth::TrackStuck(const RankKey& key, RankRuns& runs, int64_t step,
+                             int64_t count, int stuck,
+                             std::vector<StatsHealthReport>& out) {
+  if (stuck >= 0 && stuck == runs.stuck_channel) {
+    runs.stuck_evidence += count - 1;
+  } else {
+    if (runs.stuck_on) {
+      runs.stuck_on = false;
+      Cleared(RankFlag(key, runs, HealthKind::kStuckChannel), step, out);
+    }
+    runs.stuck_channel = stuck;
+    runs.stuck_evidence = stuck >= 0 ? count - 1 : 0;
+    runs.stuck_start = step;
+  }
+  if (stuck >= 0 && !runs.stuck_on && runs.stuck_evidence >= kStuckEvidence) {
+    runs.stuck_on = true;
+    runs.stuck_first = runs.stuck_start;
+    out.push_back(Report(RankFlag(key, runs, HealthKind::kStuckChannel),
+                         /*raised=*/true));
+  }
+}
+
+void StatsHealth::ObserveRelayed(int group, int layer,
+                                 const std::vector<RankHealth>& entries) {
+  std::vector<StatsHealthReport> reports;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const RankHealth& e : entries) {
+      if (e.count < 1) continue;
+      const RankKey key(layer, group, e.rank);
+      // A resent entry, or one of a round this shard scored itself since
+      // (the rank sent directly), is scored once.
+      auto it = ranks_.find(key);
+      if (it != ranks_.end() && e.step <= it->second.last_step) continue;
+      RankScores scores;
+      scores.mean_shift = e.mean_shift;
+      scores.variance_ratio = e.variance_ratio;
+      Track(key, e.step, e.count, scores, e.stuck_channel, reports);
+    }
+  }
+  if (observer_ == nullptr) return;
+  for (const StatsHealthReport& r : reports) observer_->OnStatsHealth(r);
 }
 
 void StatsHealth::CheckDead(const HealthSample& s,

@@ -18,6 +18,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/moments.h"
+#include "server/domain/contribution.h"
+#include "server/domain/rank_score.h"
 
 namespace syncnorm {
 
@@ -99,7 +101,7 @@ class StatsHealth {
   // some other rank does too. A score beyond kThreshold (standard normal
   // units) for kRun of the rank's consecutive scored rounds of a layer
   // raises a flag; kRun rounds within it clear the flag.
-  static constexpr double kThreshold = 5.0;
+  static constexpr double kThreshold = kHealthThreshold;
   static constexpr int kRun = 3;
   // A stuck channel is flagged once the values seen stuck, sum of (n - 1)
   // over consecutive rounds, reach this (a continuous channel of a healthy
@@ -109,10 +111,10 @@ class StatsHealth {
   static constexpr int kDeadRun = 10;
   // Channels scored for the mean and variance (an evenly spaced subset of
   // larger layers), which bounds a round's scoring to O(W * 256).
-  static constexpr int kMaxScoredChannels = 256;
+  static constexpr int kMaxScoredChannels = ::syncnorm::kMaxScoredChannels;
   // Ranks set aside as outliers before the others are scored against the
   // rest, per round (the group's center is not pulled by them).
-  static constexpr int kMaxOutliers = 4;
+  static constexpr int kMaxOutliers = kMaxHealthOutliers;
   // Tracked (group, layer, rank)s at most; more are not scored into runs.
   static constexpr int kMaxTracked = 65536;
   static constexpr int kMaxCleared = 64;
@@ -131,6 +133,16 @@ class StatsHealth {
 
   // Scores one round. REQUIRES: sample.moments[i] has the layer's channels.
   void Observe(const HealthSample& sample) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Tracks the scores a relay computed for its block's ranks of `group`
+  // (RelayBlock.health, checked by the caller), as Observe tracks the
+  // ranks it scores itself: each rank's entries in step order, an entry of
+  // a step the rank's runs have seen already skipped. A stuck channel is
+  // the relay's lowest one, so a second stuck channel below the one
+  // tracked restarts its evidence (Observe keeps the one tracked).
+  void ObserveRelayed(int group, int layer,
+                      const std::vector<RankHealth>& entries)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A contribution of `rank` refused for a non-finite value.
   void CountNonFinite(int rank) ABSL_LOCKS_EXCLUDED(mu_);
@@ -176,8 +188,20 @@ class StatsHealth {
   using RankKey = std::tuple<int, int, int>;  // layer, group, rank
   using LayerKey = std::pair<int, int>;       // layer, group
 
+  // Every rank's scores in one round (Scores).
+  static std::vector<RankScores> ScoreAll(const HealthSample& sample);
   void ScoreRanks(const HealthSample& sample,
                   std::vector<StatsHealthReport>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One rank's round, scored here or by a relay: its runs beyond and
+  // within the threshold, and its stuck channel (-1: none) for a batch of
+  // `count` >= 2.
+  void Track(const RankKey& key, int64_t step, int64_t count,
+             const RankScores& scores, int stuck,
+             std::vector<StatsHealthReport>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TrackStuck(const RankKey& key, RankRuns& runs, int64_t step,
+                  int64_t count, int stuck, std::vector<StatsHealthReport>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDead(const HealthSample& sample,
                  std::vector<StatsHealthReport>& out)

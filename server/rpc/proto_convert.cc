@@ -1,5 +1,6 @@
 #include "server/rpc/proto_convert.h"
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -159,6 +160,46 @@ Contribution ContributionFromProto(v1::Contribution&& proto) {
   return c;
 }
 
+namespace {
+
+// RelayBlock.health into `out`; an absent score becomes NaN (not scored),
+// so one sent as a NaN or an infinity is refused here. Which ranks and
+// steps an entry may name is the domain's to check (it knows the block's
+// round).
+absl::Status RankHealthFromProto(const v1::RelayBlock& proto,
+                                 std::vector<RankHealth>& out) {
+  out.reserve(proto.health_size());
+  for (int i = 0; i < proto.health_size(); ++i) {
+    const v1::RankHealth& h = proto.health(i);
+    const auto bad = [&](absl::string_view what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Contribution.relay.health[", i, "] (rank ", h.rank(),
+                       ", step ", h.step(), "): ", what,
+                       "; a relay leaves out a score it could not compute"));
+    };
+    if (h.has_mean_shift() && !std::isfinite(h.mean_shift())) {
+      return bad(absl::StrCat("mean_shift is ", h.mean_shift()));
+    }
+    if (h.has_variance_ratio() && !std::isfinite(h.variance_ratio())) {
+      return bad(absl::StrCat("variance_ratio is ", h.variance_ratio()));
+    }
+    if (h.has_stuck_channel() && h.stuck_channel() < 0) {
+      return bad(absl::StrCat("stuck_channel is ", h.stuck_channel()));
+    }
+    RankHealth e;
+    e.rank = h.rank();
+    e.step = h.step();
+    e.count = h.count();
+    if (h.has_mean_shift()) e.mean_shift = h.mean_shift();
+    if (h.has_variance_ratio()) e.variance_ratio = h.variance_ratio();
+    if (h.has_stuck_channel()) e.stuck_channel = h.stuck_channel();
+    out.push_back(e);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<RelayBlock> RelayBlockFromProto(const v1::RelayBlock& proto) {
   const auto bad = [](absl::string_view what) {
     return absl::InvalidArgumentError(
@@ -203,6 +244,8 @@ absl::StatusOr<RelayBlock> RelayBlockFromProto(const v1::RelayBlock& proto) {
   }
   b.fingerprints.assign(proto.fingerprints().begin(),
                         proto.fingerprints().end());
+  absl::Status health = RankHealthFromProto(proto, b.health);
+  if (!health.ok()) return health;
   return b;
 }
 

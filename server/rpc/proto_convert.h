@@ -45,8 +45,9 @@ Contribution ContributionFromProto(v1::Contribution&& proto);
 
 // A relay's block (Contribution.relay) with its ranks listed; INVALID_ARGUMENT
 // saying what is wrong when the runs are not ascending (first, last) pairs,
-// their ranks not one per fingerprint, or the fingerprints of a kind this
-// server does not compute. Costs at most the message's own size.
+// their ranks not one per fingerprint, the fingerprints of a kind this
+// server does not compute, or a health entry with a score that is not
+// finite or a negative stuck channel. Costs at most the message's own size.
 absl::StatusOr<RelayBlock> RelayBlockFromProto(const v1::RelayBlock& proto);
 
 // The result for `key` (its job, layer, step and phase are echoed); a failed

@@ -1,5 +1,9 @@
 #include "server/rpc/proto_convert.h"
 
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -209,6 +213,64 @@ TEST(ProtoConvertTest, ABadRelayBlockSaysWhatIsWrongAndListsNothing) {
     const absl::Status s = RelayBlockFromProto(c.block).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.why;
     EXPECT_NE(s.message().find(c.why), std::string::npos) << s;
+  }
+}
+
+TEST(ProtoConvertTest, ARelayBlocksHealthKeepsWhatWasScored) {
+  v1::RelayBlock proto = BlockOfRuns({8, 9}, 2);
+  v1::RankHealth* h = proto.add_health();
+  h->set_rank(9);
+  h->set_step(4);
+  h->set_count(32);
+  h->set_mean_shift(-0.25);
+  h->set_stuck_channel(0);
+  h = proto.add_health();
+  h->set_rank(8);
+  h->set_step(4);
+  h->set_count(1);
+  h->set_variance_ratio(7.5);
+  absl::StatusOr<RelayBlock> b = RelayBlockFromProto(proto);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->health.size(), 2u);
+  EXPECT_EQ(b->health[0].rank, 9);
+  EXPECT_EQ(b->health[0].step, 4);
+  EXPECT_EQ(b->health[0].count, 32);
+  EXPECT_EQ(b->health[0].mean_shift, -0.25);
+  EXPECT_TRUE(std::isnan(b->health[0].variance_ratio));
+  EXPECT_EQ(b->health[0].stuck_channel, 0);
+  EXPECT_EQ(b->health[1].rank, 8);
+  EXPECT_TRUE(std::isnan(b->health[1].mean_shift));
+  EXPECT_EQ(b->health[1].variance_ratio, 7.5);
+  EXPECT_EQ(b->health[1].stuck_channel, -1);
+}
+
+TEST(ProtoConvertTest, ANonFiniteHealthScoreIsRefusedNamingIt) {
+  const auto with = [](auto set) {
+    v1::RelayBlock proto = BlockOfRuns({8, 9}, 2);
+    v1::RankHealth* h = proto.add_health();
+    h->set_rank(8);
+    h->set_step(3);
+    h->set_count(4);
+    proto.add_health()->CopyFrom(*h);
+    set(*proto.mutable_health(1));
+    return proto;
+  };
+  const std::vector<std::pair<v1::RelayBlock, std::string>> cases = {
+      {with([](v1::RankHealth& h) {
+         h.set_mean_shift(std::numeric_limits<double>::quiet_NaN());
+       }),
+       "health[1] (rank 8, step 3): mean_shift is nan"},
+      {with([](v1::RankHealth& h) {
+         h.set_variance_ratio(-std::numeric_limits<double>::infinity());
+       }),
+       "health[1] (rank 8, step 3): variance_ratio is -inf"},
+      {with([](v1::RankHealth& h) { h.set_stuck_channel(-1); }),
+       "health[1] (rank 8, step 3): stuck_channel is -1"},
+  };
+  for (const auto& [proto, why] : cases) {
+    const absl::Status s = RelayBlockFromProto(proto).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s;
   }
 }
 
