@@ -126,7 +126,11 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8)):
                 common.Server("relay/syncnorm_relay", tmp,
                               "%s-relay%d" % (name, i),
                               ["--upstream=" + server.address,
-                               "--block_positions=%d" % relays[1]],
+                               "--block_positions=%d" % relays[1],
+                               # A relay here serves up to W / n ranks, far
+                               # more than a deployed relay's block: its
+                               # stream bound (64) would refuse them.
+                               "--max_streams=0"],
                               data_dir=False)
                 for i in range(n)]
         base_rss = rss_bytes(pid)

@@ -37,13 +37,38 @@ void AnswerAll(const std::vector<AnswerFn>& waiters, const RoundAnswer& a) {
 
 }  // namespace
 
+const char* PassReasonName(PassReason reason) {
+  switch (reason) {
+    case PassReason::kUnknownJob:
+      return "unknown_job";
+    case PassReason::kNotMergeable:
+      return "not_mergeable";
+    case PassReason::kLate:
+      return "late";
+    case PassReason::kResend:
+      return "resend";
+    case PassReason::kIncomplete:
+      return "incomplete";
+    case PassReason::kMembersChanged:
+      return "members_changed";
+    case PassReason::kUnmergeable:
+      return "unmergeable";
+    case PassReason::kRefusedByShard:
+      return "refused_by_shard";
+  }
+  return "unknown";
+}
+
 Relay::Relay(const RelayOptions& options, Upstream& upstream,
              TimerQueue& timers)
     : options_(options), upstream_(upstream), timers_(timers) {}
 
 RelayCounters Relay::counters() const {
   absl::MutexLock lock(&mu_);
-  return counters_;
+  RelayCounters out = counters_;
+  out.open_blocks = static_cast<int64_t>(blocks_.size());
+  out.jobs = static_cast<int64_t>(jobs_.size());
+  return out;
 }
 
 void Relay::Contribute(v1::Contribution c, AnswerFn done) {
@@ -156,7 +181,7 @@ void Relay::Fetched(const JobKey& jk, absl::StatusOr<v1::JobInfo> info) {
       } else {
         // The shard answers for a job the relay cannot read.
         PassOne(jk.second, std::move(p), RetryDeadline(nullptr, absl::Now()),
-                actions);
+                PassReason::kUnknownJob, actions);
       }
     }
     if (!job.view.has_value() && job.open_blocks == 0 && job.waiting.empty()) {
@@ -194,7 +219,8 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
       place.has_value() && members.size() > 1 &&
       std::find(members.begin(), members.end(), c.rank()) != members.end();
   if (!mergeable) {
-    PassOne(jk.second, std::move(p), RetryDeadline(&view, now), actions);
+    PassOne(jk.second, std::move(p), RetryDeadline(&view, now),
+            PassReason::kNotMergeable, actions);
     return;
   }
   const BlockKey key(c.job_id(), jk.second, c.layer(), c.step(), c.phase(),
@@ -206,7 +232,8 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
     // A resend that differs, one after the block went up, or a rank the
     // block did not count at its first arrival: the shard judges it.
     PassOne(jk.second, std::move(p),
-            RetryDeadline(&view, round->first_arrival()), actions);
+            RetryDeadline(&view, round->first_arrival()), PassReason::kResend,
+            actions);
     return;
   }
   if (!round->forwarded() && round->complete()) Complete(key, *round, actions);
@@ -223,7 +250,8 @@ BlockRound* Relay::FindOrOpen(const BlockKey& key, JobEntry& job,
   if (done_.count(key) > 0) {
     // A late rank or a retry of a block round already answered or
     // released: the shard matches it.
-    PassOne(std::get<1>(key), std::move(p), RetryDeadline(&view, now), actions);
+    PassOne(std::get<1>(key), std::move(p), RetryDeadline(&view, now),
+            PassReason::kLate, actions);
     return nullptr;
   }
   if (job.open_blocks >= options_.max_pending_blocks_per_job) {
@@ -253,18 +281,18 @@ BlockRound* Relay::FindOrOpen(const BlockKey& key, JobEntry& job,
   return it->second.get();
 }
 
-void Relay::PassOne(int shard, Pending p, absl::Time deadline,
+void Relay::PassOne(int shard, Pending p, absl::Time deadline, PassReason why,
                     Actions& actions) {
   std::vector<AnswerFn> waiters;
   waiters.push_back(std::move(p.done));
   PassThrough(shard, std::move(p.contribution), std::move(waiters), deadline,
-              actions);
+              why, actions);
 }
 
 void Relay::Complete(const BlockKey& key, BlockRound& round, Actions& actions) {
   absl::StatusOr<v1::Contribution> merged = round.Merge();
   if (!merged.ok()) {
-    Release(key, actions);
+    Release(key, PassReason::kUnmergeable, actions);
     return;
   }
   round.set_forwarded();
@@ -296,7 +324,7 @@ void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
     if (status.error_code() == grpc::StatusCode::ABORTED ||
         status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
         status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-      Release(key, actions);
+      Release(key, PassReason::kRefusedByShard, actions);
     } else {
       std::map<int, HeldContribution> held = it->second->TakeHeld();
       // One answer for the whole block: it carries no rank.
@@ -313,7 +341,7 @@ void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
   Run(actions);
 }
 
-void Relay::Release(const BlockKey& key, Actions& actions) {
+void Relay::Release(const BlockKey& key, PassReason why, Actions& actions) {
   auto it = blocks_.find(key);
   if (it == blocks_.end()) return;
   const absl::Time first = it->second->first_arrival();
@@ -324,7 +352,7 @@ void Relay::Release(const BlockKey& key, Actions& actions) {
       RetryDeadline(job.view ? &*job.view : nullptr, first);
   for (auto& [rank, h] : held) {
     PassThrough(std::get<1>(key), std::move(h.contribution),
-                std::move(h.waiters), deadline, actions);
+                std::move(h.waiters), deadline, why, actions);
   }
 }
 
@@ -348,8 +376,9 @@ void Relay::Forget(const BlockKey& key) {
 
 void Relay::PassThrough(int shard, v1::Contribution c,
                         std::vector<AnswerFn> waiters, absl::Time deadline,
-                        Actions& actions) {
+                        PassReason why, Actions& actions) {
   ++counters_.passed_through;
+  ++counters_.passed_through_by[static_cast<int>(why)];
   actions.push_back([this, shard, deadline, c = std::move(c),
                      waiters = std::move(waiters)]() mutable {
     v1::Contribution key;
@@ -399,7 +428,7 @@ void Relay::Check(const BlockKey& key) {
     const absl::Time now = absl::Now();
     const absl::Time pass_at = PassAt(*job.view, it->second->first_arrival());
     if (now >= pass_at) {
-      Release(key, actions);
+      Release(key, PassReason::kIncomplete, actions);
     } else {
       // Reread the job: a membership change may complete the block (a
       // rank removed) or move it.
@@ -436,7 +465,9 @@ void Relay::Recheck(const JobKey& jk, const JobView& view, Actions& actions) {
       release.push_back(key);
     }
   }
-  for (const BlockKey& key : release) Release(key, actions);
+  for (const BlockKey& key : release) {
+    Release(key, PassReason::kMembersChanged, actions);
+  }
 }
 
 }  // namespace syncnorm

@@ -5,6 +5,7 @@
 #ifndef SYNCNORM_RELAY_RELAY_H_
 #define SYNCNORM_RELAY_RELAY_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -28,12 +29,32 @@
 
 namespace syncnorm {
 
-// What the relay did, since it started.
+// Why a contribution went through unmerged.
+enum class PassReason {
+  kUnknownJob,      // the job could not be read (GetJob failed)
+  kNotMergeable,    // the shard takes no blocks, a stale-synchronous job, a
+                    // rank outside its block's members, a block of one
+  kLate,            // its block round was already answered or released
+  kResend,          // a resend that differs, or one after the block went up
+  kIncomplete,      // its block was incomplete at the grace or timeout
+  kMembersChanged,  // its block's members changed when the job was reread
+  kUnmergeable,     // the block's payloads or updates do not merge
+  kRefusedByShard,  // the shard refused the block (ABORTED, ...)
+};
+inline constexpr int kPassReasons = 8;
+// "unknown_job", "not_mergeable", ...: the metrics' reason label.
+const char* PassReasonName(PassReason reason);
+
+// What the relay did, since it started, and what it holds now.
 struct RelayCounters {
   // Merged blocks sent to a shard.
   int64_t blocks_forwarded = 0;
-  // Contributions sent through unmerged.
+  // Contributions sent through unmerged, in all and by PassReason.
   int64_t passed_through = 0;
+  std::array<int64_t, kPassReasons> passed_through_by{};
+  // Block rounds held now, and (job, shard) pairs known.
+  int64_t open_blocks = 0;
+  int64_t jobs = 0;
 };
 
 // Thread-safe. Answers go out on gRPC's or the timer queue's threads, or
@@ -101,8 +122,8 @@ class Relay {
                          Pending& p, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PassThrough of one contribution with its one waiter.
-  void PassOne(int shard, Pending p, absl::Time deadline, Actions& actions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PassOne(int shard, Pending p, absl::Time deadline, PassReason why,
+               Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block's members at the round's step, by position, and the ranks
   // of its positions.
   void BlockRanks(const JobView& view, int group, int block, int64_t step,
@@ -111,11 +132,11 @@ class Relay {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends every contribution the block holds through, each to its own
   // waiters, and forgets the block.
-  void Release(const BlockKey& key, Actions& actions)
+  void Release(const BlockKey& key, PassReason why, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PassThrough(int shard, v1::Contribution c, std::vector<AnswerFn> waiters,
-                   absl::Time deadline, Actions& actions)
+                   absl::Time deadline, PassReason why, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fetch(const JobKey& jk, JobEntry& job, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
