@@ -157,7 +157,11 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
                     "%s-parent%d" % (name, block),
                     ["--upstream=" + server.address,
                      "--block_positions=%d" % block,
-                     "--pass_through_margin_ms=%d" % (20 * (level + 1))]
+                     "--pass_through_margin_ms=%d" % (20 * (level + 1)),
+                     # Its children's blocks come as ReduceOnce calls,
+                     # W / B of them a round (docs/relay.md, A parent's
+                     # bounds).
+                     "--max_waiting_calls=0"]
                     + parent, data_dir=False))
                 parent = ["--parent_relay=" + parent_procs[-1].address]
             relay_procs = [
@@ -166,7 +170,11 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
                               ["--upstream=" + server.address,
                                "--block_positions=%d" % relays[1],
                                "--pass_through_margin_ms=%d"
-                               % (20 * (levels + 1))] + parent,
+                               % (20 * (levels + 1)),
+                               # A relay here serves up to W / n ranks, far
+                               # more than a deployed relay's block: its
+                               # stream bound (64) would refuse them.
+                               "--max_streams=0"] + parent,
                               data_dir=False)
                 for i in range(n)]
         # The server's CPU while idle (its reaper, gRPC's timers), as a

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/channel_args.h"
 #include "client/relay_fallback.h"
 #include "client/shard_router.h"
 #include "client/sharded_node_group.h"
@@ -65,24 +66,13 @@ std::shared_ptr<grpc::ChannelCredentials> MakeCredentials(
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& options) {
-  grpc::ChannelArguments args;
-  // Notice a dead server within seconds on an otherwise idle stream.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Reconnect quickly after a server restart.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Keepalive, quick reconnects, a wide layer's messages (channel_args.h).
+  grpc::ChannelArguments args = RoundChannelArguments();
   // gRPC's name for the connect timeout: an attempt gets the larger of it
   // and the current backoff.
   args.SetInt(
       GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
       static_cast<int>(absl::ToInt64Milliseconds(options.connect_timeout)));
-  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-  // A large round's message (C = 8192: 128 KiB each way) fits the HTTP/2
-  // stream window and a few frames: no window-update round trip per round.
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
   if (options.token.empty()) {
     return grpc::CreateCustomChannel(options.address, MakeCredentials(options),
                                      args);

@@ -21,6 +21,7 @@
 #include "server/domain/log.h"
 #include "server/flags_help.h"
 #include "server/process.h"
+#include "server/rpc/auth.h"
 
 namespace {
 
@@ -93,6 +94,40 @@ ABSL_FLAG(int, max_jobs, Defaults().max_jobs,
           "RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once serving");
+ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
+          "HOST:PORT of the Prometheus endpoint (HTTP GET /metrics); port 0 "
+          "picks a free one (logged in the start line). Empty: no metrics");
+
+// Bounds, as the aggregator's flags of the same names: exceeding one is
+// RESOURCE_EXHAUSTED naming it; <= 0: no limit. docs/relay.md, "What the
+// ranks can make a relay hold", derives the relay's memory from them.
+ABSL_FLAG(int64_t, max_message_bytes, Defaults().max_message_bytes,
+          "Largest contribution (serialized), in bytes; gRPC's transport "
+          "cuts off messages over twice this with its own error");
+ABSL_FLAG(int, max_streams, Defaults().max_streams,
+          "Open Reduce streams (a stream keeps its slot while the relay "
+          "holds what it sent); each holds at most 4 x --max_message_bytes");
+ABSL_FLAG(int, max_waiting_calls, Defaults().max_waiting_calls,
+          "ReduceOnce calls in progress");
+ABSL_FLAG(int, max_streams_per_connection,
+          Defaults().max_streams_per_connection,
+          "HTTP/2 streams (calls) one connection may have open at once, as "
+          "advertised to clients (gRPC clients queue calls beyond it)");
+ABSL_FLAG(int64_t, stream_idle_timeout_ms, Ms(Defaults().stream_idle_timeout),
+          "A Reduce stream idle this long (nothing read, answered or "
+          "written) ends UNAVAILABLE, freeing its --max_streams slot; "
+          "clients reopen on next use. <= 0: never");
+ABSL_FLAG(int64_t, max_transport_bytes, Defaults().max_transport_bytes,
+          "Memory gRPC's transport may hold, in bytes: messages still "
+          "arriving, every stream's unread data, read buffers. Past it gRPC "
+          "cancels streams, its oldest connections' first, with its own "
+          "RESOURCE_EXHAUSTED naming no flag. At least twice "
+          "--max_message_bytes");
+
+ABSL_FLAG(bool, check_config, false,
+          "Check the flags and the files they name, and exit without "
+          "serving: 0 when the relay could start with them, 2 and the "
+          "reason if not");
 
 namespace {
 
@@ -113,26 +148,8 @@ void LogError(absl::string_view event, const absl::Status& status) {
       .Add("error", status.ToString());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  absl::FlagsUsageConfig usage_config;
-  usage_config.version_string = [] {
-    return syncnorm::VersionText("syncnorm_relay");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  if (syncnorm::AsksForHelp(argc, argv)) {
-    std::fputs(syncnorm::FlagsHelp(kUsage).c_str(), stdout);
-    return 0;
-  }
-  absl::ParseCommandLine(argc, argv);
-  // As the aggregator (server/main.cc): Debian's Abseil keeps absl::Mutex
-  // deadlock detection on, a lock-order graph updated on every acquisition
-  // of every round. The lock order is checked in tests.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  const sigset_t stop_signals = syncnorm::BlockStopSignals();
-
+// The options the flags say: the one place they are read.
+syncnorm::RelayOptions OptionsFromFlags() {
   syncnorm::RelayOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
@@ -155,21 +172,100 @@ int main(int argc, char** argv) {
   options.max_pending_blocks_per_job =
       absl::GetFlag(FLAGS_max_pending_blocks_per_job);
   options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
-  absl::StatusOr<std::string> token =
-      ReadToken(absl::GetFlag(FLAGS_upstream_token_file));
-  if (!token.ok()) {
-    LogError("bad_config", token.status());
-    return 2;
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.max_waiting_calls = absl::GetFlag(FLAGS_max_waiting_calls);
+  options.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.stream_idle_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_stream_idle_timeout_ms));
+  options.max_transport_bytes = absl::GetFlag(FLAGS_max_transport_bytes);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  return options;
+}
+
+// What --check_config checks beyond the options: the files they name load
+// (the TLS files, the tokens file; the token file is read before).
+absl::Status CheckFiles(const syncnorm::RelayOptions& options) {
+  if (absl::Status s = syncnorm::CheckRelayTlsFiles(options); !s.ok()) {
+    return s;
   }
-  options.upstream_token = *token;
+  if (!options.tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<syncnorm::Authenticator>> auth =
+        syncnorm::Authenticator::Open(options.tokens_file);
+    if (!auth.ok()) {
+      return absl::Status(
+          auth.status().code(),
+          absl::StrCat("--tokens_file: ", auth.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Exit codes, as the aggregator's: 2 for flags that cannot work (and for
+// anything --check_config finds), 1 for a start that failed (a file that
+// cannot be read, an address that cannot be bound), 0 after SIGTERM or
+// SIGINT.
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] {
+    return syncnorm::VersionText("syncnorm_relay");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  if (syncnorm::AsksForHelp(argc, argv)) {
+    std::fputs(syncnorm::FlagsHelp(kUsage).c_str(), stdout);
+    return 0;
+  }
+  absl::ParseCommandLine(argc, argv);
+  // As the aggregator (server/main.cc): Debian's Abseil keeps absl::Mutex
+  // deadlock detection on, a lock-order graph updated on every acquisition
+  // of every round. The lock order is checked in tests.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  const sigset_t stop_signals = syncnorm::BlockStopSignals();
+
+  syncnorm::RelayOptions options = OptionsFromFlags();
+  const bool check_config = absl::GetFlag(FLAGS_check_config);
   if (absl::Status s = syncnorm::CheckRelayOptions(options); !s.ok()) {
     LogError("bad_config", s);
     return 2;
   }
-  // A TLS file that cannot be read is a bad config too, as the token file.
-  if (absl::Status s = syncnorm::CheckRelayTlsFiles(options); !s.ok()) {
-    LogError("bad_config", s);
-    return 2;
+  // A file that cannot be read fails the start (1), as the aggregator's
+  // files do; --check_config reports it as a bad config (2).
+  absl::StatusOr<std::string> token =
+      ReadToken(absl::GetFlag(FLAGS_upstream_token_file));
+  if (!token.ok()) {
+    LogError(check_config ? "bad_config" : "start_failed", token.status());
+    return check_config ? 2 : 1;
+  }
+  options.upstream_token = *token;
+  if (check_config) {
+    if (absl::Status s = CheckFiles(options); !s.ok()) {
+      LogError("bad_config", s);
+      return 2;
+    }
+    std::printf(
+        "syncnorm_relay: config ok: listen=%s upstream=%s block_positions=%d "
+        "upstream_tls=%s tls=%s tokens_file=%s max_message_bytes=%lld "
+        "max_streams=%d max_waiting_calls=%d max_streams_per_connection=%d "
+        "stream_idle_timeout_ms=%lld max_transport_bytes=%lld "
+        "max_pending_blocks_per_job=%d max_jobs=%d metrics_listen=%s\n",
+        options.listen.c_str(), options.upstream.c_str(),
+        options.block_positions,
+        syncnorm::UpstreamTlsOn(options) ? "on" : "off",
+        options.tls_cert.empty()        ? "off"
+        : options.tls_client_ca.empty() ? "on"
+                                        : "mutual",
+        options.tokens_file.empty() ? "-" : options.tokens_file.c_str(),
+        static_cast<long long>(options.max_message_bytes), options.max_streams,
+        options.max_waiting_calls, options.max_streams_per_connection,
+        static_cast<long long>(Ms(options.stream_idle_timeout)),
+        static_cast<long long>(options.max_transport_bytes),
+        options.max_pending_blocks_per_job, options.max_jobs,
+        options.metrics_listen.empty() ? "-" : options.metrics_listen.c_str());
+    return 0;
   }
   absl::StatusOr<std::unique_ptr<syncnorm::RelayServer>> relay =
       syncnorm::RelayServer::Start(options);

@@ -45,6 +45,28 @@ void AnswerAll(const std::vector<AnswerFn>& waiters, const RoundAnswer& a) {
 
 }  // namespace
 
+const char* PassReasonName(PassReason reason) {
+  switch (reason) {
+    case PassReason::kUnknownJob:
+      return "unknown_job";
+    case PassReason::kNotMergeable:
+      return "not_mergeable";
+    case PassReason::kLate:
+      return "late";
+    case PassReason::kResend:
+      return "resend";
+    case PassReason::kIncomplete:
+      return "incomplete";
+    case PassReason::kMembersChanged:
+      return "members_changed";
+    case PassReason::kUnmergeable:
+      return "unmergeable";
+    case PassReason::kRefusedByShard:
+      return "refused_by_shard";
+  }
+  return "unknown";
+}
+
 Relay::Relay(const RelayOptions& options, Upstream& upstream,
              TimerQueue& timers)
     : options_(options), upstream_(upstream), timers_(timers) {}
@@ -54,6 +76,8 @@ RelayCounters Relay::counters() const {
   {
     absl::MutexLock lock(&mu_);
     c = counters_;
+    c.open_blocks = static_cast<int64_t>(blocks_.size());
+    c.jobs = static_cast<int64_t>(jobs_.size());
   }
   c.ranks_scored = health_.ranks_scored();
   c.health_sent = health_.entries_sent();
@@ -162,7 +186,7 @@ void Relay::Fetched(const JobKey& jk, absl::StatusOr<v1::JobInfo> info) {
       } else {
         // The shard answers for a job the relay cannot read.
         PassOne(jk.second, std::move(p), RetryDeadline(nullptr, absl::Now()),
-                actions);
+                PassReason::kUnknownJob, actions);
       }
     }
     if (!job.view.has_value() && job.open_blocks == 0 && job.waiting.empty()) {
@@ -208,7 +232,8 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
       place.has_value() && members.size() > 1 && fits &&
       std::find(members.begin(), members.end(), c.rank()) != members.end();
   if (!mergeable) {
-    PassOne(jk.second, std::move(p), RetryDeadline(&view, now), actions);
+    PassOne(jk.second, std::move(p), RetryDeadline(&view, now),
+            PassReason::kNotMergeable, actions);
     return;
   }
   const BlockKey key(c.job_id(), jk.second, c.layer(), c.step(), c.phase(),
@@ -222,8 +247,8 @@ void Relay::Place(const JobKey& jk, JobEntry& job, Pending p,
     // block did not count at its first arrival, or a child's block that
     // does not fit its members here: the shard judges it.
     const absl::Time first = RoundFirst(key);
-    PassOne(jk.second, std::move(p), RetryDeadline(&view, first), actions,
-            first);
+    PassOne(jk.second, std::move(p), RetryDeadline(&view, first),
+            PassReason::kResend, actions, first);
     return;
   }
   if (!round->forwarded() && round->complete()) Complete(key, *round, actions);
@@ -240,7 +265,8 @@ BlockRound* Relay::FindOrOpen(const BlockKey& key, JobEntry& job,
   if (done_.count(key) > 0) {
     // A late rank or a retry of a block round already answered or
     // released: the shard matches it.
-    PassOne(std::get<1>(key), std::move(p), RetryDeadline(&view, now), actions);
+    PassOne(std::get<1>(key), std::move(p), RetryDeadline(&view, now),
+            PassReason::kLate, actions);
     return nullptr;
   }
   if (job.open_blocks >= options_.max_pending_blocks_per_job) {
@@ -270,12 +296,12 @@ BlockRound* Relay::FindOrOpen(const BlockKey& key, JobEntry& job,
   return it->second.get();
 }
 
-void Relay::PassOne(int shard, Pending p, absl::Time deadline, Actions& actions,
-                    absl::Time started) {
+void Relay::PassOne(int shard, Pending p, absl::Time deadline, PassReason why,
+                    Actions& actions, absl::Time started) {
   std::vector<AnswerFn> waiters;
   waiters.push_back(std::move(p.done));
   PassThrough(shard, std::move(p.contribution), std::move(waiters), deadline,
-              actions, started);
+              why, actions, started);
 }
 
 absl::Time Relay::RoundFirst(const BlockKey& key) const {
@@ -305,7 +331,7 @@ void Relay::Backdate(const BlockKey& key, const v1::Contribution& c,
 void Relay::Complete(const BlockKey& key, BlockRound& round, Actions& actions) {
   absl::StatusOr<v1::Contribution> merged = round.Merge();
   if (!merged.ok()) {
-    Release(key, actions);
+    Release(key, PassReason::kUnmergeable, actions);
     return;
   }
   // Its ranks' scores of earlier rounds go up with it, never on the path
@@ -344,7 +370,7 @@ void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
     if (status.error_code() == grpc::StatusCode::ABORTED ||
         status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
         status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-      Release(key, actions);
+      Release(key, PassReason::kRefusedByShard, actions);
     } else {
       std::map<int, HeldContribution> held = it->second->TakeHeld();
       // One answer for the whole block: it carries no rank.
@@ -364,7 +390,7 @@ void Relay::BlockAnswered(const BlockKey& key, const grpc::Status& status,
   Run(actions);
 }
 
-void Relay::Release(const BlockKey& key, Actions& actions) {
+void Relay::Release(const BlockKey& key, PassReason why, Actions& actions) {
   auto it = blocks_.find(key);
   if (it == blocks_.end()) return;
   const absl::Time first = RoundFirst(key);
@@ -375,7 +401,7 @@ void Relay::Release(const BlockKey& key, Actions& actions) {
       RetryDeadline(job.view ? &*job.view : nullptr, first);
   for (auto& [rank, h] : held) {
     PassThrough(std::get<1>(key), std::move(h.contribution),
-                std::move(h.waiters), deadline, actions, first);
+                std::move(h.waiters), deadline, why, actions, first);
   }
 }
 
@@ -399,8 +425,9 @@ void Relay::Forget(const BlockKey& key) {
 
 void Relay::PassThrough(int shard, v1::Contribution c,
                         std::vector<AnswerFn> waiters, absl::Time deadline,
-                        Actions& actions, absl::Time started) {
+                        PassReason why, Actions& actions, absl::Time started) {
   ++counters_.passed_through;
+  ++counters_.passed_through_by[static_cast<int>(why)];
   if (started != absl::InfiniteFuture()) {
     c.set_round_age_ms(std::max<int64_t>(
         c.round_age_ms(), absl::ToInt64Milliseconds(absl::Now() - started)));
@@ -454,7 +481,7 @@ void Relay::Check(const BlockKey& key) {
     const absl::Time now = absl::Now();
     const absl::Time pass_at = PassAt(*job.view, RoundFirst(key));
     if (now >= pass_at) {
-      Release(key, actions);
+      Release(key, PassReason::kIncomplete, actions);
     } else {
       // Reread the job: a membership change may complete the block (a
       // rank removed) or move it.
@@ -491,7 +518,9 @@ void Relay::Recheck(const JobKey& jk, const JobView& view, Actions& actions) {
       release.push_back(key);
     }
   }
-  for (const BlockKey& key : release) Release(key, actions);
+  for (const BlockKey& key : release) {
+    Release(key, PassReason::kMembersChanged, actions);
+  }
 }
 
 }  // namespace syncnorm

@@ -5,6 +5,7 @@
 #ifndef SYNCNORM_RELAY_RELAY_H_
 #define SYNCNORM_RELAY_RELAY_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -29,16 +30,36 @@
 
 namespace syncnorm {
 
-// What the relay did, since it started.
+// Why a contribution went through unmerged.
+enum class PassReason {
+  kUnknownJob,      // the job could not be read (GetJob failed)
+  kNotMergeable,    // the shard takes no blocks, a stale-synchronous job, a
+                    // rank outside its block's members, a block of one
+  kLate,            // its block round was already answered or released
+  kResend,          // a resend that differs, or one after the block went up
+  kIncomplete,      // its block was incomplete at the grace or timeout
+  kMembersChanged,  // its block's members changed when the job was reread
+  kUnmergeable,     // the block's payloads or updates do not merge
+  kRefusedByShard,  // the shard refused the block (ABORTED, ...)
+};
+inline constexpr int kPassReasons = 8;
+// "unknown_job", "not_mergeable", ...: the metrics' reason label.
+const char* PassReasonName(PassReason reason);
+
+// What the relay did, since it started, and what it holds now.
 struct RelayCounters {
   // Merged blocks sent to a shard.
   int64_t blocks_forwarded = 0;
-  // Contributions sent through unmerged.
+  // Contributions sent through unmerged, in all and by PassReason.
   int64_t passed_through = 0;
   // Statistics health: ranks of merged blocks scored, and their scores
   // sent up with a block (BlockHealth).
   int64_t ranks_scored = 0;
   int64_t health_sent = 0;
+  std::array<int64_t, kPassReasons> passed_through_by{};
+  // Block rounds held now, and (job, shard) pairs known.
+  int64_t open_blocks = 0;
+  int64_t jobs = 0;
 };
 
 // Thread-safe. Answers go out on gRPC's or the timer queue's threads, or
@@ -108,8 +129,8 @@ class Relay {
                          Pending& p, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PassThrough of one contribution with its one waiter.
-  void PassOne(int shard, Pending p, absl::Time deadline, Actions& actions,
-               absl::Time started = absl::InfiniteFuture())
+  void PassOne(int shard, Pending p, absl::Time deadline, PassReason why,
+               Actions& actions, absl::Time started = absl::InfiniteFuture())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When the round of the block `key` (held) began here: its first
   // arrival, moved back by what child relays said (Backdate).
@@ -129,13 +150,13 @@ class Relay {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends every contribution the block holds through, each to its own
   // waiters, and forgets the block.
-  void Release(const BlockKey& key, Actions& actions)
+  void Release(const BlockKey& key, PassReason why, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `c` up for `waiters`; with `started` (the round's start here),
   // saying how long the round has been open (Contribution.round_age_ms).
   void PassThrough(int shard, v1::Contribution c, std::vector<AnswerFn> waiters,
-                   absl::Time deadline, Actions& actions,
+                   absl::Time deadline, PassReason why, Actions& actions,
                    absl::Time started = absl::InfiniteFuture())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fetch(const JobKey& jk, JobEntry& job, Actions& actions)

@@ -2,6 +2,7 @@
 #ifndef SYNCNORM_RELAY_RELAY_OPTIONS_H_
 #define SYNCNORM_RELAY_RELAY_OPTIONS_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/time/time.h"
@@ -83,7 +84,58 @@ struct RelayOptions {
   // every one holds rounds a contribution of another job is refused
   // RESOURCE_EXHAUSTED. Positive. Default 1024.
   int max_jobs = 1024;
+
+  // ---- What the ranks can make the relay hold (docs/relay.md, "What the
+  // ranks can make a relay hold"). The aggregator's flags of the same
+  // names, with defaults sized for a relay, which serves one block of
+  // ranks. Past a limit: RESOURCE_EXHAUSTED naming its flag. Zero or less:
+  // no limit. ----
+
+  // Largest contribution (serialized) a rank may send. gRPC's transport
+  // takes messages up to twice this (ReceiveCeiling), so that the relay
+  // refuses those above it naming the flag. Default 4 MiB: a FORWARD of
+  // 65,536 channels with its imported running statistics is 2 MiB.
+  int64_t max_message_bytes = int64_t{4} << 20;
+  // Open Reduce streams. A stream holds its slot until gRPC is done with
+  // it and the relay has answered everything it read (a stream whose
+  // client went away keeps its slot while its contributions are held), and
+  // reads no more while it holds kHeldMessagesPerStream x
+  // max_message_bytes (or 1,024 contributions) not yet answered and
+  // written. Default 64: eight per rank of a block of 8.
+  int max_streams = 64;
+  // ReduceOnce calls in progress, each holding its request and then its
+  // answer until the call is over. Default 32 (the syncnorm clients send
+  // their rounds on Reduce streams).
+  int max_waiting_calls = 32;
+  // HTTP/2 streams (calls) one connection may have open at once, as
+  // advertised to clients (SETTINGS_MAX_CONCURRENT_STREAMS): gRPC clients
+  // queue calls beyond it. Default 100.
+  int max_streams_per_connection = 100;
+  // A Reduce stream that reads, answers and writes nothing for this long
+  // (and holds nothing) ends UNAVAILABLE, freeing its max_streams slot; the
+  // clients open a new one when they next send. Default 5 minutes.
+  absl::Duration stream_idle_timeout = absl::Minutes(5);
+  // What gRPC's transport may hold (a grpc::ResourceQuota): messages still
+  // arriving (gRPC takes a whole message before its size check), every
+  // stream's unread data, read buffers. Past it gRPC cancels streams, its
+  // oldest connections' first, with its own RESOURCE_EXHAUSTED (naming no
+  // flag). At least twice max_message_bytes. Default 256 MiB: 32 messages
+  // at that ceiling arriving at once.
+  int64_t max_transport_bytes = int64_t{256} << 20;
+
+  // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics), as the
+  // aggregator's --metrics_listen; port 0 picks a free one
+  // (RelayServer::metrics_port). Empty: no metrics. Default empty.
+  std::string metrics_listen;
 };
+
+// A Reduce stream reads no more once it holds this many times
+// max_message_bytes of contributions not yet answered and answers not yet
+// written, until it is below again (the aggregator's stream holds 16; a
+// relay's ranks send one round of a layer at a time).
+inline constexpr int64_t kHeldMessagesPerStream = 4;
+// ... or this many contributions not yet answered, whatever their size.
+inline constexpr int kMaxUnansweredPerStream = 1024;
 
 }  // namespace syncnorm
 

@@ -5,10 +5,12 @@
 #define SYNCNORM_RELAY_RELAY_TLS_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/status.h"
 #include "relay/relay_options.h"
 #include "server/rpc/tls.h"
 
@@ -35,6 +37,41 @@ MakeUpstreamCredentials(const RelayOptions& options);
 
 // OK when the files of both sides load; the first one's error otherwise.
 absl::Status CheckRelayTlsFiles(const RelayOptions& options);
+
+// ---- A TLS mismatch with a shard, told from a shard that is down. ----
+
+// What a failed call to a shard says of the connection gRPC tried:
+//   kHandshake: the relay's TLS handshake failed (gRPC 1.51: "Ssl
+//     handshake failed: SSL_ERROR_SSL ..."; the shard's certificate not
+//     signed by --upstream_tls_root_ca, a plaintext shard answering the
+//     relay's hello: "wrong version number") or the shard's certificate
+//     does not name it ("Peer name ... is not in peer certificate");
+//   kClosed: the shard's side closed the connection before gRPC's own
+//     handshake ended ("failed to connect to all addresses ... Socket
+//     closed"): a TLS shard dialed in plaintext, a TLS shard that refused
+//     the relay's client certificate, or a proxy in front of a shard that
+//     is down; a probe tells them apart (ProbeSawTls);
+//   kOther: anything else, such as a refused connection (a shard that is
+//     down or restarting).
+enum class ConnectFailure { kOther, kHandshake, kClosed };
+ConnectFailure ClassifyConnectFailure(const grpc::Status& status);
+
+// The credentials of a probe of a shard whose connection closed (kClosed):
+// TLS with the system roots and no client certificate.
+std::shared_ptr<grpc::ChannelCredentials> TlsProbeCredentials();
+
+// Whether a probe's call, made with TlsProbeCredentials, reached a TLS
+// server: its handshake got as far as the server's certificate (checked or
+// not), or the call got past it.
+bool ProbeSawTls(const grpc::Status& probe);
+
+// What the ranks are answered for a TLS mismatch with shard `shard` at
+// `address`, seen as `seen`: FAILED_PRECONDITION (a rank that resent it
+// would get the same), naming the shard, what the relay dials it with
+// (`relay_tls`), what gRPC said, and the --upstream_tls* flags.
+grpc::Status UpstreamTlsMismatch(int shard, const std::string& address,
+                                 bool relay_tls, ConnectFailure kind,
+                                 const grpc::Status& seen);
 
 }  // namespace syncnorm
 

@@ -234,7 +234,40 @@ TEST_F(RelayTlsTest, PlaintextOnlyOnLoopbackUnlessAllowed) {
   EXPECT_TRUE(relay.ok()) << relay.status();
 }
 
-TEST_F(RelayTlsTest, APlaintextUpstreamToATlsAggregatorFailsItsRounds) {
+// The rank's round through `relay` of a job of one rank on the shard at
+// `shard`, with a round timeout far above the time a mismatch takes to be
+// answered: its status and how long it took.
+struct Timed {
+  absl::Status status;
+  absl::Duration took;
+};
+Timed RoundThrough(const RelayProcess& relay, const std::string& shard,
+                   const std::string& job) {
+  ClientOptions rank = Options(shard);
+  rank.relay = relay.address;
+  rank.round_timeout = absl::Seconds(40);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::RoundResult> round =
+      Client(rank).NewContributor(job, 0)->Round(Forward(job, 0));
+  return Timed{round.status(), absl::Now() - start};
+}
+
+// A TLS mismatch with the shard is answered at once, not resent for 30 s
+// as to a shard that is down: FAILED_PRECONDITION (the client does not
+// resend it), naming the shard, its address and the relay's flags.
+void ExpectFastMismatch(const Timed& t, const std::string& address,
+                        const std::string& advice) {
+  EXPECT_EQ(t.status.code(), absl::StatusCode::kFailedPrecondition) << t.status;
+  EXPECT_LT(t.took, absl::Seconds(5)) << t.status;
+  for (const std::string& part :
+       {std::string("shard 0 (") + address + ")", std::string("TLS mismatch"),
+        std::string("--upstream_tls_root_ca"), advice}) {
+    EXPECT_TRUE(absl::StrContains(t.status.message(), part))
+        << "lacks '" << part << "': " << t.status;
+  }
+}
+
+TEST_F(RelayTlsTest, APlaintextUpstreamToATlsAggregatorFailsFast) {
   auto aggregator = AggregatorProcess::Start(
       dir_,
       {"--tls_cert=" + File("server.crt"), "--tls_key=" + File("server.key")});
@@ -246,20 +279,91 @@ TEST_F(RelayTlsTest, APlaintextUpstreamToATlsAggregatorFailsItsRounds) {
   creator.tls_root_ca = Pem("ca.crt");
   ASSERT_TRUE(Client(creator).CreateJob(Job("p", 1)).ok());
 
-  ClientOptions rank = Options((*aggregator)->address());
-  rank.relay = relay->address;
-  rank.round_timeout = absl::Seconds(4);
-  const absl::Time start = absl::Now();
-  absl::StatusOr<v1::RoundResult> round =
-      Client(rank).NewContributor("p", 0)->Round(Forward("p", 0));
-  const absl::Duration took = absl::Now() - start;
-  // The relay cannot read the job, so it resends the contribution to the
-  // shard (UNAVAILABLE: the handshake fails) for as long as it would ride
-  // out a shard's restart; the rank's round fails at its own round
-  // timeout instead of waiting on.
-  EXPECT_EQ(round.status().code(), absl::StatusCode::kDeadlineExceeded)
-      << round.status();
-  EXPECT_LT(took, rank.round_timeout + absl::Seconds(2)) << round.status();
+  // The shard closes the plaintext connection: the relay probes it with
+  // TLS, sees a certificate, and answers the rank within the probe's time.
+  ExpectFastMismatch(RoundThrough(*relay, (*aggregator)->address(), "p"),
+                     (*aggregator)->address(), "--upstream_tls and");
+  // Once known, at once.
+  ExpectFastMismatch(RoundThrough(*relay, (*aggregator)->address(), "p"),
+                     (*aggregator)->address(), "dials it in plaintext");
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir_ + "/relay.log"),
+                                "event=upstream_tls_mismatch"))
+      << ReadFile(dir_ + "/relay.log");
+}
+
+TEST_F(RelayTlsTest, TheWrongCaUpstreamFailsFast) {
+  auto aggregator = AggregatorProcess::Start(
+      dir_,
+      {"--tls_cert=" + File("server.crt"), "--tls_key=" + File("server.key")});
+  ASSERT_TRUE(aggregator.ok()) << aggregator.status();
+  absl::StatusOr<RelayProcess> relay =
+      StartRelay(dir_, {"--upstream=" + (*aggregator)->address(),
+                        "--upstream_tls_root_ca=" + File("other-ca.crt")});
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  ClientOptions creator = Options((*aggregator)->address());
+  creator.tls_root_ca = Pem("ca.crt");
+  ASSERT_TRUE(Client(creator).CreateJob(Job("w", 1)).ok());
+  ExpectFastMismatch(RoundThrough(*relay, (*aggregator)->address(), "w"),
+                     (*aggregator)->address(), "certificate verify failed");
+}
+
+TEST_F(RelayTlsTest, ATlsUpstreamToAPlaintextAggregatorFailsFast) {
+  auto aggregator = AggregatorProcess::Start(dir_, {});
+  ASSERT_TRUE(aggregator.ok()) << aggregator.status();
+  absl::StatusOr<RelayProcess> relay =
+      StartRelay(dir_, {"--upstream=" + (*aggregator)->address(),
+                        "--upstream_tls_root_ca=" + File("ca.crt")});
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  ASSERT_TRUE(
+      Client(Options((*aggregator)->address())).CreateJob(Job("t", 1)).ok());
+  ExpectFastMismatch(RoundThrough(*relay, (*aggregator)->address(), "t"),
+                     (*aggregator)->address(), "drop --upstream_tls");
+}
+
+TEST_F(RelayTlsTest, AMutualTlsShardWithoutTheRelaysCertificateFailsFast) {
+  auto aggregator =
+      AggregatorProcess::Start(dir_, {"--tls_cert=" + File("server.crt"),
+                                      "--tls_key=" + File("server.key"),
+                                      "--tls_client_ca=" + File("ca.crt")});
+  ASSERT_TRUE(aggregator.ok()) << aggregator.status();
+  absl::StatusOr<RelayProcess> relay =
+      StartRelay(dir_, {"--upstream=" + (*aggregator)->address(),
+                        "--upstream_tls_root_ca=" + File("ca.crt")});
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  ClientOptions creator = Options((*aggregator)->address());
+  creator.tls_root_ca = Pem("ca.crt");
+  creator.tls_client_cert = Pem("client.crt");
+  creator.tls_client_key = Pem("client.key");
+  ASSERT_TRUE(Client(creator).CreateJob(Job("m", 1)).ok());
+  ExpectFastMismatch(RoundThrough(*relay, (*aggregator)->address(), "m"),
+                     (*aggregator)->address(), "--upstream_tls_client_cert");
+}
+
+// A shard that is merely down is still resent to: its rank's round
+// completes once the shard is back.
+TEST_F(RelayTlsTest, AShardThatIsDownIsStillResentTo) {
+  auto first = AggregatorProcess::Start(dir_, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  const std::string address = (*first)->address();
+  ASSERT_TRUE(Client(Options(address)).CreateJob(Job("d", 1)).ok());
+  ASSERT_TRUE((*first)->Stop().ok());
+  absl::StatusOr<RelayProcess> relay =
+      StartRelay(dir_, {"--upstream=" + address});
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  std::unique_ptr<AggregatorProcess> back;
+  std::thread restart([&] {
+    absl::SleepFor(absl::Seconds(2));
+    // The same data dir: the job is there.
+    auto again = AggregatorProcess::Start(
+        dir_, {absl::StrCat("--listen=127.0.0.1:", port)});
+    if (again.ok()) back = *std::move(again);
+  });
+  const Timed t = RoundThrough(*relay, address, "d");
+  restart.join();
+  ASSERT_NE(back, nullptr);
+  EXPECT_TRUE(t.status.ok()) << t.status;
+  EXPECT_GT(t.took, absl::Seconds(1));
 }
 
 }  // namespace

@@ -1,14 +1,18 @@
 // The relay's pieces without a network: the job's layout and membership as
 // GetJob describes them, the missing ranks of a ReduceOnce error, the
 // timer queue, a block round holding its ranks' and child relays' blocks,
-// the scores of a block's ranks and when they go up.
+// the scores of a block's ranks and when they go up, what gRPC's
+// connection failures say of the TLS to a shard, the metrics' families.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -17,6 +21,8 @@
 #include "relay/block_health.h"
 #include "relay/block_round.h"
 #include "relay/job_view.h"
+#include "relay/relay_metrics.h"
+#include "relay/relay_tls.h"
 #include "relay/timer_queue.h"
 
 namespace syncnorm {
@@ -446,6 +452,112 @@ TEST(BlockHealthTest, ForgetsTheBlocksScoredLeastRecentlyPastItsBound) {
   v1::Contribution second = Next(v1::FORWARD, 6);
   health.Attach(BlockHealth::BlockId("job", 0, 3, 0, 1), second);
   EXPECT_EQ(second.relay().health_size(), 2);
+}
+
+// The messages gRPC 1.51 gives a call whose connection failed, as
+// relay_tls_test saw them.
+grpc::Status Unavailable(const std::string& last_error) {
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      "failed to connect to all addresses; last error: " + last_error);
+}
+
+TEST(ConnectFailureTest, ToldApartByWhatGrpcSays) {
+  // The relay's handshake failed: the wrong CA, a plaintext shard.
+  EXPECT_EQ(ClassifyConnectFailure(Unavailable(
+                "UNKNOWN: ipv4:127.0.0.1:42125: Ssl handshake failed: "
+                "SSL_ERROR_SSL: error:0A000086:SSL "
+                "routines::certificate verify failed")),
+            ConnectFailure::kHandshake);
+  EXPECT_EQ(ClassifyConnectFailure(
+                Unavailable("UNKNOWN: ipv4:127.0.0.1:34895: Ssl handshake "
+                            "failed: SSL_ERROR_SSL: error:0A00010B:SSL "
+                            "routines::wrong version number")),
+            ConnectFailure::kHandshake);
+  // The shard closed it: a TLS shard dialed in plaintext, or a proxy.
+  EXPECT_EQ(ClassifyConnectFailure(Unavailable(
+                "UNAVAILABLE: ipv4:127.0.0.1:42125: Socket closed")),
+            ConnectFailure::kClosed);
+  // A shard that is down, and a handshake cut by a broken connection.
+  EXPECT_EQ(ClassifyConnectFailure(
+                Unavailable("UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to "
+                            "remote host: Connection refused")),
+            ConnectFailure::kOther);
+  EXPECT_EQ(ClassifyConnectFailure(Unavailable(
+                "UNKNOWN: ipv4:10.0.0.7:50051: Ssl handshake failed: "
+                "SSL_ERROR_SYSCALL")),
+            ConnectFailure::kOther);
+  // A call that broke on a connection that was up, and other codes.
+  EXPECT_EQ(ClassifyConnectFailure(
+                grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed")),
+            ConnectFailure::kOther);
+  EXPECT_EQ(ClassifyConnectFailure(
+                grpc::Status(grpc::StatusCode::NOT_FOUND, "job 'x' not found")),
+            ConnectFailure::kOther);
+}
+
+TEST(ConnectFailureTest, AProbeSeesTlsByTheShardsCertificate) {
+  EXPECT_TRUE(ProbeSawTls(Unavailable(
+      "UNKNOWN: ipv4:127.0.0.1:42125: Ssl handshake failed: SSL_ERROR_SSL: "
+      "error:0A000086:SSL routines::certificate verify failed")));
+  EXPECT_TRUE(ProbeSawTls(
+      grpc::Status(grpc::StatusCode::NOT_FOUND, "job '' not found")));
+  EXPECT_FALSE(ProbeSawTls(Unavailable(
+      "UNKNOWN: ipv4:127.0.0.1:34895: Ssl handshake failed: SSL_ERROR_SSL: "
+      "error:0A00010B:SSL routines::wrong version number")));
+  EXPECT_FALSE(ProbeSawTls(
+      Unavailable("UNAVAILABLE: ipv4:127.0.0.1:42125: Socket closed")));
+  EXPECT_FALSE(ProbeSawTls(
+      grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded")));
+}
+
+TEST(ConnectFailureTest, TheRanksAreToldTheShardAndTheFlags) {
+  const grpc::Status s = UpstreamTlsMismatch(
+      2, "shard-2:50051", /*relay_tls=*/false, ConnectFailure::kClosed,
+      Unavailable("UNAVAILABLE: ipv4:10.0.0.9:50051: Socket closed"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  for (const char* part :
+       {"shard 2 (shard-2:50051)", "--upstream_tls ", "--upstream_tls_root_ca",
+        "--upstream_tls_client_cert", "Socket closed"}) {
+    EXPECT_TRUE(absl::StrContains(s.error_message(), part))
+        << part << ": " << s.error_message();
+  }
+}
+
+TEST(RelayFamiliesTest, NameEveryReasonAndCode) {
+  RelayLoad load;
+  load.relay.passed_through_by[static_cast<int>(PassReason::kIncomplete)] = 3;
+  load.service.answers[0] = 7;
+  load.service.refusals[static_cast<int>(absl::StatusCode::kUnauthenticated)] =
+      2;
+  load.upstream.failures[UpstreamCounters::kGetJob][static_cast<int>(
+      absl::StatusCode::kFailedPrecondition)] = 1;
+  std::vector<std::string> samples;
+  for (const prometheus::MetricFamily& f : RelayFamilies(load)) {
+    EXPECT_TRUE(absl::StartsWith(f.name, "syncnorm_relay_")) << f.name;
+    EXPECT_FALSE(f.help.empty()) << f.name;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::string labels;
+      for (const auto& l : m.label) {
+        labels += l.name + "=" + l.value + ",";
+      }
+      samples.push_back(f.name + "{" + labels + "}");
+    }
+  }
+  auto has = [&](const std::string& sample) {
+    return std::find(samples.begin(), samples.end(), sample) != samples.end();
+  };
+  EXPECT_TRUE(has("syncnorm_relay_passed_through_total{reason=incomplete,}"));
+  EXPECT_TRUE(
+      has("syncnorm_relay_passed_through_total{reason=refused_by_shard,}"));
+  EXPECT_TRUE(has("syncnorm_relay_answers_total{code=OK,}"));
+  EXPECT_TRUE(has("syncnorm_relay_refusals_total{code=UNAUTHENTICATED,}"));
+  EXPECT_TRUE(has("syncnorm_relay_refusals_total{code=RESOURCE_EXHAUSTED,}"));
+  EXPECT_TRUE(
+      has("syncnorm_relay_upstream_failures_total{method=GetJob,code="
+          "FAILED_PRECONDITION,}"));
+  EXPECT_TRUE(
+      has("syncnorm_relay_connections_closed_total{reason=rapid_reset,}"));
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/channel_args.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
+#include "relay/relay_tls.h"
+#include "server/domain/log.h"
 
 namespace syncnorm {
 
@@ -27,18 +29,15 @@ namespace {
 std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address,
     const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
-  grpc::ChannelArguments args;
-  // As the client's channels (client/client.cc): notice a dead shard within
-  // seconds, reconnect quickly, take a wide layer's messages.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
-  return grpc::CreateCustomChannel(address, credentials, args);
+  // As the client's channels: notice a dead shard within seconds, reconnect
+  // quickly, take a wide layer's messages.
+  return grpc::CreateCustomChannel(address, credentials,
+                                   RoundChannelArguments());
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
 }
 
 }  // namespace
@@ -46,9 +45,13 @@ std::shared_ptr<grpc::Channel> MakeChannel(
 Upstream::Upstream(std::vector<std::string> shards, const std::string& parent,
                    std::string token,
                    std::shared_ptr<grpc::ChannelCredentials> credentials,
-                   TimerQueue& timers)
+                   TimerQueue& timers, bool tls)
     : authorization_(token.empty() ? "" : absl::StrCat("Bearer ", token)),
-      timers_(timers) {
+      timers_(timers),
+      tls_(tls),
+      addresses_(shards),
+      shard_tls_(shards.size()),
+      probes_(shards.size()) {
   for (const std::string& address : shards) {
     channels_.push_back(MakeChannel(address, credentials));
     stubs_.push_back(v1::Aggregator::NewStub(channels_.back()));
@@ -87,6 +90,10 @@ void Upstream::End(const std::shared_ptr<grpc::ClientContext>& context) {
 
 void Upstream::Reduce(int shard, v1::Contribution c, absl::Time deadline,
                       ReduceDone done) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.calls[UpstreamCounters::kReduceOnce];
+  }
   auto call = std::make_shared<ReduceCall>();
   call->shard = shard;
   call->request = std::move(c);
@@ -102,10 +109,11 @@ void Upstream::Attempt(std::shared_ptr<ReduceCall> call) {
   call->response.Clear();
   if (!Begin(call->context)) {
     // Off the caller's stack, as every callback.
-    timers_.At(absl::Now(), [call] {
-      call->done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              "the relay is shutting down; resend"),
-                 v1::RoundResult());
+    timers_.At(absl::Now(), [this, call] {
+      const grpc::Status status(grpc::StatusCode::UNAVAILABLE,
+                                "the relay is shutting down; resend");
+      Failed(UpstreamCounters::kReduceOnce, status);
+      call->done(status, v1::RoundResult());
     });
     return;
   }
@@ -126,12 +134,28 @@ void Upstream::Attempted(std::shared_ptr<ReduceCall> call,
     absl::MutexLock lock(&mu_);
     stopping = shutting_down_;
   }
+  std::optional<grpc::Status> mismatch;
+  // A shard's handshake only: through a parent relay the call's connection
+  // is the parent's, which Mismatch would not probe (it is resent).
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !stopping &&
-      now + call->backoff < call->deadline) {
+      parent_stub_ == nullptr) {
+    mismatch = Mismatch(call->shard, status);
+  }
+  if (mismatch.has_value()) {
+    // Resending would meet the same handshake: the ranks hear it now.
+    Failed(UpstreamCounters::kReduceOnce, *mismatch);
+    call->done(*mismatch, v1::RoundResult());
+  } else if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+             !stopping && now + call->backoff < call->deadline) {
     const absl::Duration wait = call->backoff;
     call->backoff = std::min(2 * call->backoff, kMaxBackoff);
+    {
+      absl::MutexLock lock(&mu_);
+      ++counters_.retries;
+    }
     timers_.At(now + wait, [this, call] { Attempt(call); });
   } else {
+    if (!status.ok()) Failed(UpstreamCounters::kReduceOnce, status);
     call->done(status, std::move(call->response));
   }
   End(context);
@@ -144,28 +168,127 @@ void Upstream::GetJob(int shard, const std::string& job_id, JobDone done) {
     v1::JobInfo response;
     JobDone done;
   };
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.calls[UpstreamCounters::kGetJob];
+  }
   auto call = std::make_shared<JobCall>();
   call->context = NewContext(absl::Now() + kGetJobTimeout);
   call->request.set_job_id(job_id);
   call->done = std::move(done);
   if (!Begin(call->context)) {
-    timers_.At(absl::Now(), [call] {
-      call->done(absl::UnavailableError("the relay is shutting down"));
+    timers_.At(absl::Now(), [this, call] {
+      const absl::Status status =
+          absl::UnavailableError("the relay is shutting down");
+      Failed(UpstreamCounters::kGetJob, ToGrpc(status));
+      call->done(status);
     });
     return;
   }
   stubs_[shard]->async()->GetJob(
       call->context.get(), &call->request, &call->response,
-      [this, call](grpc::Status status) {
+      [this, call, shard](grpc::Status status) {
         if (status.ok()) {
           call->done(std::move(call->response));
         } else {
+          if (std::optional<grpc::Status> mismatch = Mismatch(shard, status)) {
+            status = *std::move(mismatch);
+          }
+          Failed(UpstreamCounters::kGetJob, status);
           call->done(
               absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                            status.error_message()));
         }
         End(call->context);
       });
+}
+
+std::optional<grpc::Status> Upstream::Mismatch(int shard,
+                                               const grpc::Status& status) {
+  const ConnectFailure kind = ClassifyConnectFailure(status);
+  if (kind == ConnectFailure::kOther) return std::nullopt;
+  const absl::Time now = absl::Now();
+  bool probe = false;
+  bool log = false;
+  bool mismatch = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ShardTls& t = shard_tls_[shard];
+    const bool fresh = now - t.probed_at < kProbeValid;
+    if (kind == ConnectFailure::kHandshake) {
+      mismatch = true;
+    } else if (fresh) {
+      mismatch = t.speaks_tls;
+    } else if (!t.probing && !shutting_down_) {
+      // A closed connection: a TLS shard dialed in plaintext (or one that
+      // refused the relay's certificate), or a proxy whose shard is down.
+      // Until a probe tells, it is resent as a shard that is down.
+      t.probing = probe = true;
+    }
+    if (mismatch && !t.logged) t.logged = log = true;
+  }
+  if (probe) Probe(shard);
+  if (!mismatch) return std::nullopt;
+  grpc::Status out =
+      UpstreamTlsMismatch(shard, addresses_[shard], tls_, kind, status);
+  if (log) {
+    LogLine("upstream_tls_mismatch", LogLevel::kError)
+        .Add("shard", shard)
+        .Add("address", addresses_[shard])
+        .Add("error", out.error_message());
+  }
+  return out;
+}
+
+void Upstream::Probe(int shard) {
+  struct ProbeCall {
+    std::shared_ptr<grpc::ClientContext> context;
+    v1::GetJobRequest request;
+    v1::JobInfo response;
+  };
+  auto call = std::make_shared<ProbeCall>();
+  call->context = std::make_shared<grpc::ClientContext>();
+  call->context->set_deadline(absl::ToChronoTime(absl::Now() + kProbeTimeout));
+  v1::Aggregator::Stub* stub = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (probes_[shard] == nullptr) {
+      probes_[shard] = v1::Aggregator::NewStub(grpc::CreateCustomChannel(
+          addresses_[shard], TlsProbeCredentials(), grpc::ChannelArguments()));
+    }
+    stub = probes_[shard].get();
+  }
+  if (!Begin(call->context)) {
+    absl::MutexLock lock(&mu_);
+    shard_tls_[shard].probing = false;
+    return;
+  }
+  // No token: a probe learns only whether the shard's side speaks TLS.
+  stub->async()->GetJob(call->context.get(), &call->request, &call->response,
+                        [this, call, shard](grpc::Status status) {
+                          const bool tls = ProbeSawTls(status);
+                          {
+                            absl::MutexLock lock(&mu_);
+                            ShardTls& t = shard_tls_[shard];
+                            t.probing = false;
+                            t.probed_at = absl::Now();
+                            t.speaks_tls = tls;
+                            if (!tls) t.logged = false;
+                          }
+                          End(call->context);
+                        });
+}
+
+void Upstream::Failed(UpstreamCounters::Method method,
+                      const grpc::Status& status) {
+  const int code = static_cast<int>(status.error_code());
+  absl::MutexLock lock(&mu_);
+  if (code >= 0 && code < 17) ++counters_.failures[method][code];
+}
+
+UpstreamCounters Upstream::counters() const {
+  absl::MutexLock lock(&mu_);
+  return counters_;
 }
 
 void Upstream::Shutdown() {

@@ -4,8 +4,11 @@
 #ifndef SYNCNORM_RELAY_UPSTREAM_H_
 #define SYNCNORM_RELAY_UPSTREAM_H_
 
+#include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,9 +25,28 @@
 
 namespace syncnorm {
 
+// The relay's calls to the shards since it started.
+struct UpstreamCounters {
+  // Calls by method (kReduceOnce, kGetJob): a contribution sent counts
+  // once, however often it was resent.
+  enum Method { kReduceOnce, kGetJob, kMethods };
+  std::array<int64_t, kMethods> calls{};
+  // Resends of a ReduceOnce after UNAVAILABLE.
+  int64_t retries = 0;
+  // Calls that ended in an error (after their resends), by method and
+  // code; a TLS mismatch is FAILED_PRECONDITION.
+  std::array<std::array<int64_t, 17>, kMethods> failures{};
+};
+
 // Thread-safe. Callbacks run on gRPC's or the timer queue's threads, never
 // inline in the call that starts them, and never under a lock of this
 // class.
+//
+// A shard the relay cannot talk to for a TLS mismatch (relay_tls.h
+// ClassifyConnectFailure; a closed connection after a probe showed the
+// shard speaks TLS) fails its calls at once, FAILED_PRECONDITION naming
+// the shard and the --upstream_tls* flags (UpstreamTlsMismatch), instead
+// of resending them as for a shard that is down.
 class Upstream {
  public:
   // Resends start after this and double up to kMaxBackoff.
@@ -33,15 +55,19 @@ class Upstream {
   // GetJob's deadline.
   static constexpr absl::Duration kGetJobTimeout = absl::Seconds(10);
 
+  // A closed connection's probe (relay_tls.h) holds for this long.
+  static constexpr absl::Duration kProbeValid = absl::Seconds(10);
+  static constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
+
   // `shards`: addresses in ordinal order (not empty); `parent`: a parent
   // relay's address, which then takes every Reduce (GetJob still goes to
   // the shards), or empty; `token`: sent as `authorization: Bearer` when
   // not empty; `credentials`: every channel's (relay_tls.h
-  // MakeUpstreamCredentials). `timers` outlives this.
+  // MakeUpstreamCredentials), TLS ones when `tls`. `timers` outlives this.
   Upstream(std::vector<std::string> shards, const std::string& parent,
            std::string token,
            std::shared_ptr<grpc::ChannelCredentials> credentials,
-           TimerQueue& timers);
+           TimerQueue& timers, bool tls = false);
   // Shutdown().
   ~Upstream();
 
@@ -70,8 +96,26 @@ class Upstream {
   // later calls fail UNAVAILABLE. Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
+  UpstreamCounters counters() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct ReduceCall;
+  // What the relay knows of its TLS with one shard.
+  struct ShardTls {
+    bool probing = false;
+    absl::Time probed_at = absl::InfinitePast();
+    bool speaks_tls = false;  // the last probe's verdict
+    bool logged = false;      // the mismatch was logged
+  };
+
+  // A failed call's status to `shard`: FAILED_PRECONDITION for a TLS
+  // mismatch (UpstreamTlsMismatch), else nullopt (resend if UNAVAILABLE).
+  // Starts a probe for a closed connection when none is fresh.
+  std::optional<grpc::Status> Mismatch(int shard, const grpc::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Probe(int shard) ABSL_LOCKS_EXCLUDED(mu_);
+  void Failed(UpstreamCounters::Method method, const grpc::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   void Attempt(std::shared_ptr<ReduceCall> call) ABSL_LOCKS_EXCLUDED(mu_);
   void Attempted(std::shared_ptr<ReduceCall> call, const grpc::Status& status)
@@ -88,12 +132,19 @@ class Upstream {
   // Constant after construction.
   const std::string authorization_;  // "Bearer <token>", or empty
   TimerQueue& timers_;
+  const bool tls_;
+  const std::vector<std::string> addresses_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;
   std::unique_ptr<v1::Aggregator::Stub> parent_stub_;  // null: none
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  UpstreamCounters counters_ ABSL_GUARDED_BY(mu_);
+  std::vector<ShardTls> shard_tls_ ABSL_GUARDED_BY(mu_);
+  // Made at a shard's first probe.
+  std::vector<std::unique_ptr<v1::Aggregator::Stub>> probes_
+      ABSL_GUARDED_BY(mu_);
   // Calls in flight (a resend waiting for its time is the timer queue's:
   // stop it before destroying this).
   // Shared, so that Shutdown may cancel one outside the lock (a cancel

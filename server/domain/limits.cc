@@ -8,10 +8,10 @@
 namespace syncnorm {
 
 absl::Status LimitExceeded(absl::string_view what, absl::string_view flag,
-                           int64_t limit) {
+                           int64_t limit, absl::string_view holder) {
   return absl::ResourceExhaustedError(
-      absl::StrCat(what, " exceeds the server's limit --", flag, "=", limit,
-                   " (the server's operator can raise it)"));
+      absl::StrCat(what, " exceeds the ", holder, "'s limit --", flag, "=",
+                   limit, " (the ", holder, "'s operator can raise it)"));
 }
 
 absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits) {
@@ -50,13 +50,14 @@ absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits) {
 }
 
 absl::Status CheckMessageSize(size_t bytes, absl::string_view what,
-                              int64_t max_message_bytes) {
+                              int64_t max_message_bytes,
+                              absl::string_view holder) {
   if (max_message_bytes <= 0 ||
       bytes <= static_cast<uint64_t>(max_message_bytes)) {
     return absl::OkStatus();
   }
   return LimitExceeded(absl::StrCat(what, " of ", bytes, " bytes"),
-                       "max_message_bytes", max_message_bytes);
+                       "max_message_bytes", max_message_bytes, holder);
 }
 
 int ReceiveCeiling(const Limits& limits) {

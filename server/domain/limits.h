@@ -47,8 +47,10 @@ struct Limits {
 };
 
 // RESOURCE_EXHAUSTED "<what> exceeds the server's limit --<flag>=<limit>".
+// `holder` names whose limit it is ("relay": a relay's own, so that a rank
+// can tell it from a shard's refusal passed on).
 absl::Status LimitExceeded(absl::string_view what, absl::string_view flag,
-                           int64_t limit);
+                           int64_t limit, absl::string_view holder = "server");
 
 // A new job's spec against the per-job limits (layers, channels, world
 // size, channels per job). OK or RESOURCE_EXHAUSTED naming the limit.
@@ -57,9 +59,10 @@ absl::Status CheckJobLimits(const JobSpec& spec, const Limits& limits);
 // A received message of `bytes` (serialized) against `max_message_bytes`
 // (<= 0: no limit): OK, or RESOURCE_EXHAUSTED naming --max_message_bytes,
 // its value and `bytes`. `what` names the message, e.g. "a ReduceOnce
-// request".
+// request"; `holder` as LimitExceeded's.
 absl::Status CheckMessageSize(size_t bytes, absl::string_view what,
-                              int64_t max_message_bytes);
+                              int64_t max_message_bytes,
+                              absl::string_view holder = "server");
 
 // The receive limit for gRPC's transport: twice max_message_bytes (at most
 // INT32_MAX), so that messages up to there reach CheckMessageSize and get

@@ -3,6 +3,8 @@
 #include <memory>
 #include <optional>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "grpcpp/support/interceptor.h"
 #include "server/rpc/call_outcome.h"
@@ -46,6 +48,7 @@ class GuardInterceptorFactory::Interceptor final
       : guard_(guard), context_(info->server_context()), outcome_(info) {}
 
   ~Interceptor() override {
+    absl::MutexLock lock(&mu_);
     // A call cancelled before it reached the server runs no hook: it is
     // reported now, when its context is bound, as one cut short at once.
     if (!call_.has_value()) call_.emplace(guard_, *context_);
@@ -56,9 +59,12 @@ class GuardInterceptorFactory::Interceptor final
 
   void Intercept(
       grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (!call_.has_value()) call_.emplace(guard_, *context_);
-    if (std::optional<CallOutcome::Result> r = outcome_.Observe(methods)) {
-      call_->Ended(*r);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!call_.has_value()) call_.emplace(guard_, *context_);
+      if (std::optional<CallOutcome::Result> r = outcome_.Observe(methods)) {
+        call_->Ended(*r);
+      }
     }
     methods->Proceed();
   }
@@ -67,9 +73,13 @@ class GuardInterceptorFactory::Interceptor final
   ConnectionGuard* const guard_;
   grpc::ServerContextBase* const context_;
   CallOutcome outcome_;
+  // A callback-API call's last hook and the destruction of its context
+  // (which deletes this) may run on different threads, ordered by gRPC
+  // alone: the lock shows ThreadSanitizer that order.
+  absl::Mutex mu_;
   // Set by the first hook, the arrival of the call's metadata, which runs
   // before gRPC hands the call to the server: before any later hook.
-  std::optional<Call> call_;
+  std::optional<Call> call_ ABSL_GUARDED_BY(mu_);
 };
 
 grpc::experimental::Interceptor*
