@@ -9,7 +9,8 @@
 #
 # Run by //tests:fuzz_test (tags "local": it finds the checkout through its
 # own path) and by hand. The sources it compiles are the srcs of
-# //server/domain:aggregator, :contribution, :job_spec, :bounded_text and
+# //server/domain:aggregator, :limits, :merge_tree, :rank_score,
+# :contribution, :job_spec, :bounded_text and
 # :periodic_thread, //server/store:state_codec, :kv_state_store and
 # :memory_engine, //kernels:moments and //kernels:round_update, and //wire,
 # read from their BUILD files, so it follows them.
@@ -40,6 +41,9 @@ PY
 }
 sources=(server/rpc/request_fuzz.cc server/rpc/proto_convert.cc
          $(srcs_of server/domain/BUILD aggregator)
+         $(srcs_of server/domain/BUILD limits)
+         $(srcs_of server/domain/BUILD merge_tree)
+         $(srcs_of server/domain/BUILD rank_score)
          $(srcs_of server/domain/BUILD contribution)
          $(srcs_of server/domain/BUILD job_spec)
          $(srcs_of server/domain/BUILD bounded_text)
