@@ -44,12 +44,10 @@ std::string Authorization(const grpc::CallbackServerContext* context) {
 
 // Whether the relay takes `c` from this caller. A child relay's block
 // needs the `relay` scope besides the job's, as the shard asks (a rank's
-// job token cannot vouch for other ranks); a round age from a caller
-// without it is dropped, as the shard drops it (a rank's would close the
-// round early for everyone).
+// job token cannot vouch for other ranks).
 absl::Status AdmitContribution(const Authenticator* auth,
                                const std::string& authorization,
-                               v1::Contribution& c) {
+                               const v1::Contribution& c) {
   if (c.round_age_ms() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "round_age_ms ", c.round_age_ms(),
@@ -57,13 +55,20 @@ absl::Status AdmitContribution(const Authenticator* auth,
         "at least 0, and a rank leaves it unset"));
   }
   if (auth == nullptr) return absl::OkStatus();
-  if (c.has_relay()) return auth->AuthorizeRelay(authorization, c.job_id());
-  absl::Status job = auth->AuthorizeJob(authorization, c.job_id());
-  if (job.ok() && c.round_age_ms() > 0 &&
+  return c.has_relay() ? auth->AuthorizeRelay(authorization, c.job_id())
+                       : auth->AuthorizeJob(authorization, c.job_id());
+}
+
+// Drops the round age of an admitted `c` from a caller without the `relay`
+// scope, as the shard drops it (a rank's would close the round early for
+// everyone).
+void DropUntrustedRoundAge(const Authenticator* auth,
+                           const std::string& authorization,
+                           v1::Contribution& c) {
+  if (auth != nullptr && c.round_age_ms() > 0 && !c.has_relay() &&
       !auth->AuthorizeRelay(authorization, c.job_id()).ok()) {
     c.clear_round_age_ms();
   }
-  return job;
 }
 
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -274,6 +279,9 @@ class ReduceStream final
     state_->held_bytes.fetch_add(held, std::memory_order_relaxed);
     if (refused.ok()) {
       refused = AdmitContribution(state_->options.auth, authorization_, c);
+    }
+    if (refused.ok()) {
+      DropUntrustedRoundAge(state_->options.auth, authorization_, c);
     }
     // The answer keeps the stream alive: it may come after OnDone.
     std::shared_ptr<ReduceStream> me = self_;
@@ -552,9 +560,9 @@ class UnaryRound final : public grpc::ServerUnaryReactor {
     UnaryRound* raw = round.get();
     State& s = *raw->state_;
     s.contributions.fetch_add(1, std::memory_order_relaxed);
-    v1::Contribution c = request;
+    const std::string authorization = Authorization(context);
     absl::Status refused =
-        AdmitContribution(s.options.auth, Authorization(context), c);
+        AdmitContribution(s.options.auth, authorization, request);
     if (refused.ok()) {
       refused = s.EnterWaiting();
       raw->admitted_ = refused.ok();
@@ -567,6 +575,9 @@ class UnaryRound final : public grpc::ServerUnaryReactor {
     if (!refused.ok()) {
       raw->Answer(ErrorAnswer(KeyOf(request), refused));
     } else {
+      // The relay's copy, made only once the request is taken.
+      v1::Contribution c = request;
+      DropUntrustedRoundAge(s.options.auth, authorization, c);
       s.relay.Contribute(std::move(c), [round](const RoundAnswer& answer) {
         round->Answer(answer);
       });
