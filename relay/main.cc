@@ -8,9 +8,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -209,17 +206,9 @@ absl::Status CheckFiles(const syncnorm::RelayOptions& options) {
 // cannot be read, an address that cannot be bound), 0 after SIGTERM or
 // SIGINT.
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  absl::FlagsUsageConfig usage_config;
-  usage_config.version_string = [] {
-    return syncnorm::VersionText("syncnorm_relay");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  if (syncnorm::AsksForHelp(argc, argv)) {
-    std::fputs(syncnorm::FlagsHelp(kUsage).c_str(), stdout);
+  if (!syncnorm::ParseFlagsOrPrintHelp(argc, argv, kUsage, "syncnorm_relay")) {
     return 0;
   }
-  absl::ParseCommandLine(argc, argv);
   // As the aggregator (server/main.cc): Debian's Abseil keeps absl::Mutex
   // deadlock detection on, a lock-order graph updated on every acquisition
   // of every round. The lock order is checked in tests.

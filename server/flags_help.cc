@@ -1,11 +1,15 @@
 #include "server/flags_help.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
+#include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -79,6 +83,22 @@ std::string VersionText(absl::string_view program) {
       "NDEBUG: scripts/build-release.sh, bazel --config=release)\n");
 #endif
   return out;
+}
+
+bool ParseFlagsOrPrintHelp(int argc, char** argv, absl::string_view usage,
+                           absl::string_view program) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  config.version_string = [name = std::string(program)] {
+    return VersionText(name);
+  };
+  absl::SetFlagsUsageConfig(config);
+  if (AsksForHelp(argc, argv)) {
+    std::fputs(FlagsHelp(usage).c_str(), stdout);
+    return false;
+  }
+  absl::ParseCommandLine(argc, argv);
+  return true;
 }
 
 }  // namespace syncnorm

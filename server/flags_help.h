@@ -22,6 +22,13 @@ std::string FlagsHelp(absl::string_view usage);
 // (assertions on: not a release build).
 std::string VersionText(absl::string_view program);
 
+// A binary's command line: sets its usage message and `program`'s
+// --version text, then prints FlagsHelp(usage) and returns false when the
+// arguments ask for help (the binary exits 0), and otherwise parses the
+// flags (Abseil exits on a bad one) and returns true.
+bool ParseFlagsOrPrintHelp(int argc, char** argv, absl::string_view usage,
+                           absl::string_view program);
+
 }  // namespace syncnorm
 
 #endif  // SYNCNORM_SERVER_FLAGS_HELP_H_

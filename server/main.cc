@@ -11,9 +11,6 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -354,17 +351,10 @@ int Serve(const syncnorm::ServerOptions& options, sigset_t stop_signals,
 
 int main(int argc, char** argv) {
   TuneMalloc();
-  absl::SetProgramUsageMessage(kUsage);
-  absl::FlagsUsageConfig usage_config;
-  usage_config.version_string = [] {
-    return syncnorm::VersionText("syncnorm-aggregator");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  if (syncnorm::AsksForHelp(argc, argv)) {
-    std::fputs(syncnorm::FlagsHelp(kUsage).c_str(), stdout);
+  if (!syncnorm::ParseFlagsOrPrintHelp(argc, argv, kUsage,
+                                       "syncnorm-aggregator")) {
     return 0;
   }
-  absl::ParseCommandLine(argc, argv);
   // Debian's Abseil keeps absl::Mutex deadlock detection on, which records a
   // lock-order graph on every acquisition: a cost on every round's hot path
   // that production servers do not pay. The lock order is checked in tests.
