@@ -29,6 +29,8 @@ const char* CloseReasonName(CloseReason reason) {
       return "unauthenticated";
     case CloseReason::kReadFlood:
       return "read_flood";
+    case CloseReason::kUnimplemented:
+      return "unimplemented";
   }
   return "unknown";
 }
@@ -40,6 +42,7 @@ struct ConnectionGuard::Connection {
   int64_t in_progress = 0;
   int64_t early_cancels = 0;    // cancelled by the client before their end
   int64_t unauthenticated = 0;  // refused UNAUTHENTICATED
+  int64_t unimplemented = 0;    // refused UNIMPLEMENTED
   int64_t answered = 0;         // ended with the service's status, or streamed
   int64_t started_overloaded = 0;  // in the current overload
   absl::Time last_seen;
@@ -63,7 +66,7 @@ std::shared_ptr<ConnectionGuard::Connection> ConnectionGuard::CallStarted(
   std::shared_ptr<Connection> c;
   CloseReason reason;
   bool close = false;
-  int64_t started, early_cancels, unauthenticated;
+  Counts counts;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();
@@ -74,14 +77,10 @@ std::shared_ptr<ConnectionGuard::Connection> ConnectionGuard::CallStarted(
     c->last_seen = now;
     c->started_overloaded = overloaded ? c->started_overloaded + 1 : 0;
     close = Judge(*c, overloaded, reason);
-    started = c->started;
-    early_cancels = c->early_cancels;
-    unauthenticated = c->unauthenticated;
+    counts = CountsOf(*c);
   }
   // peer is constant after the record is made.
-  if (close) {
-    CloseConnection(c->peer, reason, started, early_cancels, unauthenticated);
-  }
+  if (close) CloseConnection(c->peer, reason, counts);
   return c;
 }
 
@@ -89,7 +88,7 @@ void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code,
                                 absl::Duration lifetime) {
   CloseReason reason;
   bool close = false;
-  int64_t started, early_cancels, unauthenticated;
+  Counts counts;
   {
     absl::MutexLock lock(&mu_);
     --c.in_progress;
@@ -99,18 +98,16 @@ void ConnectionGuard::CallEnded(Connection& c, absl::StatusCode code,
     }
     if (code == absl::StatusCode::kUnauthenticated) {
       ++c.unauthenticated;
+    } else if (code == absl::StatusCode::kUnimplemented) {
+      ++c.unimplemented;
     } else if (code != absl::StatusCode::kCancelled &&
                code != absl::StatusCode::kDeadlineExceeded) {
       ++c.answered;  // not cut short (CallOutcome)
     }
     close = Judge(c, /*overloaded=*/false, reason);
-    started = c.started;
-    early_cancels = c.early_cancels;
-    unauthenticated = c.unauthenticated;
+    counts = CountsOf(c);
   }
-  if (close) {
-    CloseConnection(c.peer, reason, started, early_cancels, unauthenticated);
-  }
+  if (close) CloseConnection(c.peer, reason, counts);
 }
 
 void ConnectionGuard::MessageAnswered(Connection& c) {
@@ -119,7 +116,7 @@ void ConnectionGuard::MessageAnswered(Connection& c) {
 }
 
 void ConnectionGuard::Close(absl::string_view peer, CloseReason reason) {
-  int64_t started, early_cancels, unauthenticated;
+  Counts counts;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();
@@ -128,12 +125,9 @@ void ConnectionGuard::Close(absl::string_view peer, CloseReason reason) {
     if (c->started == 0) c->last_seen = now;  // a record made for this
     c->closed = true;
     c->closed_at = now;
-    started = c->started;
-    early_cancels = c->early_cancels;
-    unauthenticated = c->unauthenticated;
+    counts = CountsOf(*c);
   }
-  CloseConnection(std::string(peer), reason, started, early_cancels,
-                  unauthenticated);
+  CloseConnection(std::string(peer), reason, counts);
 }
 
 std::shared_ptr<ConnectionGuard::Connection>& ConnectionGuard::RecordLocked(
@@ -161,6 +155,8 @@ bool ConnectionGuard::Judge(Connection& c, bool overloaded,
     reason = CloseReason::kRapidReset;
   } else if (c.unauthenticated >= options_.unauthenticated_calls) {
     reason = CloseReason::kUnauthenticated;
+  } else if (c.unimplemented >= options_.unimplemented_calls) {
+    reason = CloseReason::kUnimplemented;
   } else {
     return false;
   }
@@ -169,18 +165,27 @@ bool ConnectionGuard::Judge(Connection& c, bool overloaded,
   return true;
 }
 
+ConnectionGuard::Counts ConnectionGuard::CountsOf(const Connection& c) {
+  Counts counts;
+  counts.started = c.started;
+  counts.early_cancels = c.early_cancels;
+  counts.unauthenticated = c.unauthenticated;
+  counts.unimplemented = c.unimplemented;
+  return counts;
+}
+
 void ConnectionGuard::CloseConnection(const std::string& peer,
-                                      CloseReason reason, int64_t started,
-                                      int64_t early_cancels,
-                                      int64_t unauthenticated) {
+                                      CloseReason reason,
+                                      const Counts& counts) {
   const bool found = closer_->Close(peer);
   closed_[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
   LogLine("connection_closed")
       .Add("peer", peer)
       .Add("reason", CloseReasonName(reason))
-      .Add("calls", started)
-      .Add("early_cancels", early_cancels)
-      .Add("unauthenticated", unauthenticated)
+      .Add("calls", counts.started)
+      .Add("early_cancels", counts.early_cancels)
+      .Add("unauthenticated", counts.unauthenticated)
+      .Add("unimplemented", counts.unimplemented)
       .Add("calls_held", calls_held())
       .Add("found", found ? "true" : "false");
 }
@@ -202,8 +207,8 @@ absl::flat_hash_set<std::string> ConnectionGuard::PeersGivingBack() const {
   absl::flat_hash_set<std::string> peers;
   absl::MutexLock lock(&mu_);
   for (const auto& [peer, c] : connections_) {
-    if (!c->closed &&
-        c->answered > c->unauthenticated + c->early_cancels + c->in_progress) {
+    if (!c->closed && c->answered > c->unauthenticated + c->unimplemented +
+                                        c->early_cancels + c->in_progress) {
       peers.insert(peer);
     }
   }

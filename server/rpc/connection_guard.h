@@ -1,7 +1,8 @@
 // Which client connections to close, judged from what their calls do: the
 // server's defence against the floods that gRPC 1.51's transport lets
 // through (HTTP/2 rapid reset, more streams than the advertised limit from
-// a client that never acknowledged it, token guessing). It knows a
+// a client that never acknowledged it, token guessing, calls to methods the
+// server does not serve). It knows a
 // connection by its peer address (gRPC's peer string, "ipv4:10.0.0.7:51234")
 // and closes it through a ConnectionCloser. Knows nothing else of gRPC.
 #ifndef SYNCNORM_SERVER_RPC_CONNECTION_GUARD_H_
@@ -51,12 +52,23 @@ struct ConnectionGuardOptions {
   // A connection with this many calls refused UNAUTHENTICATED (no token,
   // an unknown one) is closed. Default 64.
   int unauthenticated_calls = 64;
+  // A connection with this many calls refused UNIMPLEMENTED by the service
+  // (a method it does not serve: the relay's, which serves rounds only) is
+  // closed. Such a call gives nothing back, however quickly it is refused.
+  // Default 64.
+  int unimplemented_calls = 64;
 };
 
 // kReadFlood: the connection kept the server's one polling thread reading
 // it while the server's memory grew far past what it sent (read_flood.h).
-enum class CloseReason { kOverload, kRapidReset, kUnauthenticated, kReadFlood };
-inline constexpr int kCloseReasons = 4;
+enum class CloseReason {
+  kOverload,
+  kRapidReset,
+  kUnauthenticated,
+  kReadFlood,
+  kUnimplemented,
+};
+inline constexpr int kCloseReasons = 5;
 const char* CloseReasonName(CloseReason reason);
 
 // Counts every connection's calls and closes, once, a connection that
@@ -112,9 +124,10 @@ class ConnectionGuard {
 
   // The peers of the connections that give back what they cost: each has
   // had calls answered (ended with a status the service sent, other than
-  // UNAUTHENTICATED or DEADLINE_EXCEEDED, or streamed an answer; see
-  // MessageAnswered), more of them than its calls refused
-  // UNAUTHENTICATED, cancelled early and still in progress together (a
+  // UNAUTHENTICATED, UNIMPLEMENTED or DEADLINE_EXCEEDED, or streamed an
+  // answer; see MessageAnswered), more of them than its calls refused
+  // UNAUTHENTICATED or UNIMPLEMENTED, cancelled early and still in
+  // progress together (a
   // flood whose first calls were answered holds thousands whose answers
   // its client does not read), and is not closed. A
   // connection without a record (no call yet, or none for a minute) is not
@@ -131,9 +144,16 @@ class ConnectionGuard {
   // Marks `c` closed and returns true if it crossed a line; what to log.
   bool Judge(Connection& c, bool overloaded, CloseReason& reason) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a connection's log line says of it.
+  struct Counts {
+    int64_t started = 0;
+    int64_t early_cancels = 0;
+    int64_t unauthenticated = 0;
+    int64_t unimplemented = 0;
+  };
+  static Counts CountsOf(const Connection& c);
   void CloseConnection(const std::string& peer, CloseReason reason,
-                       int64_t started, int64_t early_cancels,
-                       int64_t unauthenticated) ABSL_LOCKS_EXCLUDED(mu_);
+                       const Counts& counts) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the records of connections without calls for a minute.
   void PruneLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -136,6 +136,29 @@ TEST_F(ConnectionGuardTest, ClosesAConnectionWithManyUnauthenticatedCalls) {
   EXPECT_EQ(guard_->closed(CloseReason::kUnauthenticated), 1);
 }
 
+// Calls refused UNIMPLEMENTED (a relay asked what only a shard serves)
+// give nothing back, however quickly they were refused: 64 of them close
+// the connection, and until then they count against its answered calls.
+TEST_F(ConnectionGuardTest, ClosesAConnectionWithManyUnimplementedCalls) {
+  Make({});
+  for (int i = 0; i < 10; ++i) Call(kPeer, absl::StatusCode::kOk);
+  for (int i = 0; i < 10; ++i) {
+    Call(kPeer, absl::StatusCode::kUnimplemented);
+  }
+  EXPECT_FALSE(guard_->PeersGivingBack().contains(kPeer))
+      << "10 answered, 10 refused";
+  for (int i = 0; i < 53; ++i) {
+    Call(kPeer, absl::StatusCode::kUnimplemented);
+  }
+  EXPECT_TRUE(closer_.closed().empty());
+  Call(kPeer, absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(closer_.closed(), std::vector<std::string>{kPeer});
+  EXPECT_EQ(guard_->closed(CloseReason::kUnimplemented), 1);
+  EXPECT_EQ(guard_->closed(CloseReason::kUnauthenticated), 0);
+  EXPECT_EQ(std::string(CloseReasonName(CloseReason::kUnimplemented)),
+            "unimplemented");
+}
+
 // Unix-socket peers are not told apart: not judged.
 TEST_F(ConnectionGuardTest, JudgesTcpPeersOnly) {
   Make({});
