@@ -183,6 +183,7 @@ class RelayBlockTest : public ::testing::Test {
     shard_ = std::make_unique<FakeShard>(std::move(info));
     options.listen = "127.0.0.1:0";
     options.upstream = shard_->address();
+    options.close_read_floods = false;  // in-process
     absl::StatusOr<std::unique_ptr<RelayServer>> relay =
         RelayServer::Start(options);
     ASSERT_TRUE(relay.ok()) << relay.status();
@@ -485,6 +486,7 @@ TEST(RelayUpstreamTest, ContributionsWaitForAShardThatComesUpLate) {
   RelayOptions options;
   options.listen = "127.0.0.1:0";
   options.upstream = address;
+  options.close_read_floods = false;  // in-process
   absl::StatusOr<std::unique_ptr<RelayServer>> relay =
       RelayServer::Start(options);
   ASSERT_TRUE(relay.ok()) << relay.status();

@@ -155,6 +155,7 @@ class RelayBoundsTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     options.upstream = aggregator_->address();
     options.metrics_listen = "127.0.0.1:0";
+    options.close_read_floods = false;  // in-process
     absl::StatusOr<std::unique_ptr<RelayServer>> relay =
         RelayServer::Start(options);
     ASSERT_TRUE(relay.ok()) << relay.status();

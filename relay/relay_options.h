@@ -122,6 +122,18 @@ struct RelayOptions {
   // flag). At least twice max_message_bytes. Default 256 MiB: 32 messages
   // at that ceiling arriving at once.
   int64_t max_transport_bytes = int64_t{256} << 20;
+  // Closes a connection that keeps the RPC thread reading inside gRPC
+  // while the memory grows past what its messages may hold (an HTTP/2
+  // rapid reset), as the aggregator (server/rpc/read_flood.h). It judges
+  // by the process's memory, so a relay that shares its process with
+  // other work (an in-process relay in a test) turns it off. Default true.
+  bool close_read_floods = true;
+  // How often the heap trimmer decides whether to give freed heap back to
+  // the kernel (server/memory_trimmer.h), as the aggregator's: after a
+  // burst, of a wide round's blocks or of a flood, the relay's resident
+  // memory comes back down, and the next flood's growth shows to the
+  // watchdog above. Zero or less: never. Default 5 s.
+  absl::Duration memory_trim_period = absl::Seconds(5);
 
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics), as the
   // aggregator's --metrics_listen; port 0 picks a free one

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/shard_router.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "relay/relay_tls.h"
 #include "server/domain/limits.h"
@@ -97,17 +97,33 @@ absl::StatusOr<std::unique_ptr<RelayServer>> RelayServer::Start(
   // (server/rpc/connection_guard.h): rapid resets, unauthenticated calls,
   // calls started past what legitimate ranks hold.
   r->clock_ = std::make_unique<RealClock>();
-  r->closer_ = std::make_unique<SocketCloser>();
+  if (options.memory_trim_period > absl::ZeroDuration()) {
+    r->trimmer_ = std::make_unique<MemoryTrimmer>(options.memory_trim_period);
+  }
+  r->closer_ = std::make_unique<SocketCloser>([trimmer = r->trimmer_.get()] {
+    if (trimmer != nullptr) trimmer->ConnectionClosed();
+  });
   ConnectionGuardOptions guard_options;
   guard_options.max_calls = LegitimateCalls(options);
   r->guard_ = std::make_unique<ConnectionGuard>(guard_options, r->closer_.get(),
                                                 r->clock_.get());
   r->guard_calls_ = std::make_unique<GuardInterceptorFactory>(r->guard_.get());
 
+  // One completion queue, polled by one thread, for every call the relay
+  // serves and makes: with gRPC's callback API its threads hand each
+  // message to each other (server/rpc/rpc_loop.h).
+  grpc::ServerBuilder builder;
+  r->read_flood_ =
+      std::make_unique<ReadFloodBreaker>(r->closer_.get(), r->guard_.get());
+  r->loop_ = std::make_unique<RpcLoop>(
+      builder.AddCompletionQueue(/*is_frequently_polled=*/true),
+      /*guard=*/nullptr, /*workers=*/0,
+      options.close_read_floods ? r->read_flood_.get() : nullptr);
   r->timers_ = std::make_unique<TimerQueue>();
   r->upstream_ = std::make_unique<Upstream>(
       *ParseShardList(options.upstream), options.parent_relay,
-      options.upstream_token, *dialed, *r->timers_, UpstreamTlsOn(options));
+      options.upstream_token, *dialed, *r->timers_, r->loop_->cq(),
+      UpstreamTlsOn(options));
   r->relay_ = std::make_unique<Relay>(options, *r->upstream_, *r->timers_);
   RelayServiceOptions service_options;
   service_options.auth = r->auth_.get();
@@ -122,10 +138,14 @@ absl::StatusOr<std::unique_ptr<RelayServer>> RelayServer::Start(
   }
   r->service_ =
       std::make_unique<RelayService>(*r->relay_, std::move(service_options));
+  // grpc.health.v1 on the loop: gRPC's own is on the callback API.
+  grpc::EnableDefaultHealthCheckService(false);
+  r->health_ = std::make_unique<HealthService>(
+      std::vector<std::string>{v1::Aggregator::service_full_name()});
 
-  grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *served, &r->port_);
   builder.RegisterService(r->service_.get());
+  builder.RegisterService(r->health_.get());
   // Above the bound, so that a message somewhat over it reaches the
   // service, which refuses it naming --max_message_bytes.
   builder.SetMaxReceiveMessageSize(ReceiveCeiling(MessageLimit(options)));
@@ -152,24 +172,21 @@ absl::StatusOr<std::unique_ptr<RelayServer>> RelayServer::Start(
     interceptors.push_back(r->metrics_->NewInterceptorFactory());
   }
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  // grpc.health.v1: gRPC's own service, on the callback API as the relay's
-  // (the aggregator serves its own on its RpcLoop). The switch is
-  // process-wide and read when a server is built.
-  grpc::EnableDefaultHealthCheckService(true);
   r->server_ = builder.BuildAndStart();
-  grpc::EnableDefaultHealthCheckService(false);
   if (r->server_ == nullptr || r->port_ == 0) {
-    r->upstream_->Shutdown();
+    if (r->server_ != nullptr) r->server_->Shutdown();
+    r->server_.reset();
+    r->upstream_->Shutdown();  // no call was made
     r->timers_->Stop();
+    r->loop_->Stop();  // never started: drains the queue here
     return absl::UnavailableError(
         absl::StrCat("cannot serve on ", options.listen));
   }
+  r->service_->Listen(r->loop_.get());
+  r->health_->Listen(r->loop_.get());
+  r->loop_->Start();
+  r->health_->SetServing(true);
   r->closer_->set_server_port(r->port_);
-  if (grpc::HealthCheckServiceInterface* health =
-          r->server_->GetHealthCheckService()) {
-    health->SetServingStatus("", true);
-    health->SetServingStatus(v1::Aggregator::service_full_name(), true);
-  }
   if (r->metrics_ != nullptr) {
     // Cleared in ~RelayServer before what it reads goes.
     r->metrics_->SetSource([server = r.get()] { return server->load(); });
@@ -212,19 +229,18 @@ void RelayServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   const absl::Time deadline = absl::Now() + grace;
-  // NOT_SERVING from now on, to probes and to Watch calls.
-  if (grpc::HealthCheckServiceInterface* health =
-          server_->GetHealthCheckService()) {
-    health->Shutdown();
-  }
+  // NOT_SERVING from now on, to probes; Watch calls end.
+  health_->Shutdown();
   // Each stream ends UNAVAILABLE once it has answered what it read, so
   // its client resends the rest elsewhere; answers still due after the
   // grace go nowhere once the calls are gone; then no timer fires into the
-  // relay, and no call to a shard is left in flight.
+  // relay, and no call to a shard is left in flight (their ends are
+  // polled by the loop); then the loop stops.
   service_->CloseStreams();
   server_->Shutdown(absl::ToChronoTime(deadline));
   timers_->Stop();
   upstream_->Shutdown();
+  loop_->Stop();
 }
 
 }  // namespace syncnorm

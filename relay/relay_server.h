@@ -15,9 +15,13 @@
 #include "relay/timer_queue.h"
 #include "relay/upstream.h"
 #include "server/domain/clock.h"
+#include "server/memory_trimmer.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/connection_guard.h"
 #include "server/rpc/guard_interceptor.h"
+#include "server/rpc/health_service.h"
+#include "server/rpc/read_flood.h"
+#include "server/rpc/rpc_loop.h"
 #include "server/rpc/socket_closer.h"
 
 namespace syncnorm {
@@ -65,18 +69,25 @@ class RelayServer {
   RelayServer() = default;
 
   // Destroyed in reverse: the server first, then the relay (what its
-  // rounds hold of the streams goes with it), then the service, the
-  // calls to the shards and the timers; the metrics and the guard outlive
-  // the server, whose calls report to them.
+  // rounds hold of the streams goes with it), then the services, the
+  // calls to the shards, the timers and the loop that served them all;
+  // the metrics and the guard outlive the server, whose calls report to
+  // them.
   std::unique_ptr<RelayMetrics> metrics_;
   std::unique_ptr<Clock> clock_;
+  std::unique_ptr<MemoryTrimmer> trimmer_;  // null: none
   std::unique_ptr<SocketCloser> closer_;
   std::unique_ptr<ConnectionGuard> guard_;
   std::unique_ptr<GuardInterceptorFactory> guard_calls_;
+  std::unique_ptr<ReadFloodBreaker> read_flood_;
+  // The one thread that polls gRPC: the served calls' and the calls to the
+  // shards'.
+  std::unique_ptr<RpcLoop> loop_;
   std::unique_ptr<TimerQueue> timers_;
   std::unique_ptr<Upstream> upstream_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RelayService> service_;
+  std::unique_ptr<HealthService> health_;
   std::unique_ptr<Relay> relay_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -13,11 +13,14 @@
 #include "absl/synchronization/mutex.h"
 #include "server/domain/limits.h"
 #include "server/domain/log.h"
+#include "server/rpc/async_call.h"
 #include "server/rpc/call_outcome.h"
 
 namespace syncnorm {
 namespace relay_service_internal {
 class ReduceStream;
+using RawBidiCall = BidiCall<grpc::ByteBuffer, grpc::ByteBuffer>;
+using ReduceOnceCall = UnaryCall<v1::Contribution, v1::RoundResult>;
 }  // namespace relay_service_internal
 namespace {
 
@@ -35,8 +38,8 @@ class RefusingScope {
   const bool before_;
 };
 
-std::string Authorization(const grpc::CallbackServerContext* context) {
-  const auto& metadata = context->client_metadata();
+std::string Authorization(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) return "";
   return std::string(it->second.data(), it->second.size());
@@ -189,15 +192,13 @@ namespace relay_service_internal {
 // gRPC is done with the call and every answer has come back; holds its
 // --max_streams slot as long.
 class ReduceStream final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    : public BidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  static ReduceStream* Start(grpc::CallbackServerContext* context,
-                             std::shared_ptr<State> state) {
-    auto stream = std::shared_ptr<ReduceStream>(
-        new ReduceStream(context, std::move(state)));
+  static void Start(RawBidiCall* call, std::shared_ptr<State> state) {
+    auto stream =
+        std::shared_ptr<ReduceStream>(new ReduceStream(call, std::move(state)));
     stream->self_ = stream;
     stream->Admit();
-    return stream.get();
   }
 
   ~ReduceStream() override {
@@ -395,9 +396,11 @@ class ReduceStream final
     int64_t bytes;  // the answer's on the wire
   };
 
-  ReduceStream(grpc::CallbackServerContext* context,
-               std::shared_ptr<State> state)
-      : authorization_(Authorization(context)), state_(std::move(state)) {
+  ReduceStream(RawBidiCall* call, std::shared_ptr<State> state)
+      : BidiReactor(call),
+        authorization_(Authorization(call->context())),
+        state_(std::move(state)) {
+    grpc::ServerContext* context = &call->context();
     if (state_->options.guard != nullptr) state_->options.guard->CallArrived();
     // The guard's and the metrics' interceptors skip Reduce
     // (call_observer.h): it reports itself.
@@ -548,19 +551,17 @@ class ReduceStream final
 // One ReduceOnce: the relay's answer, a failed round as the call's status.
 // Holds its --max_waiting_calls slot until it is answered and gRPC is done
 // with it.
-class UnaryRound final : public grpc::ServerUnaryReactor {
+class UnaryRound final : public UnaryReactor {
  public:
-  static UnaryRound* Start(grpc::CallbackServerContext* context,
-                           const v1::Contribution& request,
-                           v1::RoundResult* response,
-                           std::shared_ptr<State> state) {
+  static void Start(ReduceOnceCall* call, std::shared_ptr<State> state) {
     auto round =
-        std::shared_ptr<UnaryRound>(new UnaryRound(response, std::move(state)));
+        std::shared_ptr<UnaryRound>(new UnaryRound(call, std::move(state)));
     round->self_ = round;
     UnaryRound* raw = round.get();
     State& s = *raw->state_;
     s.contributions.fetch_add(1, std::memory_order_relaxed);
-    const std::string authorization = Authorization(context);
+    const v1::Contribution& request = call->request();
+    const std::string authorization = Authorization(call->context());
     absl::Status refused =
         AdmitContribution(s.options.auth, authorization, request);
     if (refused.ok()) {
@@ -582,7 +583,6 @@ class UnaryRound final : public grpc::ServerUnaryReactor {
         round->Answer(answer);
       });
     }
-    return raw;
   }
 
   ~UnaryRound() override {
@@ -596,8 +596,10 @@ class UnaryRound final : public grpc::ServerUnaryReactor {
   void OnDone() override { self_.reset(); }
 
  private:
-  UnaryRound(v1::RoundResult* response, std::shared_ptr<State> state)
-      : response_(response), state_(std::move(state)) {
+  UnaryRound(ReduceOnceCall* call, std::shared_ptr<State> state)
+      : UnaryReactor(call),
+        response_(call->response()),
+        state_(std::move(state)) {
     if (state_->options.guard != nullptr) state_->options.guard->CallArrived();
   }
 
@@ -624,20 +626,39 @@ class UnaryRound final : public grpc::ServerUnaryReactor {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context,
-                                 const char* method) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status(
-      grpc::StatusCode::UNIMPLEMENTED,
-      absl::StrCat("a relay serves rounds only (Reduce, ReduceOnce); send ",
-                   method, " to the aggregator shards")));
-  return reactor;
+// Requests each method keeps posted to gRPC: the calls gRPC can hand the
+// loop at once, and so the connection guard's to judge. Calls past them
+// wait in gRPC unseen (past its own bound of pending calls, it refuses
+// them itself).
+constexpr int kRequestsPosted = 16;
+
+// Listens for `request`'s calls on `loop` and answers each UNIMPLEMENTED,
+// naming where to send it. `keep` holds the listener for the calls.
+template <typename Base, typename Req, typename Resp>
+void ListenRefusing(
+    RelayService* service, RpcLoop* loop,
+    void (Base::*request)(grpc::ServerContext*, Req*,
+                          grpc::ServerAsyncResponseWriter<Resp>*,
+                          grpc::CompletionQueue*, grpc::ServerCompletionQueue*,
+                          void*),
+    const char* method_name, std::vector<std::shared_ptr<void>>& keep) {
+  using Call = UnaryCall<Req, Resp>;
+  auto method = std::make_shared<typename Call::Method>();
+  method->request = Call::Requester(service, request);
+  method->start = [method_name](Call* call) {
+    call->Finish(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat("a relay serves rounds only (Reduce, ReduceOnce); send ",
+                     method_name, " to the aggregator shards")));
+  };
+  for (int i = 0; i < kRequestsPosted; ++i) Call::Listen(loop, method.get());
+  keep.push_back(std::move(method));
 }
 
 }  // namespace relay_service_internal
 
+using relay_service_internal::ListenRefusing;
 using relay_service_internal::ReduceStream;
-using relay_service_internal::Refuse;
 using relay_service_internal::UnaryRound;
 
 RelayService::RelayService(Relay& relay, RelayServiceOptions options)
@@ -652,15 +673,47 @@ RelayService::RelayService(Relay& relay, RelayServiceOptions options)
 
 RelayService::~RelayService() { sweeper_.reset(); }
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
-RelayService::Reduce(grpc::CallbackServerContext* context) {
-  return ReduceStream::Start(context, state_);
-}
+void RelayService::Listen(RpcLoop* loop) {
+  using A = v1::Aggregator::AsyncService;
+  using Reduce = relay_service_internal::RawBidiCall;
+  using ReduceOnce = relay_service_internal::ReduceOnceCall;
+  auto reduce = std::make_shared<Reduce::Method>();
+  reduce->request = Reduce::Requester(this, &RelayService::RequestReduce);
+  reduce->start = [state = state_](Reduce* call) {
+    ReduceStream::Start(call, state);
+  };
+  for (int i = 0; i < relay_service_internal::kRequestsPosted; ++i)
+    Reduce::Listen(loop, reduce.get());
+  methods_.push_back(std::move(reduce));
+  auto once = std::make_shared<ReduceOnce::Method>();
+  once->request = ReduceOnce::Requester(this, &A::RequestReduceOnce);
+  once->start = [state = state_](ReduceOnce* call) {
+    UnaryRound::Start(call, state);
+  };
+  for (int i = 0; i < relay_service_internal::kRequestsPosted; ++i)
+    ReduceOnce::Listen(loop, once.get());
+  methods_.push_back(std::move(once));
 
-grpc::ServerUnaryReactor* RelayService::ReduceOnce(
-    grpc::CallbackServerContext* context, const v1::Contribution* request,
-    v1::RoundResult* response) {
-  return UnaryRound::Start(context, *request, response, state_);
+  std::vector<std::shared_ptr<void>>& keep = methods_;
+  ListenRefusing(this, loop, &A::RequestCreateJob, "CreateJob", keep);
+  ListenRefusing(this, loop, &A::RequestGetJob, "GetJob", keep);
+  ListenRefusing(this, loop, &A::RequestDeleteJob, "DeleteJob", keep);
+  ListenRefusing(this, loop, &A::RequestGetRunningStats, "GetRunningStats",
+                 keep);
+  ListenRefusing(this, loop, &A::RequestCheckpoint, "Checkpoint", keep);
+  ListenRefusing(this, loop, &A::RequestListCheckpoints, "ListCheckpoints",
+                 keep);
+  ListenRefusing(this, loop, &A::RequestRestoreCheckpoint, "RestoreCheckpoint",
+                 keep);
+  ListenRefusing(this, loop, &A::RequestListJobs, "ListJobs", keep);
+  ListenRefusing(this, loop, &A::RequestSetRunningStats, "SetRunningStats",
+                 keep);
+  ListenRefusing(this, loop, &A::RequestBackup, "Backup", keep);
+  ListenRefusing(this, loop, &A::RequestListBackups, "ListBackups", keep);
+  ListenRefusing(this, loop, &A::RequestRestoreBackup, "RestoreBackup", keep);
+  ListenRefusing(this, loop, &A::RequestUpdateMembership, "UpdateMembership",
+                 keep);
+  ListenRefusing(this, loop, &A::RequestGetStatsHealth, "GetStatsHealth", keep);
 }
 
 void RelayService::CloseStreams() {
@@ -709,36 +762,5 @@ RelayServiceCounters RelayService::counters() const {
   out.idle_streams_closed = state_->idle_closed.load(std::memory_order_relaxed);
   return out;
 }
-
-#define SYNCNORM_RELAY_REFUSE(Method, Request, Response)                 \
-  grpc::ServerUnaryReactor* RelayService::Method(                        \
-      grpc::CallbackServerContext* context, const Request*, Response*) { \
-    return Refuse(context, #Method);                                     \
-  }
-
-SYNCNORM_RELAY_REFUSE(CreateJob, v1::CreateJobRequest, v1::JobInfo)
-SYNCNORM_RELAY_REFUSE(GetJob, v1::GetJobRequest, v1::JobInfo)
-SYNCNORM_RELAY_REFUSE(DeleteJob, v1::DeleteJobRequest, v1::DeleteJobResponse)
-SYNCNORM_RELAY_REFUSE(GetRunningStats, v1::GetRunningStatsRequest,
-                      v1::RunningStats)
-SYNCNORM_RELAY_REFUSE(Checkpoint, v1::CheckpointRequest, v1::CheckpointInfo)
-SYNCNORM_RELAY_REFUSE(ListCheckpoints, v1::ListCheckpointsRequest,
-                      v1::ListCheckpointsResponse)
-SYNCNORM_RELAY_REFUSE(RestoreCheckpoint, v1::RestoreCheckpointRequest,
-                      v1::JobInfo)
-SYNCNORM_RELAY_REFUSE(ListJobs, v1::ListJobsRequest, v1::ListJobsResponse)
-SYNCNORM_RELAY_REFUSE(SetRunningStats, v1::SetRunningStatsRequest,
-                      v1::RunningStats)
-SYNCNORM_RELAY_REFUSE(Backup, v1::BackupRequest, v1::BackupInfo)
-SYNCNORM_RELAY_REFUSE(ListBackups, v1::ListBackupsRequest,
-                      v1::ListBackupsResponse)
-SYNCNORM_RELAY_REFUSE(RestoreBackup, v1::RestoreBackupRequest,
-                      v1::RestoreBackupResponse)
-SYNCNORM_RELAY_REFUSE(UpdateMembership, v1::UpdateMembershipRequest,
-                      v1::JobInfo)
-SYNCNORM_RELAY_REFUSE(GetStatsHealth, v1::GetStatsHealthRequest,
-                      v1::StatsHealth)
-
-#undef SYNCNORM_RELAY_REFUSE
 
 }  // namespace syncnorm

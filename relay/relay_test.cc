@@ -195,6 +195,7 @@ class RelayTest : public ::testing::Test {
   void StartRelay(RelayOptions options = {}) {
     options.listen = "127.0.0.1:0";
     options.upstream = aggregator_->address();
+    options.close_read_floods = false;  // in-process
     absl::StatusOr<std::unique_ptr<RelayServer>> relay =
         RelayServer::Start(options);
     ASSERT_TRUE(relay.ok()) << relay.status();
@@ -674,6 +675,7 @@ std::unique_ptr<RelayServer> StartTreeRelay(const std::string& shard, int block,
   options.upstream = shard;
   options.block_positions = block;
   options.parent_relay = parent;
+  options.close_read_floods = false;  // in-process
   absl::StatusOr<std::unique_ptr<RelayServer>> relay =
       RelayServer::Start(options);
   EXPECT_TRUE(relay.ok()) << relay.status();
@@ -834,6 +836,7 @@ TEST_F(RelayTest, AHeldRoundsGraceRunsFromWhereItBeganBelow) {
   top.upstream = aggregator_->address();
   top.block_positions = 4;
   top.pass_through_margin = absl::Milliseconds(20);
+  top.close_read_floods = false;  // in-process
   absl::StatusOr<std::unique_ptr<RelayServer>> parent = RelayServer::Start(top);
   ASSERT_TRUE(parent.ok()) << parent.status();
   RelayOptions below = top;

@@ -85,6 +85,7 @@ class RelayTokenTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     options.upstream = address_;
     options.upstream_token = token;
+    options.close_read_floods = false;  // in-process
     absl::StatusOr<std::unique_ptr<RelayServer>> relay =
         RelayServer::Start(options);
     EXPECT_TRUE(relay.ok()) << relay.status();

@@ -9,6 +9,7 @@
 #include "grpcpp/security/credentials.h"
 #include "relay/relay_tls.h"
 #include "server/domain/log.h"
+#include "server/rpc/rpc_loop.h"
 
 namespace syncnorm {
 
@@ -21,10 +22,35 @@ struct Upstream::ReduceCall {
   absl::Duration backoff = kInitialBackoff;
   // The current attempt's.
   std::shared_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::RoundResult>> reader;
   v1::RoundResult response;
+  grpc::Status status;
 };
 
 namespace {
+
+// A call's completion on the queue: runs `then` once, then is gone.
+class ThenTag final : public CqTag {
+ public:
+  explicit ThenTag(std::function<void()> then) : then_(std::move(then)) {}
+  void Run(bool /*ok*/) override {
+    std::function<void()> then = std::move(then_);
+    delete this;
+    then();
+  }
+
+ private:
+  std::function<void()> then_;
+};
+
+// Starts the unary call `reader` and runs `then` on the queue once its
+// status is in `*status` (and, when OK, its response in `*response`).
+template <typename Resp>
+void FinishThen(grpc::ClientAsyncResponseReader<Resp>& reader, Resp* response,
+                grpc::Status* status, std::function<void()> then) {
+  reader.StartCall();
+  reader.Finish(response, status, new ThenTag(std::move(then)));
+}
 
 std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address,
@@ -45,9 +71,10 @@ grpc::Status ToGrpc(const absl::Status& s) {
 Upstream::Upstream(std::vector<std::string> shards, const std::string& parent,
                    std::string token,
                    std::shared_ptr<grpc::ChannelCredentials> credentials,
-                   TimerQueue& timers, bool tls)
+                   TimerQueue& timers, grpc::CompletionQueue* cq, bool tls)
     : authorization_(token.empty() ? "" : absl::StrCat("Bearer ", token)),
       timers_(timers),
+      cq_(cq),
       tls_(tls),
       addresses_(shards),
       shard_tls_(shards.size()),
@@ -120,9 +147,11 @@ void Upstream::Attempt(std::shared_ptr<ReduceCall> call) {
   grpc::ClientContext* context = call->context.get();
   v1::Aggregator::Stub& stub =
       parent_stub_ != nullptr ? *parent_stub_ : *stubs_[call->shard];
-  stub.async()->ReduceOnce(
-      context, &call->request, &call->response,
-      [this, call](grpc::Status status) { Attempted(call, status); });
+  call->reader = stub.PrepareAsyncReduceOnce(context, call->request, cq_);
+  FinishThen(*call->reader, &call->response, &call->status, [this, call] {
+    const grpc::Status status = call->status;
+    Attempted(call, status);
+  });
 }
 
 void Upstream::Attempted(std::shared_ptr<ReduceCall> call,
@@ -165,7 +194,9 @@ void Upstream::GetJob(int shard, const std::string& job_id, JobDone done) {
   struct JobCall {
     std::shared_ptr<grpc::ClientContext> context;
     v1::GetJobRequest request;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::JobInfo>> reader;
     v1::JobInfo response;
+    grpc::Status status;
     JobDone done;
   };
   {
@@ -185,9 +216,11 @@ void Upstream::GetJob(int shard, const std::string& job_id, JobDone done) {
     });
     return;
   }
-  stubs_[shard]->async()->GetJob(
-      call->context.get(), &call->request, &call->response,
-      [this, call, shard](grpc::Status status) {
+  call->reader = stubs_[shard]->PrepareAsyncGetJob(call->context.get(),
+                                                   call->request, cq_);
+  FinishThen(
+      *call->reader, &call->response, &call->status, [this, call, shard] {
+        grpc::Status status = call->status;
         if (status.ok()) {
           call->done(std::move(call->response));
         } else {
@@ -244,7 +277,9 @@ void Upstream::Probe(int shard) {
   struct ProbeCall {
     std::shared_ptr<grpc::ClientContext> context;
     v1::GetJobRequest request;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::JobInfo>> reader;
     v1::JobInfo response;
+    grpc::Status status;
   };
   auto call = std::make_shared<ProbeCall>();
   call->context = std::make_shared<grpc::ClientContext>();
@@ -264,19 +299,21 @@ void Upstream::Probe(int shard) {
     return;
   }
   // No token: a probe learns only whether the shard's side speaks TLS.
-  stub->async()->GetJob(call->context.get(), &call->request, &call->response,
-                        [this, call, shard](grpc::Status status) {
-                          const bool tls = ProbeSawTls(status);
-                          {
-                            absl::MutexLock lock(&mu_);
-                            ShardTls& t = shard_tls_[shard];
-                            t.probing = false;
-                            t.probed_at = absl::Now();
-                            t.speaks_tls = tls;
-                            if (!tls) t.logged = false;
-                          }
-                          End(call->context);
-                        });
+  call->reader =
+      stub->PrepareAsyncGetJob(call->context.get(), call->request, cq_);
+  FinishThen(*call->reader, &call->response, &call->status,
+             [this, call, shard] {
+               const bool tls = ProbeSawTls(call->status);
+               {
+                 absl::MutexLock lock(&mu_);
+                 ShardTls& t = shard_tls_[shard];
+                 t.probing = false;
+                 t.probed_at = absl::Now();
+                 t.speaks_tls = tls;
+                 if (!tls) t.logged = false;
+               }
+               End(call->context);
+             });
 }
 
 void Upstream::Failed(UpstreamCounters::Method method,

@@ -1,6 +1,7 @@
 // The relay's calls to the aggregator shards: one channel per shard, the
-// callback API (no thread waits on a call), resends of what a shard could
-// not take.
+// asynchronous API on the relay's RpcLoop queue (no thread waits on a
+// call, and no thread of gRPC's callback API polls beside the loop's:
+// server/rpc/rpc_loop.h), resends of what a shard could not take.
 #ifndef SYNCNORM_RELAY_UPSTREAM_H_
 #define SYNCNORM_RELAY_UPSTREAM_H_
 
@@ -19,6 +20,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/completion_queue.h"
 #include "grpcpp/security/credentials.h"
 #include "relay/timer_queue.h"
 #include "syncnorm/v1/aggregator.grpc.pb.h"
@@ -38,9 +40,9 @@ struct UpstreamCounters {
   std::array<std::array<int64_t, 17>, kMethods> failures{};
 };
 
-// Thread-safe. Callbacks run on gRPC's or the timer queue's threads, never
-// inline in the call that starts them, and never under a lock of this
-// class.
+// Thread-safe. Callbacks run on the thread that polls `cq` (the relay's
+// RpcLoop) or the timer queue's, never inline in the call that starts
+// them, and never under a lock of this class.
 //
 // A shard the relay cannot talk to for a TLS mismatch (relay_tls.h
 // ClassifyConnectFailure; a closed connection after a probe showed the
@@ -63,11 +65,13 @@ class Upstream {
   // relay's address, which then takes every Reduce (GetJob still goes to
   // the shards), or empty; `token`: sent as `authorization: Bearer` when
   // not empty; `credentials`: every channel's (relay_tls.h
-  // MakeUpstreamCredentials), TLS ones when `tls`. `timers` outlives this.
+  // MakeUpstreamCredentials), TLS ones when `tls`. The calls complete on
+  // `cq`, whose tags are CqTags (server/rpc/rpc_loop.h) and which is
+  // polled until Shutdown() returned. `timers` and `cq` outlive this.
   Upstream(std::vector<std::string> shards, const std::string& parent,
            std::string token,
            std::shared_ptr<grpc::ChannelCredentials> credentials,
-           TimerQueue& timers, bool tls = false);
+           TimerQueue& timers, grpc::CompletionQueue* cq, bool tls = false);
   // Shutdown().
   ~Upstream();
 
@@ -92,8 +96,9 @@ class Upstream {
   void GetJob(int shard, const std::string& job_id, JobDone done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Cancels the calls in flight and waits until their callbacks returned;
-  // later calls fail UNAVAILABLE. Idempotent.
+  // Cancels the calls in flight and waits until their callbacks returned
+  // (so `cq` must still be polled); later calls fail UNAVAILABLE.
+  // Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
   UpstreamCounters counters() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -132,6 +137,7 @@ class Upstream {
   // Constant after construction.
   const std::string authorization_;  // "Bearer <token>", or empty
   TimerQueue& timers_;
+  grpc::CompletionQueue* const cq_;
   const bool tls_;
   const std::vector<std::string> addresses_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;

@@ -154,9 +154,23 @@ class RelayFallbackTest : public ::testing::Test {
 
   // The relay's calls to the shard that were answered OK: one per block
   // round it forwarded merged.
+  // The shard's ReduceOnce calls answered OK, once the count has settled:
+  // the shard counts a call when it is over, which may be after the relay
+  // fanned its answer out to the ranks.
   double RelayCalls() const {
-    return testing::HandledCalls(testing::ScrapeMetrics(metrics_port_),
-                                 "ReduceOnce", "OK");
+    auto read = [this] {
+      return testing::HandledCalls(testing::ScrapeMetrics(metrics_port_),
+                                   "ReduceOnce", "OK");
+    };
+    double last = read();
+    for (const absl::Time until = absl::Now() + absl::Seconds(2);
+         absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(20));
+      const double now = read();
+      if (now == last) break;
+      last = now;
+    }
+    return last;
   }
 
   // Waits until the shard holds a ReduceOnce call (a forwarded block).
