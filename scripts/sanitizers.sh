@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every C++ unit test (kernels, client, server, testing) and the system
+# Every C++ unit test (kernels, client, server, relay, testing) and the system
 # tests that drive the real binaries with hostile and faulty input, again
 # under AddressSanitizer with UndefinedBehaviorSanitizer and LeakSanitizer
 # (--config=asan), then under ThreadSanitizer (--config=tsan, which links
@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 targets=(
   //kernels/... //client/... //server/... //testing/...
-  //tests:system_test //tests:bad_input_test //tests:fault_test
+  //relay/... //tests:system_test //tests:bad_input_test //tests:fault_test
 )
 
 # run NAME TARGET... : bazel test --config=NAME of the C++ tests among the
