@@ -83,6 +83,8 @@ void RpcLoop::Watch() {
   // gets a tenth of it, and a look or two without it does not end a pass.
   std::deque<std::pair<absl::Time, absl::Duration>> window;
   int64_t events = events_.load(std::memory_order_relaxed);
+  absl::Duration last_cpu = CpuTime(clock);
+  int idle_looks = 0;
   bool in_pass = false;
   int64_t resident_at_start = 0;
   for (;;) {
@@ -102,9 +104,16 @@ void RpcLoop::Watch() {
         in_grpc_.load(std::memory_order_relaxed) && events_now == events &&
         window.size() > 1 &&
         cpu_now - window.front().second >= (now - window.front().first) / 10;
+    // The loop's thread slept through the whole look: it read nothing.
+    const bool idle = events_now == events && cpu_now == last_cpu;
     events = events_now;
+    last_cpu = cpu_now;
     if (!busy) {
       in_pass = false;
+      // An idle server's memory is sampled every kIdleLooks looks only:
+      // reading it at every look was most of an idle server's CPU.
+      if (idle && ++idle_looks < kIdleLooks) continue;
+      idle_looks = 0;
       watcher_->Serving(now, ReadProcessMemory().resident);
     } else if (!in_pass) {
       in_pass = true;

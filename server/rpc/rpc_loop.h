@@ -59,6 +59,10 @@ class RpcLoop {
   // kBusyWindow looks), the watcher is told at each look (read_flood.h).
   static constexpr absl::Duration kWatchPeriod = absl::Milliseconds(5);
   static constexpr size_t kBusyWindow = 5;
+  // While the thread sleeps through look after look (an idle server), the
+  // watcher is told it serves at every kIdleLooks-th of them only (every
+  // 100 ms), with the process's memory then: nothing was read meanwhile.
+  static constexpr int kIdleLooks = 20;
 
   // REQUIRES: Stop() returned, or Start() was never called.
   ~RpcLoop();
