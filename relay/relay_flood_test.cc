@@ -436,7 +436,9 @@ TEST_F(RelayFloodTest, MemoryStaysBoundedAndEveryBoundIsNamed) {
   {
     RankStream late(address_);
     for (int64_t s = 0; s < kMaxWaitingCalls; ++s) {
-      EXPECT_TRUE(late.Round(Forward("wait", 1, s, kWaitChannels)).ok());
+      const absl::Status round =
+          late.Round(Forward("wait", 1, s, kWaitChannels));
+      EXPECT_TRUE(round.ok()) << "step " << s << ": " << round;
     }
   }
   for (auto& c : calls) {

@@ -30,11 +30,11 @@ run() {
 }
 
 start=$SECONDS
-run asan "${targets[@]}" "$@"
+# Tests tagged no_asan or no_tsan say in their BUILD why they are left out.
+run asan "${targets[@]}" --test_tag_filters=-no_asan "$@"
 asan_rc=$?
 echo "AddressSanitizer run: $((SECONDS - start)) s"
 start=$SECONDS
-# Tests tagged no_tsan say in their BUILD why they are left out here.
 run tsan "${targets[@]}" //tests/tsan:annotations_test \
   --test_tag_filters=-slow,-no_tsan "$@"
 tsan_rc=$?
