@@ -127,6 +127,9 @@ def expect(client, line):
             return True
 
 
+RELAY_BINARY = "relay/syncnorm_relay"
+
+
 def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
     """One configuration against a fresh server of `kind` (syncnorm, floor,
     or relayed: syncnorm behind relays[0] relays of blocks of relays[1]
@@ -153,7 +156,7 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
             levels = len(relays[2])
             for level, block in enumerate(reversed(relays[2])):
                 parent_procs.append(common.Server(
-                    "relay/syncnorm_relay", tmp,
+                    RELAY_BINARY, tmp,
                     "%s-parent%d" % (name, block),
                     ["--upstream=" + server.address,
                      "--block_positions=%d" % block,
@@ -165,7 +168,7 @@ def run_one(kind, w, layers, c, mode, rounds, tmp, index, relays=(0, 8, ())):
                     + parent, data_dir=False))
                 parent = ["--parent_relay=" + parent_procs[-1].address]
             relay_procs = [
-                common.Server("relay/syncnorm_relay", tmp,
+                common.Server(RELAY_BINARY, tmp,
                               "%s-relay%d" % (name, i),
                               ["--upstream=" + server.address,
                                "--block_positions=%d" % relays[1],
@@ -409,6 +412,7 @@ def parse_ints(text):
 
 
 def main():
+    global RELAY_BINARY
     p = argparse.ArgumentParser()
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--worlds", default="8,64,256,1024,4096")
@@ -425,6 +429,9 @@ def main():
                    help="a tree: block sizes of one relay per upper level, "
                    "bottom up (each larger than the level's below, and a "
                    "power of two), e.g. 64,4096")
+    p.add_argument("--relay_binary", default=RELAY_BINARY,
+                   help="the relays' binary: this build's, or another "
+                   "build's to compare (a path)")
     p.add_argument("--rounds", type=int, default=0,
                    help="measured rounds per configuration (rounded up to a "
                    "multiple of L); 0: %d contributions' worth, at least L"
@@ -435,6 +442,7 @@ def main():
     p.add_argument("--json", default=default_json,
                    help="JSON lines, one per server and configuration")
     a = p.parse_args()
+    RELAY_BINARY = a.relay_binary
     if a.smoke:
         a.worlds, a.layers, a.channels, a.rounds = "8,64", "1", "256", 20
         a.relays = max(a.relays, 2)
