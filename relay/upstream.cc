@@ -132,6 +132,9 @@ void Upstream::Reduce(int shard, v1::Contribution c, absl::Time deadline,
 void Upstream::Attempt(std::shared_ptr<ReduceCall> call) {
   // No deadline on the call: the shard fails a round at the job's own
   // deadline, and a relay sets none the job did not set.
+  // The last attempt's reader lives in its call's arena, which goes with
+  // its context: it goes first.
+  call->reader.reset();
   call->context = NewContext(absl::InfiniteFuture());
   call->response.Clear();
   if (!Begin(call->context)) {
