@@ -496,6 +496,41 @@ TEST_F(RelayBoundsTest, UnauthenticatedCallsTakeNoSlotAndLoseTheirConnection) {
   EXPECT_TRUE(rank.Round(Forward("solo", 0, 0)).ok());
 }
 
+// Every method but the rounds is answered UNIMPLEMENTED, naming the
+// shards; a connection that keeps calling them is closed at the guard's
+// line (64, reason unimplemented: once in 80 calls, the channel
+// reconnecting after it), and a rank's rounds go on.
+TEST_F(RelayBoundsTest,
+       CallsOfMethodsARelayLacksAreRefusedAndCloseTheirConnection) {
+  StartRelay(RelayOptions());
+  CreateJob("solo", 1);
+  auto stub = v1::Aggregator::NewStub(NewChannel(address_));
+  int unimplemented = 0;
+  std::string message;
+  for (int i = 0; i < 80; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::GetJobRequest request;
+    request.set_job_id("solo");
+    v1::JobInfo info;
+    const grpc::Status s = stub->GetJob(&context, request, &info);
+    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      ++unimplemented;
+      message = s.error_message();
+    }
+  }
+  EXPECT_GE(unimplemented, 64);
+  EXPECT_NE(message.find("send GetJob to the aggregator shards"),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(Eventually([&] {
+    return relay_->load().connections_closed[static_cast<int>(
+               CloseReason::kUnimplemented)] == 1;
+  }));
+  RankStream rank(address_);
+  EXPECT_TRUE(rank.Round(Forward("solo", 0, 0)).ok());
+}
+
 TEST_F(RelayBoundsTest, HealthIsServingUntilShutdown) {
   StartRelay(RelayOptions());
   auto channel = NewChannel(address_);
