@@ -306,13 +306,7 @@ class RelayFloodTest : public ::testing::Test {
 
   // The relay's resident memory once it is at most `kb`, or at `timeout`.
   int64_t RssKbOnceAtMost(int64_t kb, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    int64_t rss = RssKb();
-    while (rss > kb && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(100));
-      rss = RssKb();
-    }
-    return rss;
+    return testing::RssKbOnceAtMost(relay_->pid(), kb, timeout);
   }
 
   // Two ranks' round of the legitimate job on their own streams.

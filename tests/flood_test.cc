@@ -377,13 +377,7 @@ class FloodTest : public ::testing::Test {
 
   // The resident memory once it is at most `kb`, or after `timeout`.
   int64_t RssKbOnceAtMost(int64_t kb, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    int64_t rss = RssKb();
-    while (rss > kb && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(100));
-      rss = RssKb();
-    }
-    return rss;
+    return testing::RssKbOnceAtMost(server_->process().pid(), kb, timeout);
   }
 
   absl::StatusOr<v1::CheckpointInfo> Checkpoint(const std::string& job,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 
 namespace syncnorm::testing {
@@ -198,6 +199,20 @@ absl::StatusOr<ProcStats> ReadProcStats(pid_t pid) {
     ::closedir(d);
   }
   return s;
+}
+
+int64_t RssKbOnceAtMost(pid_t pid, int64_t kb, absl::Duration timeout) {
+  auto rss_kb = [pid]() -> int64_t {
+    absl::StatusOr<ProcStats> s = ReadProcStats(pid);
+    return s.ok() ? s->rss_kb : -1;
+  };
+  const absl::Time deadline = absl::Now() + timeout;
+  int64_t rss = rss_kb();
+  while (rss > kb && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    rss = rss_kb();
+  }
+  return rss;
 }
 
 }  // namespace syncnorm::testing

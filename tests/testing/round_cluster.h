@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,10 @@ struct ProcStats {
   int threads = 0;
 };
 absl::StatusOr<ProcStats> ReadProcStats(pid_t pid);
+
+// The resident memory of `pid` in kB once it is at most `kb` (looked at
+// every 100 ms), or at `timeout`; -1 once the process cannot be read.
+int64_t RssKbOnceAtMost(pid_t pid, int64_t kb, absl::Duration timeout);
 
 }  // namespace syncnorm::testing
 
